@@ -1,0 +1,167 @@
+// Package algo expresses collective algorithms as schedules: pure data saying,
+// for one rank, which bytes to send to and receive from which peer, on which
+// stream, in which round. One engine (package a2a) executes any schedule on any
+// transport; a simulator here executes all ranks' schedules in memory to prove
+// algorithms correct without a network; the cost model prices the same schedules.
+//
+// Planners write into a caller-owned *Schedule and reuse its slices, so planning
+// an operation in steady state allocates nothing.
+package algo
+
+import "fmt"
+
+// Buf names one of the buffers a schedule addresses.
+type Buf uint8
+
+// Buffers a step can address.
+const (
+	BufSend    Buf = iota // the caller's send buffer
+	BufRecv               // the caller's receive buffer
+	BufScratch            // engine-owned scratch of Schedule.ScratchBytes
+)
+
+func (b Buf) String() string {
+	switch b {
+	case BufSend:
+		return "send"
+	case BufRecv:
+		return "recv"
+	case BufScratch:
+		return "scratch"
+	}
+	return fmt.Sprintf("buf(%d)", uint8(b))
+}
+
+// StepKind is what a step does.
+type StepKind uint8
+
+// Step kinds.
+const (
+	StepSend   StepKind = iota // send Src to Peer on Stream
+	StepRecv                   // receive from Peer on Stream into Dst
+	StepCopy                   // copy Src to Dst locally
+	StepReduce                 // Dst = Dst (op) Src, elementwise (collectives issue)
+)
+
+func (k StepKind) String() string {
+	switch k {
+	case StepSend:
+		return "send"
+	case StepRecv:
+		return "recv"
+	case StepCopy:
+		return "copy"
+	case StepReduce:
+		return "reduce"
+	}
+	return fmt.Sprintf("step(%d)", uint8(k))
+}
+
+// Span is a byte range of one buffer.
+type Span struct {
+	Buf Buf
+	Off int
+	Len int
+}
+
+// End is Off+Len.
+func (s Span) End() int { return s.Off + s.Len }
+
+// Step is one action of a round. Send uses Src; Recv uses Dst (Dst.Len is the
+// exact length expected); Copy and Reduce use both. A message larger than a
+// block travels as several frames (one Send/Recv step each); Last marks the
+// final frame of each message, and every message has at least one frame, even
+// an empty one, so that the receiver validates every pair's length.
+type Step struct {
+	Kind   StepKind
+	Peer   int
+	Stream int
+	Src    Span
+	Dst    Span
+	Last   bool
+}
+
+// Schedule is one rank's plan for one operation. Steps of one round are
+// independent and may all be in flight at once; a round ends when all its steps
+// are done, and the next round starts after that. Messages between a pair of
+// ranks on one stream are matched in order (first send to first receive).
+type Schedule struct {
+	Algo         Algo
+	Steps        []Step
+	RoundEnds    []int // round i is Steps[RoundEnds[i-1]:RoundEnds[i]] (RoundEnds[-1] = 0)
+	ScratchBytes int
+}
+
+// Reset empties s for a new plan, keeping its storage.
+func (s *Schedule) Reset(a Algo) {
+	s.Algo = a
+	s.Steps = s.Steps[:0]
+	s.RoundEnds = s.RoundEnds[:0]
+	s.ScratchBytes = 0
+}
+
+// Add appends a step to the current round.
+func (s *Schedule) Add(st Step) { s.Steps = append(s.Steps, st) }
+
+// EndRound closes the current round. An empty round is dropped.
+func (s *Schedule) EndRound() {
+	start := 0
+	if n := len(s.RoundEnds); n > 0 {
+		start = s.RoundEnds[n-1]
+	}
+	if len(s.Steps) > start {
+		s.RoundEnds = append(s.RoundEnds, len(s.Steps))
+	}
+}
+
+// NumRounds is the number of rounds.
+func (s *Schedule) NumRounds() int { return len(s.RoundEnds) }
+
+// Round returns the steps of round i.
+func (s *Schedule) Round(i int) []Step {
+	start := 0
+	if i > 0 {
+		start = s.RoundEnds[i-1]
+	}
+	return s.Steps[start:s.RoundEnds[i]]
+}
+
+// Algo identifies an algorithm; it travels in frame headers so that ranks
+// running different algorithms detect it.
+type Algo uint8
+
+// Algorithms. Later issues add Staged and LL; the ids are part of the wire format.
+const (
+	AlgoAuto Algo = iota
+	AlgoPairwise
+	AlgoFullmesh
+	AlgoStaged
+	AlgoLL
+	AlgoRing
+	AlgoRecursiveDoubling
+	AlgoTree
+	AlgoDissemination
+	AlgoDirect
+)
+
+var algoNames = [...]string{"auto", "pairwise", "fullmesh", "staged", "ll", "ring", "recdoubling", "tree", "dissemination", "direct"}
+
+func (a Algo) String() string {
+	if int(a) < len(algoNames) {
+		return algoNames[a]
+	}
+	return fmt.Sprintf("algo(%d)", uint8(a))
+}
+
+// ParseAlgo maps a name ("" means auto) to an Algo.
+func ParseAlgo(name string) (Algo, error) {
+	if name == "" {
+		return AlgoAuto, nil
+	}
+	for i, n := range algoNames {
+		if n == name {
+			return Algo(i), nil
+		}
+	}
+	return AlgoAuto, fmt.Errorf("unknown algorithm %q", name)
+}

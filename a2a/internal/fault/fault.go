@@ -1,0 +1,70 @@
+// Package fault holds the error kinds shared by every layer of a2a, so that the
+// control plane, the transports and the engine return errors that callers match
+// with errors.Is against the sentinels package a2a re-exports.
+package fault
+
+import (
+	"errors"
+	"fmt"
+)
+
+// The error kinds. Every error a2a returns for one of these situations matches
+// exactly one kind with errors.Is (an abort caused by a lost peer matches both
+// ErrAborted and ErrPeerLost).
+var (
+	ErrInvalidArgument = errors.New("a2a: invalid argument")
+	ErrMismatch        = errors.New("a2a: collective mismatch")
+	ErrPeerLost        = errors.New("a2a: peer lost")
+	ErrAborted         = errors.New("a2a: communicator aborted")
+	ErrTimeout         = errors.New("a2a: timeout")
+	ErrClosed          = errors.New("a2a: communicator closed")
+)
+
+// Error is a typed failure. Kind is one of the sentinels above; Rank is the rank
+// the failure concerns (the lost peer, the rank that aborted), or -1.
+type Error struct {
+	Kind   error
+	Rank   int
+	Detail string
+	Err    error // underlying cause, may be nil
+}
+
+// New returns an *Error of the given kind with a formatted detail.
+func New(kind error, rank int, format string, args ...any) *Error {
+	return &Error{Kind: kind, Rank: rank, Detail: fmt.Sprintf(format, args...)}
+}
+
+// Wrap returns an *Error of the given kind wrapping cause.
+func Wrap(kind error, rank int, cause error, format string, args ...any) *Error {
+	return &Error{Kind: kind, Rank: rank, Detail: fmt.Sprintf(format, args...), Err: cause}
+}
+
+func (e *Error) Error() string {
+	s := e.Kind.Error()
+	if e.Rank >= 0 {
+		s += fmt.Sprintf(" (rank %d)", e.Rank)
+	}
+	if e.Detail != "" {
+		s += ": " + e.Detail
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Is reports whether target is this error's kind.
+func (e *Error) Is(target error) bool { return target == e.Kind }
+
+// Unwrap returns the cause, so an abort caused by a lost peer also matches ErrPeerLost.
+func (e *Error) Unwrap() error { return e.Err }
+
+// KindOf returns the sentinel err matches, or nil.
+func KindOf(err error) error {
+	for _, k := range []error{ErrInvalidArgument, ErrMismatch, ErrPeerLost, ErrTimeout, ErrClosed, ErrAborted} {
+		if errors.Is(err, k) {
+			return k
+		}
+	}
+	return nil
+}

@@ -1,0 +1,251 @@
+// Package transport defines how the engine moves bytes between ranks, independent
+// of the medium. A Transport gives, for every peer, several ordered streams (Conn)
+// carrying framed messages. Every operation is non-blocking: the engine posts a
+// SendOp or RecvOp and calls TrySend/TryRecv until it reports done, progressing
+// many operations from one goroutine. When nothing can progress the engine spins,
+// then yields, then parks in Transport.Wait. This keeps latency low on machines
+// where waking a parked core costs tens of microseconds, and it lets TCP, shared
+// memory and RDMA verbs plug into the same engine.
+//
+// One-sided puts (the window abstraction used by the LL protocol and RDMA WRITE)
+// are SendOps of kind OpPut whose Aux field is the byte offset in the target's
+// window; the target completes them with a RecvOp whose Window is set. See
+// docs/ARCHITECTURE.md for how shm and verbs map these operations.
+package transport
+
+import (
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"a2a/a2a/internal/fault"
+)
+
+// OpKind names the collective a frame belongs to, so that ranks calling
+// different collectives detect it instead of exchanging wrong data.
+type OpKind uint8
+
+// Operation kinds carried in frame headers.
+const (
+	OpNone OpKind = iota
+	OpAllToAllV
+	OpAllToAll
+	OpCounts // in-band counts exchange that precedes an AllToAllV
+	OpBarrier
+	OpAllReduce
+	OpReduceScatter
+	OpAllGather
+	OpBroadcast
+	OpReduce
+	OpGather
+	OpScatter
+	OpSendRecv
+	OpPut
+	OpProbe // connection-level probes (link measurement)
+)
+
+var opNames = [...]string{"none", "alltoallv", "alltoall", "counts", "barrier", "allreduce",
+	"reducescatter", "allgather", "broadcast", "reduce", "gather", "scatter", "sendrecv", "put", "probe"}
+
+func (k OpKind) String() string {
+	if int(k) < len(opNames) {
+		return opNames[k]
+	}
+	return fmt.Sprintf("op(%d)", uint8(k))
+}
+
+// Frame header layout (little endian, HeaderSize bytes):
+//
+//	0  magic u32     4 version u8   5 kind u8   6 algo u8   7 flags u8
+//	8  stream u16   10 reserved u16 12 epoch u32
+//	16 src u32      20 round u32
+//	24 seq u64      32 len u64      40 aux u64
+const (
+	HeaderSize = 48
+	Magic      = 0xA2A0F4A3
+	Version    = 1
+)
+
+// FlagLast marks the last frame of a message cut into several frames, so a
+// receiver expecting a different total length detects it on the first frame
+// where the two cuts disagree.
+const FlagLast uint8 = 1
+
+// Header describes one frame. The receiver compares it with the header it
+// expects; any difference is a mismatch between the ranks' collective calls.
+type Header struct {
+	Kind   OpKind
+	Algo   uint8  // algorithm id, so ranks running different algorithms detect it
+	Flags  uint8  // FlagLast marks the final frame of a message
+	Stream uint16 // stream index within the peer pair
+	Epoch  uint32 // membership epoch of the communicator
+	Src    uint32 // sending rank
+	Round  uint32 // index of this frame among the op's frames on this (src, dst, stream)
+	Seq    uint64 // operation sequence number within the communicator
+	Len    uint64 // payload bytes that follow the header
+	Aux    uint64 // tag for point-to-point, window offset for puts
+}
+
+// Encode writes h into b[:HeaderSize].
+func (h *Header) Encode(b []byte) {
+	_ = b[HeaderSize-1]
+	binary.LittleEndian.PutUint32(b[0:], Magic)
+	b[4] = Version
+	b[5] = byte(h.Kind)
+	b[6] = h.Algo
+	b[7] = h.Flags
+	binary.LittleEndian.PutUint16(b[8:], h.Stream)
+	binary.LittleEndian.PutUint16(b[10:], 0)
+	binary.LittleEndian.PutUint32(b[12:], h.Epoch)
+	binary.LittleEndian.PutUint32(b[16:], h.Src)
+	binary.LittleEndian.PutUint32(b[20:], h.Round)
+	binary.LittleEndian.PutUint64(b[24:], h.Seq)
+	binary.LittleEndian.PutUint64(b[32:], h.Len)
+	binary.LittleEndian.PutUint64(b[40:], h.Aux)
+}
+
+// Decode fills h from b[:HeaderSize]. A wrong magic or version is a protocol
+// error: the peer is not speaking this protocol (or the stream lost framing).
+func (h *Header) Decode(b []byte) error {
+	_ = b[HeaderSize-1]
+	if m := binary.LittleEndian.Uint32(b[0:]); m != Magic {
+		return fault.New(fault.ErrMismatch, -1, "bad frame magic %#x", m)
+	}
+	if b[4] != Version {
+		return fault.New(fault.ErrMismatch, -1, "frame version %d, want %d", b[4], Version)
+	}
+	h.Kind = OpKind(b[5])
+	h.Algo = b[6]
+	h.Flags = b[7]
+	h.Stream = binary.LittleEndian.Uint16(b[8:])
+	h.Epoch = binary.LittleEndian.Uint32(b[12:])
+	h.Src = binary.LittleEndian.Uint32(b[16:])
+	h.Round = binary.LittleEndian.Uint32(b[20:])
+	h.Seq = binary.LittleEndian.Uint64(b[24:])
+	h.Len = binary.LittleEndian.Uint64(b[32:])
+	h.Aux = binary.LittleEndian.Uint64(b[40:])
+	return nil
+}
+
+// Check compares a received header got with the expected header want. When
+// anyLen is set the length may be anything up to want.Len (point-to-point
+// receives into a larger buffer; window puts). It returns an ErrMismatch
+// *fault.Error naming the first differing field.
+func (want *Header) Check(got *Header, anyLen bool) error {
+	var field string
+	var w, g uint64
+	switch {
+	case got.Epoch != want.Epoch:
+		field, w, g = "epoch", uint64(want.Epoch), uint64(got.Epoch)
+	case got.Seq != want.Seq:
+		field, w, g = "op sequence", want.Seq, got.Seq
+	case got.Kind != want.Kind:
+		return fault.New(fault.ErrMismatch, int(got.Src), "rank %d sent %s, this rank expects %s (op %d)", got.Src, got.Kind, want.Kind, want.Seq)
+	case got.Algo != want.Algo:
+		field, w, g = "algorithm", uint64(want.Algo), uint64(got.Algo)
+	case got.Src != want.Src:
+		field, w, g = "source rank", uint64(want.Src), uint64(got.Src)
+	case got.Stream != want.Stream:
+		field, w, g = "stream", uint64(want.Stream), uint64(got.Stream)
+	case got.Round != want.Round:
+		field, w, g = "round", uint64(want.Round), uint64(got.Round)
+	case got.Flags != want.Flags:
+		return fault.New(fault.ErrMismatch, int(got.Src), "%s op %d: rank %d sends a message of a different length than this rank expects (frame %d)", want.Kind, want.Seq, got.Src, got.Round)
+	case got.Kind != OpPut && got.Aux != want.Aux:
+		field, w, g = "tag", want.Aux, got.Aux
+	case !anyLen && got.Len != want.Len:
+		return fault.New(fault.ErrMismatch, int(got.Src), "%s op %d: rank %d sends %d bytes, this rank expects %d", want.Kind, want.Seq, got.Src, got.Len, want.Len)
+	case anyLen && got.Len > want.Len:
+		return fault.New(fault.ErrMismatch, int(got.Src), "%s op %d: rank %d sends %d bytes, buffer holds %d", want.Kind, want.Seq, got.Src, got.Len, want.Len)
+	default:
+		return nil
+	}
+	return fault.New(fault.ErrMismatch, int(got.Src), "%s op %d from rank %d: %s %d, expected %d", want.Kind, want.Seq, got.Src, field, g, w)
+}
+
+// SendOp is one framed message on its way out. The engine fills Hdr and Data;
+// the rest is progress state owned by the transport while the op is in flight.
+type SendOp struct {
+	Hdr  Header
+	Data []byte
+
+	Wire     [HeaderSize]byte // encoded header (transport-owned)
+	Progress int              // bytes of header+data already handed off (transport-owned)
+	Started  bool             // transport-owned
+}
+
+// Reset prepares op for a new message.
+func (op *SendOp) Reset(h Header, data []byte) {
+	op.Hdr = h
+	op.Hdr.Len = uint64(len(data))
+	op.Data = data
+	op.Progress = 0
+	op.Started = false
+}
+
+// RecvOp is one framed message being received. Want is the expected header
+// (Want.Len the exact length unless AnyLen); the payload lands in Dst, or, for a
+// put (Window non-nil), at Window[Got.Aux:]. Got holds the received header once
+// the op is done.
+type RecvOp struct {
+	Want   Header
+	AnyLen bool
+	Dst    []byte
+	Window []byte
+	Got    Header
+	N      int // payload bytes received (valid when done)
+
+	Wire     [HeaderSize]byte // transport-owned
+	Progress int              // transport-owned
+	Started  bool             // transport-owned
+}
+
+// Reset prepares op to receive a message matching want into dst.
+func (op *RecvOp) Reset(want Header, dst []byte, anyLen bool) {
+	op.Want = want
+	op.Want.Len = uint64(len(dst))
+	op.AnyLen = anyLen
+	op.Dst = dst
+	op.Window = nil
+	op.Got = Header{}
+	op.N = 0
+	op.Progress = 0
+	op.Started = false
+}
+
+// Conn is one ordered stream to one peer. A Conn progresses one SendOp and one
+// RecvOp at a time: the first op passed to TrySend (TryRecv) owns the
+// direction until it reports done, and other ops get (false, nil) meanwhile.
+// Neither method blocks.
+type Conn interface {
+	// TrySend hands as much of op to the medium as it can without blocking.
+	TrySend(op *SendOp) (done bool, err error)
+	// TryRecv takes as much of op from the medium as it can without blocking.
+	// A header that differs from op.Want fails with fault.ErrMismatch.
+	TryRecv(op *RecvOp) (done bool, err error)
+}
+
+// Stats are a transport's cumulative counters.
+type Stats struct {
+	BytesSent     []uint64 // by peer rank
+	BytesReceived []uint64 // by peer rank
+	Rejected      uint64   // connections refused (bad hello, wrong secret, strangers)
+}
+
+// Transport connects one rank with all its peers.
+type Transport interface {
+	// Name is "tcp", "shm" or "verbs".
+	Name() string
+	// Streams is the number of streams per peer pair.
+	Streams() int
+	// Conn returns the stream-th stream to peer (never self).
+	Conn(peer, stream int) Conn
+	// Wait parks until some Conn may progress, Wake is called, or timeout passes.
+	Wait(timeout time.Duration) error
+	// Wake makes a concurrent or the next Wait return at once (abort, cancel).
+	Wake()
+	// Stats returns a snapshot of the counters.
+	Stats() Stats
+	// Close releases every resource; in-flight operations fail.
+	Close() error
+}
