@@ -1,0 +1,67 @@
+package routing_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+
+	"a2a/routing"
+)
+
+// One MoE step for 8 tokens, top-2 of 4 experts spread over 2 ranks: route,
+// enforce capacity, plan the send buffer, then pack rows for the all-to-all.
+func Example() {
+	const tokens, experts, ranks, k, hidden = 8, 4, 2, 2, 3
+	r := rand.New(rand.NewPCG(1, 2))
+	logits := make([]float32, tokens*experts)
+	if err := routing.SkewedLogits(r, tokens, experts, 1.5, logits); err != nil {
+		panic(err)
+	}
+
+	var d routing.Decision
+	if err := (routing.Gate{Experts: experts, K: k}).Route(logits, tokens, &d); err != nil {
+		panic(err)
+	}
+	c := routing.Capacity{Factor: 1}
+	dropped, err := c.Apply(&d, experts, nil)
+	if err != nil {
+		panic(err)
+	}
+	pl, err := routing.Contiguous(experts, ranks)
+	if err != nil {
+		panic(err)
+	}
+	var p routing.Plan
+	if err := p.Build(&d, pl); err != nil {
+		panic(err)
+	}
+	fmt.Println("capacity per expert:", c.PerExpert(tokens, k, experts), "dropped:", dropped)
+	fmt.Printf("rows per rank: %v imbalance: %.2f\n", p.RankRows, routing.Imbalance(p.RankRows))
+	for rank := range ranks {
+		fmt.Printf("rank %d local expert rows: %v\n", rank, p.LocalRows(rank, nil))
+	}
+
+	// Rows travel as bytes; each token row here is hidden bytes wide.
+	src := make([]byte, tokens*hidden)
+	for i := range src {
+		src[i] = byte(i / hidden) // every byte of a row holds its token index
+	}
+	send := make([]byte, p.Rows*hidden)
+	if err := p.Pack(send, src, hidden); err != nil {
+		panic(err)
+	}
+	for rank := range ranks {
+		seg := send[p.RankStart[rank]*hidden : p.RankStart[rank+1]*hidden]
+		fmt.Printf("tokens sent to rank %d:", rank)
+		for i := 0; i < len(seg); i += hidden {
+			fmt.Printf(" %d", seg[i])
+		}
+		fmt.Println()
+	}
+	// Output:
+	// capacity per expert: 4 dropped: 3
+	// rows per rank: [8 5] imbalance: 1.23
+	// rank 0 local expert rows: [4 4]
+	// rank 1 local expert rows: [3 2]
+	// tokens sent to rank 0: 0 1 2 6 0 3 5 7
+	// tokens sent to rank 1: 1 4 6 2 7
+}
