@@ -90,6 +90,10 @@ type Schedule struct {
 	Steps        []Step
 	RoundEnds    []int // round i is Steps[RoundEnds[i-1]:RoundEnds[i]] (RoundEnds[-1] = 0)
 	ScratchBytes int
+
+	// work is planner scratch (displacements) kept with the schedule so that
+	// re-planning into the same Schedule allocates nothing.
+	work []int
 }
 
 // Reset empties s for a new plan, keeping its storage.

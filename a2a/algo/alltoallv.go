@@ -1,0 +1,162 @@
+package algo
+
+import "fmt"
+
+// DefaultBlockSize is the largest frame an alltoallv algorithm sends when
+// AllToAllVArgs.BlockSize is 0. Seed 000 measured the staging/zero-copy
+// crossover near 1 MiB, so a frame of that size keeps per-frame overhead
+// negligible while still letting several streams share one large message.
+const DefaultBlockSize = 1 << 20
+
+// DefaultWindow is the fullmesh concurrency (peers in flight per round) when
+// AllToAllVArgs.Window is 0.
+const DefaultWindow = 4
+
+// AllToAllVArgs is one rank's view of an AllToAllV: what it sends to and
+// receives from every peer, and how the transfers may be cut and spread.
+// The send and receive buffers are consecutive blocks in rank order, so the
+// displacement of a peer's block is the prefix sum of the counts before it.
+type AllToAllVArgs struct {
+	Rank, World int
+	SendCounts  []int // bytes this rank sends to each peer
+	RecvCounts  []int // bytes this rank receives from each peer
+	Streams     int   // streams per peer pair (>= 1)
+	Window      int   // fullmesh concurrency C: peers in flight per round (0 = DefaultWindow, capped at World-1)
+	BlockSize   int   // max bytes per frame (0 = DefaultBlockSize); larger messages are cut into frames
+}
+
+// Validate reports arguments that no algorithm can plan. Everything it checks
+// is local, so a bad call is rejected before any byte moves.
+func (a *AllToAllVArgs) Validate() error {
+	if a.World < 1 {
+		return fmt.Errorf("alltoallv: world %d < 1", a.World)
+	}
+	if a.Rank < 0 || a.Rank >= a.World {
+		return fmt.Errorf("alltoallv: rank %d out of range [0, %d)", a.Rank, a.World)
+	}
+	if len(a.SendCounts) != a.World {
+		return fmt.Errorf("alltoallv: len(SendCounts)=%d, want world %d", len(a.SendCounts), a.World)
+	}
+	if len(a.RecvCounts) != a.World {
+		return fmt.Errorf("alltoallv: len(RecvCounts)=%d, want world %d", len(a.RecvCounts), a.World)
+	}
+	if a.Streams < 1 {
+		return fmt.Errorf("alltoallv: streams %d < 1", a.Streams)
+	}
+	if a.Window < 0 {
+		return fmt.Errorf("alltoallv: window %d < 0", a.Window)
+	}
+	if a.BlockSize < 0 {
+		return fmt.Errorf("alltoallv: block size %d < 0", a.BlockSize)
+	}
+	for i, n := range a.SendCounts {
+		if n < 0 {
+			return fmt.Errorf("alltoallv: SendCounts[%d]=%d < 0", i, n)
+		}
+	}
+	for i, n := range a.RecvCounts {
+		if n < 0 {
+			return fmt.Errorf("alltoallv: RecvCounts[%d]=%d < 0", i, n)
+		}
+	}
+	// The self block is a local copy, so its two ends must agree here; every
+	// other pair is checked by the receiver against the frames it gets.
+	if a.SendCounts[a.Rank] != a.RecvCounts[a.Rank] {
+		return fmt.Errorf("alltoallv: rank %d sends itself %d bytes but expects %d",
+			a.Rank, a.SendCounts[a.Rank], a.RecvCounts[a.Rank])
+	}
+	return nil
+}
+
+func (a *AllToAllVArgs) blockSize() int {
+	if a.BlockSize <= 0 {
+		return DefaultBlockSize
+	}
+	return a.BlockSize
+}
+
+// FrameCount is the number of frames a message of n bytes travels as with the
+// given block size (<= 0 means DefaultBlockSize): max(1, ceil(n/block)). Every
+// message has at least one frame so that the receiver validates its length
+// even when it is empty.
+func FrameCount(n, blockSize int) int {
+	if blockSize <= 0 {
+		blockSize = DefaultBlockSize
+	}
+	if n <= 0 {
+		return 1
+	}
+	return (n + blockSize - 1) / blockSize
+}
+
+// fullmeshWindow is the effective fullmesh concurrency: DefaultWindow when
+// unset, never more than the number of peers, never less than one.
+func fullmeshWindow(window, world int) int {
+	c := window
+	if c <= 0 {
+		c = DefaultWindow
+	}
+	if c > world-1 {
+		c = world - 1
+	}
+	if c < 1 {
+		c = 1
+	}
+	return c
+}
+
+// displacements returns the send and receive block offsets of every peer,
+// stored in s.work so that a reused Schedule plans without allocating.
+func (s *Schedule) displacements(a *AllToAllVArgs) (sd, rd []int) {
+	need := 2 * a.World
+	if cap(s.work) < need {
+		s.work = make([]int, need)
+	}
+	w := s.work[:need]
+	sd, rd = w[:a.World:a.World], w[a.World:]
+	so, ro := 0, 0
+	for i := 0; i < a.World; i++ {
+		sd[i], rd[i] = so, ro
+		so += a.SendCounts[i]
+		ro += a.RecvCounts[i]
+	}
+	return sd, rd
+}
+
+// addMessage appends the frames of one message (a send of src or a receive
+// into dst) following the framing rule every alltoallv algorithm shares, so
+// that sender and receiver cut a message identically: frame f covers bytes
+// [f*block, (f+1)*block) of the message, travels on stream f % streams, and the
+// final frame carries Last.
+func (s *Schedule) addMessage(kind StepKind, peer int, span Span, streams, block int) {
+	nf := FrameCount(span.Len, block)
+	for f := 0; f < nf; f++ {
+		off := f * block
+		sub := Span{Buf: span.Buf, Off: span.Off + off, Len: min(block, span.Len-off)}
+		st := Step{Kind: kind, Peer: peer, Stream: f % streams, Last: f == nf-1}
+		if kind == StepSend {
+			st.Src = sub
+		} else {
+			st.Dst = sub
+		}
+		s.Add(st)
+	}
+}
+
+// addExchange appends this rank's part of the exchange at one distance: the
+// whole block for peer `to` and the whole block from peer `from`.
+func (s *Schedule) addExchange(a *AllToAllVArgs, sd, rd []int, to, from, block int) {
+	s.addMessage(StepSend, to, Span{Buf: BufSend, Off: sd[to], Len: a.SendCounts[to]}, a.Streams, block)
+	s.addMessage(StepRecv, from, Span{Buf: BufRecv, Off: rd[from], Len: a.RecvCounts[from]}, a.Streams, block)
+}
+
+// addSelfCopy appends the local block as a copy; an empty one is omitted
+// because there is nothing to validate locally.
+func (s *Schedule) addSelfCopy(a *AllToAllVArgs, sd, rd []int) {
+	r := a.Rank
+	if n := a.SendCounts[r]; n > 0 {
+		s.Add(Step{Kind: StepCopy, Peer: r,
+			Src: Span{Buf: BufSend, Off: sd[r], Len: n},
+			Dst: Span{Buf: BufRecv, Off: rd[r], Len: n}})
+	}
+}

@@ -1,0 +1,101 @@
+package algo
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+// String is a one-line description of a step, for errors and logs.
+func (st Step) String() string {
+	last := ""
+	if st.Last {
+		last = " last"
+	}
+	switch st.Kind {
+	case StepSend:
+		return fmt.Sprintf("send %v[%d:%d] to %d stream %d%s", st.Src.Buf, st.Src.Off, st.Src.End(), st.Peer, st.Stream, last)
+	case StepRecv:
+		return fmt.Sprintf("recv %v[%d:%d] from %d stream %d%s", st.Dst.Buf, st.Dst.Off, st.Dst.End(), st.Peer, st.Stream, last)
+	default:
+		return fmt.Sprintf("%v %v[%d:%d] -> %v[%d:%d]", st.Kind, st.Src.Buf, st.Src.Off, st.Src.End(), st.Dst.Buf, st.Dst.Off, st.Dst.End())
+	}
+}
+
+// Describe writes a human-readable summary of the schedule (for `a2ad plan`):
+// a header, then per round the bytes sent, received and copied, and the
+// messages of the round, consecutive frames of one message folded into one
+// line.
+func (s *Schedule) Describe(w io.Writer) error {
+	ew := &errWriter{w: w}
+	ew.printf("%v: %s, %s, scratch %d B\n", s.Algo, plural(s.NumRounds(), "round"), plural(len(s.Steps), "step"), s.ScratchBytes)
+	for i := 0; i < s.NumRounds(); i++ {
+		steps := s.Round(i)
+		var tot [4]int
+		for _, st := range steps {
+			if int(st.Kind) < len(tot) {
+				tot[st.Kind] += stepBytes(st)
+			}
+		}
+		ew.printf("round %d: send %d B, recv %d B, copy %d B", i, tot[StepSend], tot[StepRecv], tot[StepCopy])
+		if tot[StepReduce] > 0 {
+			ew.printf(", reduce %d B", tot[StepReduce])
+		}
+		ew.printf("\n")
+		for j := 0; j < len(steps); {
+			k := j + 1
+			for k < len(steps) && steps[k].Kind == steps[j].Kind && steps[k].Peer == steps[j].Peer && !steps[k-1].Last {
+				k++
+			}
+			bytes := 0
+			for _, st := range steps[j:k] {
+				bytes += stepBytes(st)
+			}
+			frames := plural(k-j, "frame")
+			switch st := steps[j]; st.Kind {
+			case StepSend:
+				ew.printf("  send -> %d: %d B in %s\n", st.Peer, bytes, frames)
+			case StepRecv:
+				ew.printf("  recv <- %d: %d B in %s\n", st.Peer, bytes, frames)
+			default:
+				ew.printf("  %v %v -> %v: %d B\n", st.Kind, st.Src.Buf, st.Dst.Buf, bytes)
+				k = j + 1
+			}
+			j = k
+		}
+	}
+	return ew.err
+}
+
+// String is Describe into a string.
+func (s *Schedule) String() string {
+	var b strings.Builder
+	_ = s.Describe(&b) // a strings.Builder does not fail
+	return b.String()
+}
+
+func stepBytes(st Step) int {
+	if st.Kind == StepSend {
+		return st.Src.Len
+	}
+	return st.Dst.Len
+}
+
+// errWriter keeps the first write error so Describe checks it once.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) printf(format string, args ...any) {
+	if e.err == nil {
+		_, e.err = fmt.Fprintf(e.w, format, args...)
+	}
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}

@@ -1,0 +1,430 @@
+package algo
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Errors Simulate wraps, so tests can tell a hang from corrupted data.
+var (
+	// ErrDeadlock: no rank can progress while some rank is unfinished,
+	// including frames one rank sends that its peer never receives.
+	ErrDeadlock = errors.New("algo: schedules deadlock")
+	// ErrMismatch: two matched frames disagree (length or Last flag), or
+	// the ranks run different algorithms.
+	ErrMismatch = errors.New("algo: schedules disagree")
+	// ErrBadSchedule: a schedule is malformed on its own (spans out of
+	// bounds, bad peer, overlapping writes within a round, ...).
+	ErrBadSchedule = errors.New("algo: malformed schedule")
+)
+
+// Simulate executes the schedules of all ranks (scheds[r] is rank r's) in
+// memory, on the given send and receive buffers, and reports the first way the
+// schedules would fail on a real transport.
+//
+// Semantics are the strictest a transport may have, so that a schedule that
+// passes here cannot deadlock anywhere:
+//   - rendezvous: a send completes only when its receiver has posted the
+//     matching receive (no buffering at all);
+//   - sends and receives are matched first-to-first per (src, dst, stream);
+//   - each rank runs its rounds in order; all steps of a round are in flight
+//     together, so no step of a round may write bytes another step of that
+//     round reads or writes; Copy steps complete when their round starts;
+//   - the caller's send buffer is read-only; scratch buffers of
+//     Schedule.ScratchBytes are allocated per rank.
+//
+// StepReduce is not supported yet.
+func Simulate(scheds []*Schedule, send, recv [][]byte) error {
+	p := len(scheds)
+	if len(send) != p || len(recv) != p {
+		return fmt.Errorf("%w: %d schedules, %d send buffers, %d recv buffers", ErrBadSchedule, p, len(send), len(recv))
+	}
+	sim := &simulator{ranks: make([]simRank, p), chanIdx: make(map[simKey]int)}
+	for r, s := range scheds {
+		if s == nil {
+			return fmt.Errorf("%w: rank %d has no schedule", ErrBadSchedule, r)
+		}
+		if s.Algo != scheds[0].Algo {
+			return fmt.Errorf("%w: rank %d runs %v, rank 0 runs %v", ErrMismatch, r, s.Algo, scheds[0].Algo)
+		}
+		if s.ScratchBytes < 0 {
+			return fmt.Errorf("%w: rank %d: scratch %d bytes", ErrBadSchedule, r, s.ScratchBytes)
+		}
+		sim.ranks[r].s = s
+		sim.ranks[r].bufs = [3][]byte{BufSend: send[r], BufRecv: recv[r], BufScratch: make([]byte, s.ScratchBytes)}
+	}
+	for r := range sim.ranks {
+		if err := sim.load(r); err != nil {
+			return err
+		}
+	}
+	return sim.run()
+}
+
+type simKey struct{ src, dst, stream int }
+
+// simChan is one ordered stream from src to dst: its frames in the order the
+// sender posts them and the receives in the order the receiver posts them.
+type simChan struct {
+	simKey
+	sends, recvs []int // step indices in the sender's / receiver's schedule
+	next         int   // frames [0, next) are matched
+	queued       bool
+}
+
+type simRank struct {
+	s       *Schedule
+	bufs    [3][]byte
+	round   int   // current round; NumRounds() once finished
+	pending int   // unmatched sends and receives of the current round
+	roundOf []int // step -> round
+	chanOf  []int // step -> channel (sends and receives only)
+	seqOf   []int // step -> index among its channel's sends or receives
+}
+
+func (rk *simRank) finished() bool { return rk.round >= rk.s.NumRounds() }
+
+func (rk *simRank) bytes(sp Span) []byte { return rk.bufs[sp.Buf][sp.Off:sp.End()] }
+
+type simSpan struct {
+	buf      Buf
+	off, end int
+	write    bool
+	step     int
+}
+
+type simulator struct {
+	ranks   []simRank
+	chans   []simChan
+	chanIdx map[simKey]int
+	queue   []int
+	spans   []simSpan // per-round hazard check scratch
+}
+
+// load checks rank r's schedule on its own and registers its sends and
+// receives with their channels.
+func (sim *simulator) load(r int) error {
+	rk := &sim.ranks[r]
+	s := rk.s
+	p := len(sim.ranks)
+	prev := 0
+	for i, e := range s.RoundEnds {
+		if e < prev || e > len(s.Steps) {
+			return fmt.Errorf("%w: rank %d: RoundEnds[%d]=%d out of order (previous %d, %d steps)", ErrBadSchedule, r, i, e, prev, len(s.Steps))
+		}
+		prev = e
+	}
+	if prev != len(s.Steps) {
+		return fmt.Errorf("%w: rank %d: steps [%d, %d) belong to no round (missing EndRound)", ErrBadSchedule, r, prev, len(s.Steps))
+	}
+	rk.roundOf = make([]int, len(s.Steps))
+	rk.chanOf = make([]int, len(s.Steps))
+	rk.seqOf = make([]int, len(s.Steps))
+	round := 0
+	for i := range s.Steps {
+		for i >= s.RoundEnds[round] {
+			round++
+		}
+		rk.roundOf[i] = round
+		st := &s.Steps[i]
+		bad := func(format string, args ...any) error {
+			return fmt.Errorf("%w: rank %d round %d step %d (%v): %s", ErrBadSchedule, r, round, i, st, fmt.Sprintf(format, args...))
+		}
+		switch st.Kind {
+		case StepSend, StepRecv:
+			if st.Peer < 0 || st.Peer >= p {
+				return bad("peer %d out of range [0, %d)", st.Peer, p)
+			}
+			if st.Stream < 0 {
+				return bad("negative stream")
+			}
+			sp, key := st.Src, simKey{src: r, dst: st.Peer, stream: st.Stream}
+			if st.Kind == StepRecv {
+				sp, key = st.Dst, simKey{src: st.Peer, dst: r, stream: st.Stream}
+			}
+			if err := rk.checkSpan(sp, st.Kind == StepRecv); err != "" {
+				return bad("%s", err)
+			}
+			ci, ok := sim.chanIdx[key]
+			if !ok {
+				ci = len(sim.chans)
+				sim.chanIdx[key] = ci
+				sim.chans = append(sim.chans, simChan{simKey: key})
+			}
+			c := &sim.chans[ci]
+			rk.chanOf[i] = ci
+			if st.Kind == StepSend {
+				rk.seqOf[i] = len(c.sends)
+				c.sends = append(c.sends, i)
+			} else {
+				rk.seqOf[i] = len(c.recvs)
+				c.recvs = append(c.recvs, i)
+			}
+		case StepCopy:
+			if err := rk.checkSpan(st.Src, false); err != "" {
+				return bad("source: %s", err)
+			}
+			if err := rk.checkSpan(st.Dst, true); err != "" {
+				return bad("destination: %s", err)
+			}
+			if st.Src.Len != st.Dst.Len {
+				return bad("copies %d bytes into %d", st.Src.Len, st.Dst.Len)
+			}
+		case StepReduce:
+			return bad("reduce steps are not supported by the simulator yet")
+		default:
+			return bad("unknown step kind")
+		}
+	}
+	return nil
+}
+
+// checkSpan returns why sp is not a valid span of rank rk's buffers, or "".
+func (rk *simRank) checkSpan(sp Span, write bool) string {
+	if sp.Buf > BufScratch {
+		return fmt.Sprintf("unknown buffer %v", sp.Buf)
+	}
+	if write && sp.Buf == BufSend {
+		return "writes the caller's send buffer"
+	}
+	if sp.Off < 0 || sp.Len < 0 || sp.End() > len(rk.bufs[sp.Buf]) {
+		return fmt.Sprintf("span %v[%d:%d] out of bounds (buffer has %d bytes)", sp.Buf, sp.Off, sp.End(), len(rk.bufs[sp.Buf]))
+	}
+	return ""
+}
+
+func (sim *simulator) run() error {
+	for r := range sim.ranks {
+		if err := sim.enter(r); err != nil {
+			return err
+		}
+	}
+	for len(sim.queue) > 0 {
+		ci := sim.queue[len(sim.queue)-1]
+		sim.queue = sim.queue[:len(sim.queue)-1]
+		sim.chans[ci].queued = false
+		if err := sim.match(ci); err != nil {
+			return err
+		}
+	}
+	for r := range sim.ranks {
+		if !sim.ranks[r].finished() {
+			return sim.deadlock()
+		}
+	}
+	// Unreachable with rendezvous (a rank cannot finish with an unmatched
+	// frame), kept so that a future buffered mode cannot pass silently.
+	for i := range sim.chans {
+		c := &sim.chans[i]
+		if c.next != len(c.sends) || c.next != len(c.recvs) {
+			return fmt.Errorf("%w: %d->%d stream %d: %d frames sent, %d received", ErrDeadlock, c.src, c.dst, c.stream, len(c.sends), len(c.recvs))
+		}
+	}
+	return nil
+}
+
+// enter starts rank r's current round: it checks the round for conflicting
+// accesses, performs its copies and posts its sends and receives; rounds
+// without any send or receive complete at once.
+func (sim *simulator) enter(r int) error {
+	rk := &sim.ranks[r]
+	for !rk.finished() {
+		steps := rk.s.Round(rk.round)
+		if err := sim.checkHazards(r, steps); err != nil {
+			return err
+		}
+		rk.pending = 0
+		for i := range steps {
+			st := &steps[i]
+			switch st.Kind {
+			case StepCopy:
+				copy(rk.bytes(st.Dst), rk.bytes(st.Src))
+			case StepSend, StepRecv:
+				rk.pending++
+				ci := rk.chanOf[sim.stepIndex(rk, i)]
+				if !sim.chans[ci].queued {
+					sim.chans[ci].queued = true
+					sim.queue = append(sim.queue, ci)
+				}
+			}
+		}
+		if rk.pending > 0 {
+			return nil
+		}
+		rk.round++
+	}
+	return nil
+}
+
+// stepIndex converts an index within the current round to one within Steps.
+func (sim *simulator) stepIndex(rk *simRank, i int) int {
+	if rk.round == 0 {
+		return i
+	}
+	return rk.s.RoundEnds[rk.round-1] + i
+}
+
+// match completes, in order, every frame of channel ci whose send and receive
+// are both posted.
+func (sim *simulator) match(ci int) error {
+	c := &sim.chans[ci]
+	src, dst := &sim.ranks[c.src], &sim.ranks[c.dst]
+	for c.next < len(c.sends) && c.next < len(c.recvs) {
+		si, ri := c.sends[c.next], c.recvs[c.next]
+		if src.roundOf[si] != src.round || dst.roundOf[ri] != dst.round {
+			return nil
+		}
+		ss, rs := &src.s.Steps[si], &dst.s.Steps[ri]
+		if ss.Src.Len != rs.Dst.Len || ss.Last != rs.Last {
+			return fmt.Errorf("%w: frame %d from rank %d to rank %d on stream %d: sender (round %d) sends %d bytes last=%t, receiver (round %d) expects %d bytes last=%t",
+				ErrMismatch, c.next, c.src, c.dst, c.stream, src.round, ss.Src.Len, ss.Last, dst.round, rs.Dst.Len, rs.Last)
+		}
+		copy(dst.bytes(rs.Dst), src.bytes(ss.Src))
+		c.next++
+		src.pending--
+		dst.pending--
+		if src.pending == 0 {
+			src.round++
+			if err := sim.enter(c.src); err != nil {
+				return err
+			}
+		}
+		if c.dst != c.src && dst.pending == 0 {
+			dst.round++
+			if err := sim.enter(c.dst); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkHazards rejects a round in which one step writes bytes that another
+// step of the same round reads or writes: the steps run concurrently on a real
+// transport, so the outcome would depend on timing.
+func (sim *simulator) checkHazards(r int, steps []Step) error {
+	sp := sim.spans[:0]
+	add := func(s Span, write bool, i int) {
+		if s.Len > 0 {
+			sp = append(sp, simSpan{buf: s.Buf, off: s.Off, end: s.End(), write: write, step: i})
+		}
+	}
+	for i := range steps {
+		st := &steps[i]
+		switch st.Kind {
+		case StepSend:
+			add(st.Src, false, i)
+		case StepRecv:
+			add(st.Dst, true, i)
+		case StepCopy:
+			add(st.Src, false, i)
+			add(st.Dst, true, i)
+		}
+	}
+	sim.spans = sp
+	slices.SortFunc(sp, func(a, b simSpan) int {
+		if a.buf != b.buf {
+			return int(a.buf) - int(b.buf)
+		}
+		return a.off - b.off
+	})
+	// Sorted by start, an earlier span overlaps the current one iff it ends
+	// after the current one starts; tracking the furthest-reaching earlier
+	// span (and earlier write) finds every conflicting pair class.
+	var far, farWrite *simSpan
+	for i := range sp {
+		x := &sp[i]
+		if i > 0 && sp[i-1].buf != x.buf {
+			far, farWrite = nil, nil
+		}
+		var other *simSpan
+		switch {
+		case farWrite != nil && farWrite.end > x.off:
+			other = farWrite
+		case x.write && far != nil && far.end > x.off:
+			other = far
+		}
+		if other != nil {
+			rk := &sim.ranks[r]
+			return fmt.Errorf("%w: rank %d round %d: step %v and step %v access overlapping bytes of the %v buffer concurrently",
+				ErrBadSchedule, r, rk.round, steps[other.step], steps[x.step], x.buf)
+		}
+		if far == nil || x.end > far.end {
+			far = x
+		}
+		if x.write && (farWrite == nil || x.end > farWrite.end) {
+			farWrite = x
+		}
+	}
+	return nil
+}
+
+// deadlock describes, for each stuck rank, what it waits for and why.
+func (sim *simulator) deadlock() error {
+	const maxRanks, maxSteps = 8, 3
+	var stuck []int
+	for r := range sim.ranks {
+		if !sim.ranks[r].finished() {
+			stuck = append(stuck, r)
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "ranks %v cannot progress", stuck)
+	for n, r := range stuck {
+		if n == maxRanks {
+			fmt.Fprintf(&b, "; ... %d more ranks", len(stuck)-maxRanks)
+			break
+		}
+		rk := &sim.ranks[r]
+		fmt.Fprintf(&b, "; rank %d in round %d/%d waits for", r, rk.round, rk.s.NumRounds())
+		shown, waiting := 0, 0
+		base := sim.stepIndex(rk, 0)
+		for i, st := range rk.s.Round(rk.round) {
+			if st.Kind != StepSend && st.Kind != StepRecv {
+				continue
+			}
+			si := base + i
+			c := &sim.chans[rk.chanOf[si]]
+			if rk.seqOf[si] < c.next {
+				continue
+			}
+			waiting++
+			if shown == maxSteps {
+				continue
+			}
+			shown++
+			if shown > 1 {
+				b.WriteString(",")
+			}
+			fmt.Fprintf(&b, " %s", sim.why(r, si, c))
+		}
+		if waiting > shown {
+			fmt.Fprintf(&b, " and %d more frames", waiting-shown)
+		}
+	}
+	return fmt.Errorf("%w: %s", ErrDeadlock, b.String())
+}
+
+// why explains what unmatched step si of rank r waits for.
+func (sim *simulator) why(r, si int, c *simChan) string {
+	rk := &sim.ranks[r]
+	st := &rk.s.Steps[si]
+	q := rk.seqOf[si]
+	what, other, peerKind := fmt.Sprintf("send of frame %d to %d on stream %d", q, st.Peer, st.Stream), c.recvs, "receive"
+	if st.Kind == StepRecv {
+		what, other, peerKind = fmt.Sprintf("receive of frame %d from %d on stream %d", q, st.Peer, st.Stream), c.sends, "send"
+	}
+	pr := &sim.ranks[st.Peer]
+	switch {
+	case q > c.next:
+		return fmt.Sprintf("%s (behind unmatched frame %d)", what, c.next)
+	case q >= len(other):
+		return fmt.Sprintf("%s (unmatched: rank %d posts only %d %ss on that stream)", what, st.Peer, len(other), peerKind)
+	case pr.finished():
+		return fmt.Sprintf("%s (rank %d finished)", what, st.Peer)
+	default:
+		return fmt.Sprintf("%s (rank %d is in round %d, posts the matching %s in round %d)", what, st.Peer, pr.round, peerKind, pr.roundOf[other[q]])
+	}
+}
