@@ -1,0 +1,259 @@
+package tcp
+
+import (
+	"io"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"a2a/a2a/internal/fault"
+	"a2a/a2a/transport"
+)
+
+const hdrSize = transport.HeaderSize
+
+// conn is one stream to one peer. Its send fields are touched only by the
+// goroutine driving its sends, its receive fields only by the one driving its
+// receives, so the two directions may progress on different goroutines. The
+// iovec and msghdr storage lives here so that the syscalls allocate nothing.
+type conn struct {
+	fd        int
+	peer      int
+	stream    int
+	guard     fdGuard
+	sent      *atomic.Uint64 // bytes to peer, shared by the peer's streams
+	recvd     *atomic.Uint64
+	closedErr error
+
+	sop  *transport.SendOp // the op owning the send direction
+	serr error             // sticky: the stream is unusable for sends
+	siov [2]unix.Iovec
+	smsg unix.Msghdr
+
+	rop  *transport.RecvOp // the op owning the receive direction
+	rerr error             // sticky: framing is lost or the peer is gone
+	rdst []byte            // payload destination, known once the header is in
+	riov [2]unix.Iovec
+}
+
+// TrySend writes as much of op as the socket takes: the header and the payload
+// in one sendmsg straight from op.Data, looping while the kernel accepts bytes.
+// A full socket returns (false, nil); a reset or closed peer fails with
+// fault.ErrPeerLost naming the peer. An op passed again after it reported done
+// starts over as a new message.
+func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
+	if !c.guard.acquire() {
+		return false, c.closedErr
+	}
+	defer c.guard.release()
+	if c.sop != op {
+		if c.sop != nil {
+			return false, nil
+		}
+		if c.serr != nil {
+			return false, c.serr
+		}
+		if op.Hdr.Len != uint64(len(op.Data)) {
+			return false, fault.New(fault.ErrInvalidArgument, c.peer,
+				"tcp: send header says %d bytes for a %d-byte payload", op.Hdr.Len, len(op.Data))
+		}
+		op.Hdr.Encode(op.Wire[:])
+		op.Progress = 0
+		op.Started = true
+		c.sop = op
+	}
+	done, err := c.send(op)
+	if done || err != nil {
+		c.sop = nil
+		c.siov = [2]unix.Iovec{} // do not pin the caller's buffer
+		c.serr = err
+	}
+	return done, err
+}
+
+func (c *conn) send(op *transport.SendOp) (bool, error) {
+	total := hdrSize + len(op.Data)
+	for op.Progress < total {
+		cnt := 1
+		if p := op.Progress; p < hdrSize {
+			c.siov[0].Base = &op.Wire[p]
+			c.siov[0].SetLen(hdrSize - p)
+			if len(op.Data) > 0 {
+				c.siov[1].Base = &op.Data[0]
+				c.siov[1].SetLen(len(op.Data))
+				cnt = 2
+			}
+		} else {
+			p -= hdrSize
+			c.siov[0].Base = &op.Data[p]
+			c.siov[0].SetLen(len(op.Data) - p)
+		}
+		c.smsg.Iov = &c.siov[0]
+		c.smsg.SetIovlen(cnt)
+		// sendmsg rather than writev for MSG_NOSIGNAL: a dead peer must be an
+		// error, not a SIGPIPE.
+		n, _, errno := unix.Syscall(unix.SYS_SENDMSG, uintptr(c.fd), uintptr(unsafe.Pointer(&c.smsg)), unix.MSG_NOSIGNAL)
+		switch errno {
+		case 0:
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false, nil
+		default:
+			return false, c.lost(errno, "send")
+		}
+		op.Progress += int(n)
+		c.sent.Add(uint64(n))
+	}
+	return true, nil
+}
+
+// TryRecv reads as much of op as the socket holds. An exact-length receive
+// reads header and payload with one readv into op.Dst, so a small message costs
+// one syscall. AnyLen and window receives read the header alone first, since
+// it decides where the payload goes: op.Dst[:Got.Len], or
+// op.Window[Got.Aux:Got.Aux+Got.Len] (a window receive is bounded by the
+// window; op.Want.Len is not used). A header differing from op.Want, or a put
+// outside the window, fails with fault.ErrMismatch; the stream is then
+// unusable, since its framing is lost.
+func (c *conn) TryRecv(op *transport.RecvOp) (bool, error) {
+	if !c.guard.acquire() {
+		return false, c.closedErr
+	}
+	defer c.guard.release()
+	if c.rop != op {
+		if c.rop != nil {
+			return false, nil
+		}
+		if c.rerr != nil {
+			return false, c.rerr
+		}
+		if op.Window == nil && op.Want.Len > uint64(len(op.Dst)) {
+			return false, fault.New(fault.ErrInvalidArgument, c.peer,
+				"tcp: receive of %d bytes into a %d-byte buffer", op.Want.Len, len(op.Dst))
+		}
+		op.Progress = 0
+		op.Started = true
+		op.N = 0
+		op.Got = transport.Header{}
+		c.rop = op
+		c.rdst = nil
+	}
+	done, err := c.recv(op)
+	if done || err != nil {
+		c.rop = nil
+		c.rdst = nil
+		c.riov = [2]unix.Iovec{}
+		c.rerr = err
+	}
+	return done, err
+}
+
+func (c *conn) recv(op *transport.RecvOp) (bool, error) {
+	for {
+		if p := op.Progress; p < hdrSize {
+			c.riov[0].Base = &op.Wire[p]
+			c.riov[0].SetLen(hdrSize - p)
+			cnt := 1
+			if op.Window == nil && !op.AnyLen && op.Want.Len > 0 {
+				// Nothing of the payload is in yet, so it starts at Dst[0].
+				c.riov[1].Base = &op.Dst[0]
+				c.riov[1].SetLen(int(op.Want.Len))
+				cnt = 2
+			}
+			n, err := c.readv(cnt)
+			if n == 0 || err != nil {
+				return false, err
+			}
+			op.Progress += n
+			if op.Progress < hdrSize {
+				continue
+			}
+			if err := c.header(op); err != nil {
+				return false, err
+			}
+		}
+		got := op.Progress - hdrSize
+		if got == len(c.rdst) {
+			op.N = got
+			return true, nil
+		}
+		c.riov[0].Base = &c.rdst[got]
+		c.riov[0].SetLen(len(c.rdst) - got)
+		n, err := c.readv(1)
+		if n == 0 || err != nil {
+			return false, err
+		}
+		op.Progress += n
+	}
+}
+
+// header decodes and checks a complete header and sets the payload
+// destination.
+func (c *conn) header(op *transport.RecvOp) error {
+	got := &op.Got
+	if err := got.Decode(op.Wire[:]); err != nil {
+		return fault.Wrap(fault.ErrMismatch, c.peer, err, "tcp: stream %d from rank %d", c.stream, c.peer)
+	}
+	switch {
+	case op.Window != nil:
+		want := op.Want
+		want.Len = uint64(len(op.Window))
+		if err := want.Check(got, true); err != nil {
+			return err
+		}
+		w := uint64(len(op.Window))
+		if got.Aux > w || got.Len > w-got.Aux {
+			return fault.New(fault.ErrMismatch, c.peer, "%s op %d: rank %d puts %d bytes at offset %d of a %d-byte window",
+				op.Want.Kind, op.Want.Seq, c.peer, got.Len, got.Aux, w)
+		}
+		c.rdst = op.Window[got.Aux : got.Aux+got.Len]
+	case op.AnyLen:
+		if err := op.Want.Check(got, true); err != nil {
+			return err
+		}
+		c.rdst = op.Dst[:got.Len]
+	default:
+		if err := op.Want.Check(got, false); err != nil {
+			return err
+		}
+		c.rdst = op.Dst[:got.Len]
+	}
+	return nil
+}
+
+// readv reads into the first cnt entries of c.riov. It returns 0 and no error
+// when the socket is empty.
+func (c *conn) readv(cnt int) (int, error) {
+	for {
+		n, _, errno := unix.Syscall(unix.SYS_READV, uintptr(c.fd), uintptr(unsafe.Pointer(&c.riov[0])), uintptr(cnt))
+		switch errno {
+		case 0:
+			if n == 0 {
+				return 0, fault.Wrap(fault.ErrPeerLost, c.peer, io.EOF, "tcp: rank %d closed stream %d", c.peer, c.stream)
+			}
+			c.recvd.Add(uint64(n))
+			return int(n), nil
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return 0, nil
+		default:
+			return 0, c.lost(errno, "receive")
+		}
+	}
+}
+
+func (c *conn) lost(errno unix.Errno, dir string) error {
+	return fault.Wrap(fault.ErrPeerLost, c.peer, errno, "tcp: %s on stream %d to rank %d", dir, c.stream, c.peer)
+}
+
+// close waits for any syscall in progress on the descriptor, then closes it.
+func (c *conn) close() error {
+	if !c.guard.shut() {
+		return nil
+	}
+	c.guard.drain(nil)
+	return unix.Close(c.fd)
+}

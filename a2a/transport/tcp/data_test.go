@@ -1,0 +1,386 @@
+package tcp
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"a2a/a2a/internal/fault"
+	"a2a/a2a/transport"
+)
+
+// frameSizes cover empty frames, frames smaller and equal to a header, a page,
+// and frames larger than the socket buffers (8 MiB once the kernel doubles
+// SocketBuffer), which need many partial syscalls.
+var frameSizes = []int{0, 1, 48, 4096, 1<<20 + 3, 8 << 20}
+
+// TestExchange sends every frame size from every rank to every peer on every
+// stream, all at once, and checks every byte and the byte counters.
+func TestExchange(t *testing.T) {
+	maxSize := 0
+	total := 0
+	for _, s := range frameSizes {
+		maxSize = max(maxSize, s)
+		total += s
+	}
+	const spread = 1 << 16 // room for distinct offsets into a rank's pattern
+	for _, tc := range []struct{ n, streams int }{{2, 1}, {2, 3}, {3, 1}, {3, 3}, {4, 1}, {4, 3}} {
+		t.Run(fmt.Sprintf("ranks%d_streams%d", tc.n, tc.streams), func(t *testing.T) {
+			n, S := tc.n, tc.streams
+			ts := newCluster(t, n, S)
+			pats := make([][]byte, n)
+			for r := range n {
+				pats[r] = pattern(uint64(r)+1, maxSize+spread)
+			}
+			// The frame src sends dst on stream s, round k, is a window of
+			// src's pattern at an offset unique to (dst, s, k), so that a frame
+			// delivered to the wrong place shows in its bytes.
+			frame := func(src, dst, s, k int) []byte {
+				off := ((dst*S+s)*len(frameSizes) + k) * 97 % spread
+				return pats[src][off : off+frameSizes[k]]
+			}
+			jobs := make([][]job, n)
+			recvBufs := make(map[[3]int][]byte) // (dst, src, s) -> all of the frames
+			for r := range n {
+				for p := range n {
+					if p == r {
+						continue
+					}
+					for s := range S {
+						c := ts[r].Conn(p, s)
+						buf := make([]byte, total)
+						recvBufs[[3]int{r, p, s}] = buf
+						off := 0
+						for k, size := range frameSizes {
+							jobs[r] = append(jobs[r], sendJob(c, hdr(r, s, k, 11), frame(r, p, s, k)))
+							jobs[r] = append(jobs[r], recvJob(c, hdr(p, s, k, 11), buf[off:off+size]))
+							off += size
+						}
+					}
+				}
+			}
+			if err := firstErr(driveAll(ts, jobs, 20*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			for key, buf := range recvBufs {
+				dst, src, s := key[0], key[1], key[2]
+				off := 0
+				for k, size := range frameSizes {
+					if !bytes.Equal(buf[off:off+size], frame(src, dst, s, k)) {
+						t.Fatalf("rank %d: frame %d (%d bytes) from rank %d stream %d corrupted", dst, k, size, src, s)
+					}
+					off += size
+				}
+			}
+			wire := uint64(S * (total + len(frameSizes)*transport.HeaderSize))
+			for r, tr := range ts {
+				st := tr.Stats()
+				for p := range n {
+					want := wire
+					if p == r {
+						want = 0
+					}
+					if st.BytesSent[p] != want || st.BytesReceived[p] != want {
+						t.Errorf("rank %d stats for peer %d: sent %d received %d, want %d", r, p, st.BytesSent[p], st.BytesReceived[p], want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestHeaderMismatch checks that a frame whose header differs from the
+// expected one fails the receive with ErrMismatch naming the sender.
+func TestHeaderMismatch(t *testing.T) {
+	const want = 100
+	for _, tc := range []struct {
+		name   string
+		mutate func(h *transport.Header)
+		size   int
+		anyLen bool
+	}{
+		{"seq", func(h *transport.Header) { h.Seq++ }, want, false},
+		{"kind", func(h *transport.Header) { h.Kind = transport.OpAllReduce }, want, false},
+		{"flags", func(h *transport.Header) { h.Flags = 0 }, want, false},
+		{"epoch", func(h *transport.Header) { h.Epoch++ }, want, false},
+		{"round", func(h *transport.Header) { h.Round++ }, want, false},
+		{"shorter", nil, want / 2, false},
+		{"longer", nil, want * 2, false},
+		{"empty", nil, 0, false},
+		{"anylen longer than buffer", nil, want + 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := newCluster(t, 2, 1)
+			h := hdr(0, 0, 0, 5)
+			if tc.mutate != nil {
+				tc.mutate(&h)
+			}
+			recv := recvJob(ts[1].Conn(0, 0), hdr(0, 0, 0, 5), make([]byte, want))
+			recv.recv.AnyLen = tc.anyLen
+			errs := driveAll(ts, [][]job{
+				{sendJob(ts[0].Conn(1, 0), h, make([]byte, tc.size))},
+				{recv},
+			}, 5*time.Second)
+			if errs[0] != nil {
+				t.Fatalf("sender: %v", errs[0])
+			}
+			var fe *fault.Error
+			if !errors.Is(errs[1], fault.ErrMismatch) || !errors.As(errs[1], &fe) || fe.Rank != 0 {
+				t.Fatalf("receiver: got %v, want ErrMismatch naming rank 0", errs[1])
+			}
+			// Framing is lost: the stream keeps failing instead of reading
+			// payload bytes as a header.
+			again := recvJob(ts[1].Conn(0, 0), hdr(0, 0, 1, 5), make([]byte, want))
+			if _, err := again.c.TryRecv(again.recv); !errors.Is(err, fault.ErrMismatch) {
+				t.Fatalf("next receive on the broken stream: %v, want ErrMismatch", err)
+			}
+		})
+	}
+}
+
+// TestAnyLenAndWindow checks receives whose length or place the header
+// decides: AnyLen receives into a larger buffer, and puts into a window at
+// their Aux offset.
+func TestAnyLenAndWindow(t *testing.T) {
+	ts := newCluster(t, 2, 2)
+	const win = 4096
+	window := bytes.Repeat([]byte{0xEE}, win)
+	dst := bytes.Repeat([]byte{0xEE}, 1000)
+	empty := make([]byte, 10)
+	put := func(stream, round int, aux uint64, data []byte) job {
+		h := hdr(0, stream, round, 9)
+		h.Kind = transport.OpPut
+		h.Aux = aux
+		return sendJob(ts[0].Conn(1, stream), h, data)
+	}
+	recvPut := func(stream, round int) job {
+		want := hdr(0, stream, round, 9)
+		want.Kind = transport.OpPut
+		op := new(transport.RecvOp)
+		op.Reset(want, nil, true)
+		op.Window = window
+		return job{c: ts[1].Conn(0, stream), recv: op}
+	}
+	anyRecv := func(round int, buf []byte) job {
+		j := recvJob(ts[1].Conn(0, 1), hdr(0, 1, round, 9), buf)
+		j.recv.AnyLen = true
+		return j
+	}
+	puts := []struct {
+		aux  uint64
+		data []byte
+	}{
+		{0, pattern(1, 100)},
+		{1000, pattern(2, 1)},
+		{win - 100, pattern(3, 100)}, // ends exactly at the window's end
+		{win, nil},                   // empty put at the end: allowed
+		{2000, pattern(4, 48)},
+	}
+	var senders, receivers []job
+	for k, p := range puts {
+		senders = append(senders, put(0, k, p.aux, p.data))
+		receivers = append(receivers, recvPut(0, k))
+	}
+	short := pattern(5, 300)
+	senders = append(senders, sendJob(ts[0].Conn(1, 1), hdr(0, 1, 0, 9), short),
+		sendJob(ts[0].Conn(1, 1), hdr(0, 1, 1, 9), nil))
+	receivers = append(receivers, anyRecv(0, dst), anyRecv(1, empty))
+	if err := firstErr(driveAll(ts, [][]job{senders, receivers}, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	wantWin := bytes.Repeat([]byte{0xEE}, win)
+	for k, p := range puts {
+		copy(wantWin[p.aux:], p.data)
+		got := receivers[k].recv
+		if got.N != len(p.data) || got.Got.Aux != p.aux || got.Got.Len != uint64(len(p.data)) {
+			t.Errorf("put %d: N %d Got.Aux %d Got.Len %d, want %d bytes at %d", k, got.N, got.Got.Aux, got.Got.Len, len(p.data), p.aux)
+		}
+	}
+	if !bytes.Equal(window, wantWin) {
+		t.Error("window contents differ from the puts")
+	}
+	if op := receivers[len(puts)].recv; op.N != len(short) || op.Got.Len != uint64(len(short)) ||
+		!bytes.Equal(dst[:len(short)], short) || !bytes.Equal(dst[len(short):], bytes.Repeat([]byte{0xEE}, len(dst)-len(short))) {
+		t.Errorf("AnyLen receive: N %d, bytes wrong or written past the message", op.N)
+	}
+	if op := receivers[len(puts)+1].recv; op.N != 0 || !op.Started {
+		t.Errorf("empty AnyLen receive: N %d", op.N)
+	}
+
+	// A put reaching past the window is a mismatch, not a write out of bounds.
+	for _, tc := range []struct {
+		name string
+		aux  uint64
+		n    int
+	}{{"straddles the end", win - 10, 20}, {"starts past the end", win + 1, 0}, {"huge offset", 1 << 63, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := newCluster(t, 2, 1)
+			h := hdr(0, 0, 0, 9)
+			h.Kind = transport.OpPut
+			h.Aux = tc.aux
+			want := h
+			want.Aux = 0
+			op := new(transport.RecvOp)
+			op.Reset(want, nil, true)
+			op.Window = make([]byte, win)
+			errs := driveAll(ts, [][]job{{sendJob(ts[0].Conn(1, 0), h, make([]byte, tc.n))}, {{c: ts[1].Conn(0, 0), recv: op}}}, 5*time.Second)
+			if errs[0] != nil || !errors.Is(errs[1], fault.ErrMismatch) {
+				t.Fatalf("sender %v, receiver %v; want receiver ErrMismatch", errs[0], errs[1])
+			}
+		})
+	}
+}
+
+// TestOneOpPerDirection checks that a conn leaves a second op untouched while
+// the first one owns the direction.
+func TestOneOpPerDirection(t *testing.T) {
+	ts := newCluster(t, 2, 1)
+	c0, c1 := ts[0].Conn(1, 0), ts[1].Conn(0, 0)
+	big := pattern(7, 32<<20) // larger than both socket buffers together
+	first := sendJob(c0, hdr(0, 0, 0, 1), big)
+	second := sendJob(c0, hdr(0, 0, 1, 1), []byte("second"))
+	if done, err := c0.TrySend(first.send); done || err != nil {
+		t.Fatalf("first send of 32 MiB: done %v err %v, want partial progress", done, err)
+	}
+	if done, err := c0.TrySend(second.send); done || err != nil || second.send.Started || second.send.Progress != 0 {
+		t.Fatalf("second send while the first owns the conn: done %v err %v started %v", done, err, second.send.Started)
+	}
+	r1 := recvJob(c1, hdr(0, 0, 0, 1), make([]byte, len(big)))
+	r2 := recvJob(c1, hdr(0, 0, 1, 1), make([]byte, 6))
+	if done, err := c1.TryRecv(r1.recv); done || err != nil {
+		t.Fatalf("first receive: done %v err %v", done, err)
+	}
+	if done, err := c1.TryRecv(r2.recv); done || err != nil || r2.recv.Started {
+		t.Fatalf("second receive while the first owns the conn: done %v err %v started %v", done, err, r2.recv.Started)
+	}
+	if err := firstErr(driveAll(ts, [][]job{{first, second}, {r1, r2}}, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(r1.recv.Dst, big) || string(r2.recv.Dst) != "second" {
+		t.Fatal("payloads corrupted")
+	}
+}
+
+// TestPeerDeath closes one rank in the middle of a large transfer and checks
+// that the other side fails with ErrPeerLost naming it, promptly.
+func TestPeerDeath(t *testing.T) {
+	const size = 64 << 20 // far more than the sockets buffer
+	data := pattern(9, size)
+	for _, tc := range []struct {
+		name string
+		dies int // 0 is the sender, 1 the receiver
+	}{{"receiver dies", 1}, {"sender dies", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := newCluster(t, 2, 1)
+			jobs := [][]job{
+				{sendJob(ts[0].Conn(1, 0), hdr(0, 0, 0, 1), data)},
+				{recvJob(ts[1].Conn(0, 0), hdr(0, 0, 0, 1), make([]byte, size))},
+			}
+			// Fill the pipe, then take part of it out, from this goroutine
+			// alone: a side running concurrently could chase the other to the
+			// end of the message. Both sides are then in mid-message.
+			s, r := jobs[0][0], jobs[1][0]
+			if done, err := s.c.TrySend(s.send); done || err != nil || s.send.Progress == 0 {
+				t.Fatalf("filling the pipe: done %v, err %v, progress %d", done, err, s.send.Progress)
+			}
+			if done, err := r.c.TryRecv(r.recv); done || err != nil || r.recv.Progress == 0 {
+				t.Fatalf("draining part of the pipe: done %v, err %v, progress %d", done, err, r.recv.Progress)
+			}
+			survivor := 1 - tc.dies
+			errc := make(chan error, 1)
+			go func() { errc <- drive(ts[survivor], jobs[survivor], 10*time.Second) }()
+			time.Sleep(5 * time.Millisecond)
+			closedAt := time.Now()
+			ts[tc.dies].Close()
+			var err error
+			select {
+			case err = <-errc:
+			case <-time.After(5 * time.Second):
+				t.Fatal("survivor did not notice the closed peer within 5s")
+			}
+			elapsed := time.Since(closedAt)
+			var fe *fault.Error
+			if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &fe) || fe.Rank != tc.dies {
+				t.Fatalf("survivor: %v, want ErrPeerLost naming rank %d", err, tc.dies)
+			}
+			if elapsed > 2*time.Second {
+				t.Fatalf("survivor took %v to notice", elapsed)
+			}
+			t.Logf("survivor noticed after %v: %v", elapsed, err)
+			// The closed side fails its own ops with ErrClosed.
+			if tc.dies == 0 {
+				_, err = s.c.TrySend(s.send)
+			} else {
+				_, err = r.c.TryRecv(r.recv)
+			}
+			if !errors.Is(err, fault.ErrClosed) {
+				t.Fatalf("op on the closed transport: %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
+// TestZeroAllocs checks that a warmed-up send+receive round trip allocates
+// nothing, for a one-syscall message and one that takes several.
+func TestZeroAllocs(t *testing.T) {
+	ts := newCluster(t, 2, 1)
+	for _, size := range []int{8, 256 << 10} {
+		t.Run(fmt.Sprint(size), func(t *testing.T) {
+			a, b := ts[0].Conn(1, 0), ts[1].Conn(0, 0)
+			out, back := pattern(1, size), make([]byte, size)
+			var s0, s1 transport.SendOp
+			var r0, r1 transport.RecvOp
+			h0, h1 := hdr(0, 0, 0, 1), hdr(1, 0, 0, 1)
+			one := func() {
+				h0.Seq++
+				h1.Seq++
+				s0.Reset(h0, out)
+				r1.Reset(h0, back, false)
+				s1.Reset(h1, back)
+				r0.Reset(h1, back, false)
+				pingPong(ts, a, b, &s0, &r1, &s1, &r0)
+			}
+			for range 20 {
+				one()
+			}
+			if allocs := testing.AllocsPerRun(200, one); allocs != 0 {
+				t.Fatalf("%v allocations per round trip, want 0", allocs)
+			}
+			if !bytes.Equal(back, out) {
+				t.Fatal("payload corrupted")
+			}
+		})
+	}
+}
+
+// pingPong drives a round trip from one goroutine: a sends s0 to b, b
+// receives it with r1 and sends s1 back, a receives it with r0.
+func pingPong(ts []*Transport, a, b transport.Conn, s0 *transport.SendOp, r1 *transport.RecvOp, s1 *transport.SendOp, r0 *transport.RecvOp) {
+	stage := 0
+	for stage < 4 {
+		var done bool
+		var err error
+		switch stage {
+		case 0:
+			done, err = a.TrySend(s0)
+		case 1:
+			done, err = b.TryRecv(r1)
+		case 2:
+			done, err = b.TrySend(s1)
+		case 3:
+			done, err = a.TryRecv(r0)
+		}
+		if err != nil {
+			panic(err)
+		}
+		if done {
+			stage++
+		} else if stage == 1 || stage == 2 {
+			ts[1].Wait(0)
+		} else {
+			ts[0].Wait(0)
+		}
+	}
+}
