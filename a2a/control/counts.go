@@ -1,0 +1,146 @@
+package control
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+
+	"a2a/a2a/internal/fault"
+)
+
+// waiter receives the column of one in-flight seq when another call's
+// goroutine happened to read it from the shared counts channel.
+type waiter struct{ ch chan *nats.Msg }
+
+var waiterPool = sync.Pool{New: func() any { return &waiter{ch: make(chan *nats.Msg, 1)} }}
+
+// ExchangeCounts exchanges the counts of one AllToAllV: sendCounts[j] is the
+// number of bytes this rank sends rank j; on return recvCounts[i] is the number
+// rank i sends this rank, and, if matrix is not nil (len Size*Size),
+// matrix[i*Size+j] is the number rank i sends rank j. Every rank passes the same
+// seq for the same operation; calls with different seqs may run concurrently on
+// one member. It returns the abort cause if the member aborts, and an error
+// matching fault.ErrTimeout (and ctx.Err()) if ctx ends first.
+func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, recvCounts, matrix []int) error {
+	n := m.size
+	switch {
+	case len(sendCounts) != n || len(recvCounts) != n:
+		return fault.New(fault.ErrInvalidArgument, m.rank, "control: counts of length %d/%d for %d ranks",
+			len(sendCounts), len(recvCounts), n)
+	case matrix != nil && len(matrix) != n*n:
+		return fault.New(fault.ErrInvalidArgument, m.rank, "control: matrix of length %d for %d ranks", len(matrix), n)
+	case matrix != nil && int64(n*n*8+128) > m.nc.MaxPayload():
+		return fault.New(fault.ErrInvalidArgument, m.rank, "control: a %dx%d counts matrix exceeds the NATS max payload %d",
+			n, n, m.nc.MaxPayload())
+	}
+	for j, c := range sendCounts {
+		if c < 0 {
+			return fault.New(fault.ErrInvalidArgument, m.rank, "control: negative count %d for rank %d", c, j)
+		}
+	}
+	select {
+	case <-m.done:
+		return m.Err()
+	default:
+	}
+	if n == 1 {
+		recvCounts[0] = sendCounts[0]
+		if matrix != nil {
+			matrix[0] = sendCounts[0]
+		}
+		return nil
+	}
+
+	w := waiterPool.Get().(*waiter)
+	m.wmu.Lock()
+	if _, dup := m.waiters[seq]; dup {
+		m.wmu.Unlock()
+		waiterPool.Put(w)
+		return fault.New(fault.ErrInvalidArgument, m.rank, "control: counts exchange seq %d already in flight", seq)
+	}
+	m.waiters[seq] = w
+	m.wmu.Unlock()
+	defer func() {
+		m.wmu.Lock()
+		delete(m.waiters, seq)
+		m.wmu.Unlock()
+		select { // a column routed to us after we stopped waiting
+		case <-w.ch:
+		default:
+		}
+		waiterPool.Put(w)
+	}()
+
+	c := getCodec()
+	var flags uint8
+	if matrix != nil {
+		flags |= rowWantMatrix
+	}
+	err := m.nc.PublishRequest(m.subjCounts, m.countsInbox, c.encodeRow(m.epoch, seq, m.rank, flags, sendCounts))
+	putCodec(c)
+	if err != nil {
+		return fault.Wrap(fault.ErrAborted, m.rank, err, "control: sending counts row")
+	}
+	for {
+		select {
+		case msg := <-m.countsCh:
+			if m.route(msg, seq) {
+				return m.finish(msg, seq, recvCounts, matrix)
+			}
+		case msg := <-w.ch:
+			return m.finish(msg, seq, recvCounts, matrix)
+		case <-m.done:
+			return m.Err()
+		case <-ctx.Done():
+			return fault.Wrap(fault.ErrTimeout, m.rank, ctx.Err(), "control: counts exchange seq %d", seq)
+		}
+	}
+}
+
+// route reports whether msg is the column for seq; otherwise it hands msg to
+// the call waiting for its seq, or drops it (a stale reply of an abandoned call).
+func (m *Member) route(msg *nats.Msg, seq uint64) bool {
+	c := getCodec()
+	s, err := c.peekSeq(msg.Data)
+	putCodec(c)
+	if err != nil {
+		return false
+	}
+	if s == seq {
+		return true
+	}
+	m.wmu.Lock()
+	if w := m.waiters[s]; w != nil {
+		select {
+		case w.ch <- msg:
+		default:
+		}
+	}
+	m.wmu.Unlock()
+	return false
+}
+
+func (m *Member) finish(msg *nats.Msg, seq uint64, recvCounts, matrix []int) error {
+	c := getCodec()
+	defer putCodec(c)
+	r, err := c.decodeCol(msg.Data)
+	if err != nil {
+		return fault.Wrap(fault.ErrMismatch, m.rank, err, "control: malformed counts reply for seq %d", seq)
+	}
+	if r.kind != 0 {
+		return &fault.Error{Kind: kindOfCode(r.kind), Rank: r.rank,
+			Detail: fmt.Sprintf("control: counts exchange seq %d refused by the coordinator: %s", seq, r.detail)}
+	}
+	n := m.size
+	if len(r.col) != n*8 || (matrix != nil && len(r.mat) != n*n*8) {
+		return fault.New(fault.ErrMismatch, m.rank, "control: counts reply for seq %d has %d/%d bytes for %d ranks",
+			seq, len(r.col), len(r.mat), n)
+	}
+	getInts(recvCounts, r.col)
+	if matrix != nil {
+		getInts(matrix, r.mat)
+	}
+	return nil
+}

@@ -1,0 +1,226 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"a2a/a2a/internal/fault"
+)
+
+func TestAbortReachesAll(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		service bool
+		cause   error
+		kind    error // inner kind peers see
+	}{
+		{"mismatch service", true, fault.New(fault.ErrMismatch, 1, "wrong op"), fault.ErrMismatch},
+		{"plain error bare", false, errors.New("app failure"), fault.ErrAborted},
+		{"nil cause service", true, nil, fault.ErrAborted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			if tc.service {
+				e.service()
+			}
+			mems := e.mustJoin(configs("gab", []int{0, 1, 2, 3}, nil))
+			origin := mems[1]
+			origin.Abort(tc.cause)
+			origin.Abort(errors.New("second cause is ignored"))
+			for _, m := range mems {
+				waitDone(t, m, 2*time.Second)
+				err := m.Err()
+				if !errors.Is(err, fault.ErrAborted) || !errors.Is(err, tc.kind) {
+					t.Errorf("rank %d: %v", m.Rank(), err)
+				}
+				if tc.cause != nil && m == origin && !errors.Is(err, tc.cause) {
+					t.Errorf("origin: %v does not wrap its cause", err)
+				}
+				var fe *fault.Error
+				if m != origin && (!errors.As(err, &fe) || fe.Rank != 1 || fe.Kind != fault.ErrAborted) {
+					t.Errorf("rank %d: %#v, want ErrAborted from rank 1", m.Rank(), err)
+				}
+			}
+		})
+	}
+}
+
+// TestPeerLost: a member whose connection dies (no Leave) is declared lost by
+// every other member within PeerTimeout plus a margin; it also aborts itself.
+func TestPeerLost(t *testing.T) {
+	const hb, timeout = 50 * time.Millisecond, 400 * time.Millisecond
+	for _, tc := range []struct {
+		name    string
+		service bool
+		victim  int // index in the ranks list; in the bare case rank 0 hosts the coordinator
+	}{
+		{"service", true, 2},
+		{"bare, coordinator host dies", false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			if tc.service {
+				e.service()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			mems, errs, conns := e.join(ctx, configs("glost", []int{0, 1, 2}, func(i int, c *JoinConfig) {
+				c.HeartbeatInterval, c.PeerTimeout = hb, timeout
+			}))
+			for _, err := range errs {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			victim := mems[tc.victim]
+			time.Sleep(3 * hb)
+			conns[tc.victim].Close()
+			killed := time.Now()
+			for _, m := range mems {
+				if m == victim {
+					continue
+				}
+				waitDone(t, m, timeout+time.Second)
+				if el := time.Since(killed); el < timeout-hb {
+					t.Errorf("rank %d declared loss after %v, before PeerTimeout", m.Rank(), el)
+				}
+				err := m.Err()
+				if !errors.Is(err, fault.ErrAborted) || !errors.Is(err, fault.ErrPeerLost) {
+					t.Errorf("rank %d: %v", m.Rank(), err)
+				}
+				var fe *fault.Error
+				if !errors.As(errors.Unwrap(err), &fe) || fe.Kind != fault.ErrPeerLost || fe.Rank != victim.Rank() {
+					t.Errorf("rank %d: %v does not name lost rank %d", m.Rank(), err, victim.Rank())
+				}
+			}
+			waitDone(t, victim, time.Second)
+			if err := victim.Err(); !errors.Is(err, fault.ErrAborted) || !errors.Is(err, nats.ErrConnectionClosed) {
+				t.Errorf("victim: %v", err)
+			}
+		})
+	}
+}
+
+// TestPeerLostDefaults: with default settings every survivor's Done fires
+// within 3s of a member vanishing.
+func TestPeerLostDefaults(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	mems, errs, conns := e.join(ctx, configs("gdef", []int{0, 1, 2}, nil))
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	conns[1].Close()
+	for _, m := range []*Member{mems[0], mems[2]} {
+		waitDone(t, m, 3*time.Second)
+		if !errors.Is(m.Err(), fault.ErrPeerLost) {
+			t.Errorf("rank %d: %v", m.Rank(), m.Err())
+		}
+	}
+}
+
+// TestLeaveIsNotLoss: a rank that leaves is not reported lost; the others keep
+// running (and a counts exchange with the departed rank fails fast).
+func TestLeaveIsNotLoss(t *testing.T) {
+	const hb, timeout = 50 * time.Millisecond, 300 * time.Millisecond
+	for _, service := range []bool{true, false} {
+		name := "bare"
+		if service {
+			name = "service"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			if service {
+				e.service()
+			}
+			mems := e.mustJoin(configs("gleave", []int{0, 1, 2}, func(i int, c *JoinConfig) {
+				c.HeartbeatInterval, c.PeerTimeout = hb, timeout
+			}))
+			leaver := mems[2]
+			if err := leaver.Leave(); err != nil {
+				t.Fatal(err)
+			}
+			if err := leaver.Leave(); err != nil {
+				t.Fatalf("second Leave: %v", err)
+			}
+			select {
+			case <-leaver.Done():
+			default:
+				t.Fatal("Done not closed after Leave")
+			}
+			if !errors.Is(leaver.Err(), fault.ErrClosed) {
+				t.Errorf("leaver: %v", leaver.Err())
+			}
+			time.Sleep(2*timeout + 2*hb)
+			for _, m := range mems[:2] {
+				if m.Err() != nil {
+					t.Errorf("rank %d aborted after a graceful leave: %v", m.Rank(), m.Err())
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			err := mems[0].ExchangeCounts(ctx, 1, []int{1, 2, 3}, make([]int, 3), nil)
+			if !errors.Is(err, fault.ErrClosed) {
+				t.Errorf("exchange with a departed rank: %v", err)
+			}
+		})
+	}
+}
+
+// TestRestartAfterLoss: a killed rank restarted at once is held by the
+// coordinator until the old formation is seen dead, then forms a new epoch
+// with the survivors, who rejoin after their abort.
+func TestRestartAfterLoss(t *testing.T) {
+	const hb, timeout = 50 * time.Millisecond, 300 * time.Millisecond
+	short := func(i int, c *JoinConfig) { c.HeartbeatInterval, c.PeerTimeout = hb, timeout }
+	e := newEnv(t)
+	e.service()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfgs := configs("grestart", []int{0, 1, 2}, short)
+	mems, errs, conns := e.join(ctx, cfgs)
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := mems[0].Epoch()
+	conns[2].Close()
+	restarted := make(chan *Member, 1)
+	go func() {
+		m, errs, _ := e.join(ctx, cfgs[2:])
+		if errs[0] != nil {
+			t.Error(errs[0])
+		}
+		restarted <- m[0]
+	}()
+	for _, m := range mems[:2] {
+		waitDone(t, m, 2*time.Second)
+		if err := m.Leave(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	survivors, errs, _ := e.join(ctx, cfgs[:2])
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := <-restarted
+	if r == nil {
+		t.Fatal("restarted rank did not join")
+	}
+	all := append(survivors, r)
+	for i, m := range all {
+		if m.Rank() != i || m.Epoch() != all[0].Epoch() || m.Epoch() == old {
+			t.Errorf("member %d: rank %d epoch %d (old epoch %d)", i, m.Rank(), m.Epoch(), old)
+		}
+	}
+}

@@ -1,0 +1,538 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"a2a/a2a/internal/fault"
+)
+
+// Defaults for JoinConfig.
+const (
+	DefaultHeartbeatInterval = 250 * time.Millisecond
+	DefaultPeerTimeout       = 1500 * time.Millisecond
+)
+
+// NodeInfo is what a rank publishes at join.
+type NodeInfo struct {
+	Rank      int      `msgpack:"r"` // requested rank, -1 = assign at join
+	Host      string   `msgpack:"h"` // host identity (grouping of ranks per host); default os.Hostname()
+	PID       int      `msgpack:"p"` // default os.Getpid()
+	DataAddrs []string `msgpack:"a"` // data-plane listener addresses (tcp host:port)
+	Streams   int      `msgpack:"s"` // connections per peer pair; equal on all ranks (0 means 1)
+	Shm       []byte   `msgpack:"shm"`
+	RDMA      []byte   `msgpack:"rdma"`
+}
+
+// JoinConfig configures Join.
+type JoinConfig struct {
+	Group     string // a valid NATS subject token
+	Rank      int    // -1: assigned at join; overrides Info.Rank
+	WorldSize int    // >= 1
+	Info      NodeInfo
+	// HeartbeatInterval is the heartbeat period (default 250ms); join requests
+	// are refreshed at the same period.
+	HeartbeatInterval time.Duration
+	// PeerTimeout: a rank silent this long is lost (default 1500ms); must
+	// exceed HeartbeatInterval.
+	PeerTimeout time.Duration
+	Logger      *slog.Logger
+}
+
+// Member is one rank's membership in a formed group.
+type Member struct {
+	nc    *nats.Conn
+	log   *slog.Logger
+	cfg   JoinConfig
+	id    string
+	group string
+
+	rank, size int
+	epoch      uint32
+	nodes      []NodeInfo
+
+	subjJoin, subjCounts, subjHB, subjAbort, subjLeave string
+	ctlInbox, countsInbox                              string
+	ctlCh, countsCh                                    chan *nats.Msg
+	ctlSub, countsSub, groupSub                        *nats.Subscription
+	statusCh                                           chan nats.Status
+	svc                                                *Service // coordinator hosted in-process, if any
+
+	start    time.Time
+	lastSeen []atomic.Int64 // ns since start
+	left     []atomic.Bool
+	formed   atomic.Bool
+	stashMu  sync.Mutex
+	stash    []abortMsg // aborts heard before the formed reply
+
+	wmu     sync.Mutex
+	waiters map[uint64]*waiter
+
+	mu       sync.Mutex
+	err      error
+	done     chan struct{}
+	leaveErr error
+	leaving  bool
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+// Join joins group cfg.Group through its coordinator (hosting one in-process if
+// none answers, see the package documentation) and returns once the roster is
+// complete. Members may share a nats.Conn (each holds its own subscriptions).
+func Join(ctx context.Context, nc *nats.Conn, cfg JoinConfig) (*Member, error) {
+	if err := normalize(nc, &cfg); err != nil {
+		return nil, err
+	}
+	m := &Member{
+		nc:      nc,
+		log:     cfg.Logger.With("group", cfg.Group),
+		cfg:     cfg,
+		id:      strconv.FormatUint(rand.Uint64(), 36),
+		group:   cfg.Group,
+		rank:    -1,
+		done:    make(chan struct{}),
+		stop:    make(chan struct{}),
+		start:   time.Now(),
+		waiters: make(map[uint64]*waiter),
+	}
+	m.subjJoin = svcSubject(m.group, opJoin)
+	m.subjCounts = svcSubject(m.group, opCounts)
+	m.subjHB = groupSubject(m.group, opHB)
+	m.subjAbort = groupSubject(m.group, opAbort)
+	m.subjLeave = groupSubject(m.group, opLeave)
+	if err := m.subscribe(); err != nil {
+		m.release()
+		return nil, err
+	}
+	if err := m.rendezvous(ctx); err != nil {
+		m.withdraw()
+		m.release()
+		if m.svc != nil {
+			_ = m.svc.Close()
+		}
+		return nil, err
+	}
+	m.wg.Add(1)
+	go m.heartbeat()
+	m.log.Debug("joined", "rank", m.rank, "size", m.size, "epoch", m.epoch)
+	return m, nil
+}
+
+func normalize(nc *nats.Conn, cfg *JoinConfig) error {
+	bad := func(format string, args ...any) error {
+		return fault.New(fault.ErrInvalidArgument, cfg.Rank, "control: "+format, args...)
+	}
+	switch {
+	case nc == nil:
+		return bad("nil NATS connection")
+	case !validToken(cfg.Group):
+		return bad("group %q is not a valid NATS subject token", cfg.Group)
+	case cfg.WorldSize < 1:
+		return bad("WorldSize %d < 1", cfg.WorldSize)
+	case cfg.Rank < -1 || cfg.Rank >= cfg.WorldSize:
+		return bad("rank %d out of range for WorldSize %d", cfg.Rank, cfg.WorldSize)
+	case cfg.Info.Streams < 0:
+		return bad("Streams %d < 0", cfg.Info.Streams)
+	case cfg.HeartbeatInterval < 0 || cfg.PeerTimeout < 0:
+		return bad("negative heartbeat interval or peer timeout")
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if cfg.PeerTimeout == 0 {
+		cfg.PeerTimeout = DefaultPeerTimeout
+	}
+	if cfg.PeerTimeout <= cfg.HeartbeatInterval {
+		return bad("PeerTimeout %v must exceed HeartbeatInterval %v", cfg.PeerTimeout, cfg.HeartbeatInterval)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Info.Streams == 0 {
+		cfg.Info.Streams = 1
+	}
+	if cfg.Info.Host == "" {
+		cfg.Info.Host, _ = os.Hostname()
+	}
+	if cfg.Info.PID == 0 {
+		cfg.Info.PID = os.Getpid()
+	}
+	cfg.Info.Rank = cfg.Rank
+	return nil
+}
+
+func (m *Member) subscribe() error {
+	base := m.nc.NewInbox()
+	m.ctlInbox, m.countsInbox = base+".r", base+".c"
+	m.ctlCh = make(chan *nats.Msg, 64)
+	// One reply per pending seq at most; the slack absorbs stale replies of
+	// abandoned calls.
+	m.countsCh = make(chan *nats.Msg, 256)
+	var err error
+	wrap := func(err error, what string) error {
+		kind := fault.ErrInvalidArgument // e.g. a permissions violation
+		if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionDraining) {
+			kind = fault.ErrClosed
+		}
+		return fault.Wrap(kind, -1, err, "control: subscribing %s", what)
+	}
+	// The group subscription exists before the join request so that an abort
+	// published right after formation is not missed.
+	if m.groupSub, err = m.nc.Subscribe(groupSubject(m.group, "*"), m.onGroup); err != nil {
+		return wrap(err, "group subjects")
+	}
+	_ = m.groupSub.SetPendingLimits(-1, 64<<20)
+	if m.ctlSub, err = m.nc.ChanSubscribe(m.ctlInbox, m.ctlCh); err != nil {
+		return wrap(err, "join inbox")
+	}
+	if m.countsSub, err = m.nc.ChanSubscribe(m.countsInbox, m.countsCh); err != nil {
+		return wrap(err, "counts inbox")
+	}
+	m.statusCh = m.nc.StatusChanged(nats.CLOSED)
+	return nil
+}
+
+func (m *Member) release() {
+	for _, sub := range []*nats.Subscription{m.groupSub, m.ctlSub, m.countsSub} {
+		if sub != nil {
+			_ = sub.Unsubscribe()
+		}
+	}
+	if m.statusCh != nil {
+		m.nc.RemoveStatusListener(m.statusCh)
+	}
+}
+
+func (m *Member) joinReq(withdraw bool) []byte {
+	b, _ := msgpack.Marshal(&joinReq{ID: m.id, Rank: m.cfg.Rank, World: m.cfg.WorldSize, Streams: m.cfg.Info.Streams,
+		TimeoutMS: m.cfg.PeerTimeout.Milliseconds(), Withdraw: withdraw, Info: m.cfg.Info})
+	return b
+}
+
+func (m *Member) withdraw() {
+	if !m.nc.IsClosed() {
+		_ = m.nc.Publish(m.subjJoin, m.joinReq(true))
+		_ = m.nc.FlushTimeout(time.Second)
+	}
+}
+
+func (m *Member) ctxErr(ctx context.Context, format string, args ...any) error {
+	return fault.Wrap(fault.ErrTimeout, -1, ctx.Err(), "control: "+format, args...)
+}
+
+var errConnClosed = fault.Wrap(fault.ErrClosed, -1, nats.ErrConnectionClosed, "control: NATS connection closed")
+
+// rendezvous finds (or hosts) the coordinator and waits for the roster.
+func (m *Member) rendezvous(ctx context.Context) error {
+	refresh := m.cfg.HeartbeatInterval
+	var ack *joinResp
+	t := time.NewTicker(refresh)
+	defer t.Stop()
+	for {
+		if err := m.discover(ctx); err != nil {
+			return err
+		}
+		lastAck := time.Now()
+		req := m.joinReq(false)
+		if err := m.nc.PublishRequest(m.subjJoin, m.ctlInbox, req); err != nil {
+			return fault.Wrap(fault.ErrClosed, -1, err, "control: sending join")
+		}
+	wait:
+		for {
+			select {
+			case msg := <-m.ctlCh:
+				var resp joinResp
+				if msgpack.Unmarshal(msg.Data, &resp) != nil {
+					continue
+				}
+				switch resp.Status {
+				case stAck:
+					ack, lastAck = &resp, time.Now()
+				case stFail:
+					return &fault.Error{Kind: kindOfCode(resp.Kind), Rank: m.cfg.Rank,
+						Detail: fmt.Sprintf("control: join of group %q refused: %s", m.group, resp.Detail)}
+				case stFormed:
+					if m.formFrom(&resp) {
+						return nil
+					}
+				}
+			case <-t.C:
+				if m.svc == nil && time.Since(lastAck) > 4*refresh {
+					m.log.Info("coordinator stopped answering join refreshes, looking for another")
+					break wait
+				}
+				if err := m.nc.PublishRequest(m.subjJoin, m.ctlInbox, req); err != nil {
+					return fault.Wrap(fault.ErrClosed, -1, err, "control: sending join")
+				}
+			case <-m.statusCh:
+				return errConnClosed
+			case <-ctx.Done():
+				return m.joinTimeout(ctx, ack)
+			}
+		}
+	}
+}
+
+func (m *Member) joinTimeout(ctx context.Context, ack *joinResp) error {
+	if ack == nil {
+		return m.ctxErr(ctx, "join of group %q (WorldSize %d) timed out: no coordinator acknowledged the join",
+			m.group, m.cfg.WorldSize)
+	}
+	if ack.Busy != 0 {
+		return m.ctxErr(ctx, "join of group %q (WorldSize %d) timed out: the group is still formed (epoch %d) by other members",
+			m.group, m.cfg.WorldSize, ack.Busy)
+	}
+	var missing []int
+	for r := 0; r < m.cfg.WorldSize; r++ {
+		if !slices.Contains(ack.Joined, r) {
+			missing = append(missing, r)
+		}
+	}
+	return m.ctxErr(ctx, "join of group %q (WorldSize %d) timed out: ranks joined %v, %d awaiting assignment, ranks missing %v",
+		m.group, m.cfg.WorldSize, ack.Joined, ack.Unassigned, missing)
+}
+
+// formFrom adopts a formed roster if it includes this member.
+func (m *Member) formFrom(resp *joinResp) bool {
+	rank := slices.Index(resp.IDs, m.id)
+	if rank < 0 || len(resp.Nodes) != len(resp.IDs) || resp.Epoch == 0 {
+		return false
+	}
+	m.stashMu.Lock()
+	m.rank, m.size, m.epoch, m.nodes = rank, len(resp.IDs), resp.Epoch, resp.Nodes
+	m.lastSeen = make([]atomic.Int64, m.size)
+	m.left = make([]atomic.Bool, m.size)
+	now := int64(time.Since(m.start))
+	for i := range m.lastSeen {
+		m.lastSeen[i].Store(now)
+	}
+	m.log = m.log.With("rank", rank, "epoch", resp.Epoch)
+	m.formed.Store(true)
+	stash := m.stash
+	m.stash = nil
+	m.stashMu.Unlock()
+	// Join replies are over; a late duplicate must not sit in a channel.
+	_ = m.ctlSub.Unsubscribe()
+	for i := range stash {
+		m.onAbortMsg(&stash[i])
+	}
+	return true
+}
+
+// Rank returns this member's rank.
+func (m *Member) Rank() int { return m.rank }
+
+// Size returns the number of ranks in the group.
+func (m *Member) Size() int { return m.size }
+
+// Epoch returns the membership epoch, equal on all members and different for
+// every formation of the group.
+func (m *Member) Epoch() uint32 { return m.epoch }
+
+// Nodes returns every rank's NodeInfo, indexed by rank. The slice is a copy;
+// the byte and string slices inside are shared and must not be modified.
+func (m *Member) Nodes() []NodeInfo { return slices.Clone(m.nodes) }
+
+// Done is closed once the member is aborted (locally, by a peer, by a lost
+// peer or a lost control plane) or has left.
+func (m *Member) Done() <-chan struct{} { return m.done }
+
+// Err returns nil until Done is closed, then the cause: an error matching
+// fault.ErrAborted (and the original kind, e.g. fault.ErrPeerLost) after an
+// abort, or fault.ErrClosed after Leave.
+func (m *Member) Err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.err
+}
+
+// Abort aborts the member locally and tells the group. The first cause wins;
+// later calls do nothing. Peers see an error matching fault.ErrAborted that
+// wraps cause's kind.
+func (m *Member) Abort(cause error) {
+	var err error
+	switch {
+	case cause == nil:
+		err = fault.New(fault.ErrAborted, m.rank, "aborted by the application")
+	case errors.Is(cause, fault.ErrAborted):
+		err = cause
+	default:
+		err = fault.Wrap(fault.ErrAborted, m.rank, cause, "aborted locally")
+	}
+	m.abort(err, true)
+}
+
+// abort records err as the cause (first one wins) and optionally publishes it.
+func (m *Member) abort(err error, publish bool) {
+	m.mu.Lock()
+	if m.err != nil {
+		m.mu.Unlock()
+		return
+	}
+	m.err = err
+	close(m.done)
+	m.mu.Unlock()
+	m.log.Warn("member aborted", "err", err)
+	if publish && !m.nc.IsClosed() {
+		kind, rank, detail := describe(err)
+		b, _ := msgpack.Marshal(&abortMsg{Epoch: m.epoch, Origin: m.rank, Kind: kindCode(kind), Rank: rank, Detail: detail})
+		if perr := m.nc.Publish(m.subjAbort, b); perr != nil {
+			m.log.Warn("publishing abort", "err", perr)
+		}
+	}
+}
+
+func (m *Member) onGroup(msg *nats.Msg) {
+	_, op := splitGroupSubject(msg.Subject)
+	switch op {
+	case opHB:
+		if !m.formed.Load() {
+			return
+		}
+		var hb hbMsg
+		if msgpack.Unmarshal(msg.Data, &hb) != nil || hb.Epoch != m.epoch || hb.Rank < 0 || hb.Rank >= m.size {
+			return
+		}
+		m.lastSeen[hb.Rank].Store(int64(time.Since(m.start)))
+	case opAbort:
+		var a abortMsg
+		if msgpack.Unmarshal(msg.Data, &a) != nil {
+			return
+		}
+		m.stashMu.Lock()
+		if !m.formed.Load() {
+			if len(m.stash) < 16 {
+				m.stash = append(m.stash, a)
+			}
+			m.stashMu.Unlock()
+			return
+		}
+		m.stashMu.Unlock()
+		m.onAbortMsg(&a)
+	case opLeave:
+		if !m.formed.Load() {
+			return
+		}
+		var l leaveMsg
+		if msgpack.Unmarshal(msg.Data, &l) != nil || l.Epoch != m.epoch || l.Rank < 0 || l.Rank >= m.size {
+			return
+		}
+		m.left[l.Rank].Store(true)
+	}
+}
+
+func (m *Member) onAbortMsg(a *abortMsg) {
+	if a.Epoch != m.epoch || a.Origin == m.rank {
+		return
+	}
+	m.abort(&fault.Error{Kind: fault.ErrAborted, Rank: a.Origin, Detail: fmt.Sprintf("aborted by rank %d", a.Origin),
+		Err: &fault.Error{Kind: kindOfCode(a.Kind), Rank: a.Rank, Detail: a.Detail}}, false)
+}
+
+// heartbeat publishes heartbeats and watches peers and the connection. It
+// stops when the member aborts (so peers that missed the abort message see it
+// go silent) or leaves.
+func (m *Member) heartbeat() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.HeartbeatInterval)
+	defer t.Stop()
+	hb, _ := msgpack.Marshal(&hbMsg{Epoch: m.epoch, Rank: m.rank})
+	_ = m.nc.Publish(m.subjHB, hb)
+	var downSince time.Time
+	timeout := int64(m.cfg.PeerTimeout)
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-m.done:
+			return
+		case <-m.statusCh:
+			if m.nc.IsClosed() {
+				m.abort(fault.Wrap(fault.ErrAborted, m.rank, nats.ErrConnectionClosed, "control plane lost"), false)
+				return
+			}
+		case <-t.C:
+			if m.nc.IsClosed() {
+				m.abort(fault.Wrap(fault.ErrAborted, m.rank, nats.ErrConnectionClosed, "control plane lost"), false)
+				return
+			}
+			if m.nc.Status() != nats.CONNECTED {
+				if downSince.IsZero() {
+					downSince = time.Now()
+				} else if time.Since(downSince) > m.cfg.PeerTimeout {
+					m.abort(fault.Wrap(fault.ErrAborted, m.rank, nats.ErrDisconnected,
+						"control plane lost: disconnected from NATS for %v", time.Since(downSince).Round(time.Millisecond)), false)
+					return
+				}
+				continue
+			}
+			downSince = time.Time{}
+			_ = m.nc.Publish(m.subjHB, hb)
+			now := int64(time.Since(m.start))
+			for r := range m.lastSeen {
+				if r == m.rank || m.left[r].Load() {
+					continue
+				}
+				if silent := now - m.lastSeen[r].Load(); silent > timeout {
+					lost := fault.New(fault.ErrPeerLost, r, "no heartbeat for %v", time.Duration(silent).Round(time.Millisecond))
+					m.abort(&fault.Error{Kind: fault.ErrAborted, Rank: r, Detail: fmt.Sprintf("rank %d lost", r), Err: lost}, true)
+					return
+				}
+			}
+		}
+	}
+}
+
+// Leave leaves the group gracefully: it publishes a leave (peers stop watching
+// this rank), stops heartbeats, releases subscriptions and stops the
+// coordinator this member hosts, if any. Done is closed afterwards and Err
+// reports fault.ErrClosed unless the member had aborted. Leave is idempotent.
+func (m *Member) Leave() error {
+	m.mu.Lock()
+	if m.leaving {
+		m.mu.Unlock()
+		return m.leaveErr
+	}
+	m.leaving = true
+	m.mu.Unlock()
+	var err error
+	if !m.nc.IsClosed() {
+		b, _ := msgpack.Marshal(&leaveMsg{Epoch: m.epoch, Rank: m.rank})
+		if perr := m.nc.Publish(m.subjLeave, b); perr != nil {
+			err = fault.Wrap(fault.ErrClosed, m.rank, perr, "control: publishing leave")
+		}
+	}
+	close(m.stop)
+	m.wg.Wait()
+	m.release()
+	if !m.nc.IsClosed() {
+		// Make sure the leave (and any columns our coordinator published) left
+		// this process before the caller closes the connection.
+		_ = m.nc.FlushTimeout(time.Second)
+	}
+	if m.svc != nil {
+		_ = m.svc.Close()
+	}
+	m.mu.Lock()
+	if m.err == nil {
+		m.err = fault.New(fault.ErrClosed, m.rank, "left group %q", m.group)
+		close(m.done)
+	}
+	m.leaveErr = err
+	m.mu.Unlock()
+	m.log.Debug("left")
+	return err
+}

@@ -1,0 +1,730 @@
+package control
+
+import (
+	"cmp"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"a2a/a2a/internal/fault"
+)
+
+// maxPendingSeqs bounds the counts operations a formation keeps open at once,
+// so a rank that keeps sending rows nobody matches cannot grow the service
+// without bound.
+const maxPendingSeqs = 1024
+
+// Service is the coordinator: it forms rosters, assigns ranks, chooses epochs,
+// aggregates counts rows into columns, and tracks heartbeats for status.
+// NewService serves every group (as a2ad does); a member hosting an in-process
+// coordinator uses one restricted to its own group.
+type Service struct {
+	nc   *nats.Conn
+	log  *slog.Logger
+	id   string
+	only string
+	subs []*nats.Subscription
+
+	mu     sync.Mutex
+	groups map[string]*group
+	closed bool
+
+	cc *codec // owned by the counts handler goroutine
+}
+
+// GroupView is a snapshot of one group's membership, for status displays.
+type GroupView struct {
+	Group   string
+	Epoch   uint32 // 0 while forming
+	Size    int    // WorldSize
+	Forming bool
+	Aborted bool
+	// Ranks: formed groups list every rank in order; forming groups list the
+	// joiners so far (Rank -1 for those awaiting assignment).
+	Ranks []RankView
+	// PendingCounts is the number of counts operations waiting for rows.
+	PendingCounts int
+}
+
+// RankView is one member in a GroupView.
+type RankView struct {
+	Rank          int
+	Host          string
+	PID           int
+	DataAddrs     []string
+	LastHeartbeat time.Time // formed groups: last heartbeat (formation time before the first); forming: last join refresh
+	Left          bool
+	Lost          bool // silent longer than its PeerTimeout
+}
+
+type group struct {
+	name      string
+	lastEpoch uint32
+	form      *formation
+	// A failed roster leaves a tombstone for the joiners' PeerTimeout, so the
+	// ranks of the same launch that arrive just after the failure get the
+	// same error instead of waiting for their deadline.
+	failKind   error
+	failDetail string
+	failUntil  time.Time
+	// Joiners held while a formation that looks healthy still exists.
+	waiting map[string]*waitingJoiner
+}
+
+type waitingJoiner struct {
+	first, last time.Time
+	timeout     time.Duration
+}
+
+type joiner struct {
+	req     joinReq
+	reply   string
+	seen    time.Time
+	arrival uint64
+}
+
+type rankState struct {
+	info    NodeInfo
+	id      string
+	reply   string
+	timeout time.Duration
+	lastHB  time.Time
+	left    bool
+}
+
+type formation struct {
+	world, streams int
+	joiners        map[string]*joiner
+	arrivals       uint64
+
+	epoch   uint32 // 0 while forming
+	ranks   []*rankState
+	byID    map[string]int
+	aborted bool
+	counts  map[uint64]*countsOp
+	free    []*countsOp
+}
+
+type countsOp struct {
+	arrived int
+	have    []bool
+	want    []bool
+	reply   []string
+	mat     []byte // N*N little-endian int64, row-major
+}
+
+type outMsg struct {
+	subj string
+	data []byte
+}
+
+// NewService starts a coordinator serving all groups on nc (wildcard
+// subscriptions). Run one per NATS deployment.
+func NewService(nc *nats.Conn, logger *slog.Logger) (*Service, error) {
+	return newService(nc, logger, "")
+}
+
+func newService(nc *nats.Conn, logger *slog.Logger, only string) (*Service, error) {
+	if nc == nil {
+		return nil, fault.New(fault.ErrInvalidArgument, -1, "control: nil NATS connection")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Service{
+		nc:     nc,
+		log:    logger.With("component", "a2a-control-service"),
+		id:     "svc-" + strconv.FormatUint(rand.Uint64(), 36),
+		only:   only,
+		groups: make(map[string]*group),
+		cc:     getCodec(),
+	}
+	tok := "*"
+	if only != "" {
+		tok = only
+	}
+	handlers := []struct {
+		subj string
+		h    nats.MsgHandler
+	}{
+		{svcPrefix + tok + "." + opPing, s.onPing},
+		{svcPrefix + tok + "." + opClaim, s.onClaim},
+		{svcPrefix + tok + "." + opJoin, s.onJoin},
+		{svcPrefix + tok + "." + opCounts, s.onCounts},
+		{subjPrefix + tok + ".*", s.onGroup},
+	}
+	for _, h := range handlers {
+		sub, err := nc.Subscribe(h.subj, h.h)
+		if err != nil {
+			s.unsubscribe()
+			return nil, fault.Wrap(fault.ErrInvalidArgument, -1, err, "control: subscribe %s", h.subj)
+		}
+		// Rows arrive in bursts of N and heartbeats from every member; the
+		// default pending limits are ample but must not cut a burst.
+		_ = sub.SetPendingLimits(-1, 64<<20)
+		s.subs = append(s.subs, sub)
+	}
+	// Make the subscriptions effective at the server before anyone is told
+	// this service exists.
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		s.unsubscribe()
+		return nil, fault.Wrap(fault.ErrTimeout, -1, err, "control: registering service subscriptions")
+	}
+	s.log.Debug("service started", "id", s.id, "group", cmp.Or(only, "*"))
+	return s, nil
+}
+
+func (s *Service) unsubscribe() {
+	for _, sub := range s.subs {
+		_ = sub.Unsubscribe()
+	}
+	s.subs = nil
+}
+
+// Close stops serving. Members of groups it served keep their membership but
+// can no longer exchange counts or form new rosters through it.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	subs := s.subs
+	s.subs = nil
+	s.mu.Unlock()
+	for _, sub := range subs {
+		// Drain would wait for in-flight handlers; Unsubscribe is enough because
+		// handlers check closed under the lock.
+		_ = sub.Unsubscribe()
+	}
+	s.log.Debug("service closed", "id", s.id)
+	return nil
+}
+
+// Groups returns the current memberships sorted by group name. Formations whose
+// ranks have all left or gone silent are dropped as a side effect.
+func (s *Service) Groups() []GroupView {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []GroupView
+	for _, g := range s.groups {
+		f := g.form
+		if f == nil {
+			continue
+		}
+		if f.epoch == 0 {
+			f.prune(now, "")
+			if len(f.joiners) == 0 {
+				g.form = nil
+				continue
+			}
+			v := GroupView{Group: g.name, Size: f.world, Forming: true}
+			for _, j := range f.joiners {
+				v.Ranks = append(v.Ranks, RankView{Rank: j.req.Rank, Host: j.req.Info.Host, PID: j.req.Info.PID,
+					DataAddrs: slices.Clone(j.req.Info.DataAddrs), LastHeartbeat: j.seen})
+			}
+			slices.SortFunc(v.Ranks, func(a, b RankView) int {
+				return cmp.Or(cmp.Compare(a.Rank, b.Rank), cmp.Compare(a.Host, b.Host), cmp.Compare(a.PID, b.PID))
+			})
+			out = append(out, v)
+			continue
+		}
+		gone := 0
+		v := GroupView{Group: g.name, Epoch: f.epoch, Size: f.world, Aborted: f.aborted, PendingCounts: len(f.counts)}
+		for r, st := range f.ranks {
+			lost := now.Sub(st.lastHB) > st.timeout
+			if st.left || lost {
+				gone++
+			}
+			v.Ranks = append(v.Ranks, RankView{Rank: r, Host: st.info.Host, PID: st.info.PID,
+				DataAddrs: slices.Clone(st.info.DataAddrs), LastHeartbeat: st.lastHB, Left: st.left, Lost: lost && !st.left})
+		}
+		if gone == len(f.ranks) {
+			g.form = nil
+			continue
+		}
+		out = append(out, v)
+	}
+	slices.SortFunc(out, func(a, b GroupView) int { return cmp.Compare(a.Group, b.Group) })
+	return out
+}
+
+func (s *Service) publish(out []outMsg) {
+	for _, o := range out {
+		if err := s.nc.Publish(o.subj, o.data); err != nil {
+			s.log.Warn("publish failed", "subject", o.subj, "err", err)
+		}
+	}
+}
+
+func (s *Service) onPing(msg *nats.Msg) {
+	if msg.Reply == "" {
+		return
+	}
+	b, _ := msgpack.Marshal(&pingMsg{ID: s.id})
+	_ = msg.Respond(b)
+}
+
+func (s *Service) onClaim(msg *nats.Msg) {
+	if msg.Reply == "" {
+		return
+	}
+	b, _ := msgpack.Marshal(&claimMsg{ID: s.id, Exists: true})
+	_ = msg.Respond(b)
+}
+
+func (s *Service) onJoin(msg *nats.Msg) {
+	name := groupOfSvc(msg.Subject, opJoin)
+	var req joinReq
+	if err := msgpack.Unmarshal(msg.Data, &req); err != nil || !validToken(name) || req.ID == "" {
+		s.log.Warn("malformed join request", "subject", msg.Subject, "err", err)
+		return
+	}
+	now := time.Now()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	g := s.groups[name]
+	if g == nil {
+		g = &group{name: name, waiting: make(map[string]*waitingJoiner)}
+		s.groups[name] = g
+	}
+	out := s.join(g, &req, msg.Reply, now)
+	s.mu.Unlock()
+	s.publish(out)
+}
+
+func (s *Service) reply(subj string, r *joinResp) []outMsg {
+	if subj == "" {
+		return nil
+	}
+	r.Service = s.id
+	b, err := msgpack.Marshal(r)
+	if err != nil {
+		s.log.Error("encoding join reply", "err", err)
+		return nil
+	}
+	return []outMsg{{subj, b}}
+}
+
+func (s *Service) fail(subj string, kind error, detail string) []outMsg {
+	return s.reply(subj, &joinResp{Status: stFail, Kind: kindCode(kind), Detail: detail})
+}
+
+// join handles one join, refresh or withdraw. Called with s.mu held.
+func (s *Service) join(g *group, req *joinReq, reply string, now time.Time) []outMsg {
+	f := g.form
+	if f != nil && f.epoch != 0 {
+		if r, ok := f.byID[req.ID]; ok {
+			if req.Withdraw {
+				// The rank gave up (its ctx expired) just as the roster completed:
+				// the others would only find out by heartbeat, so tell them now.
+				if f.aborted {
+					return nil
+				}
+				f.aborted = true
+				b, _ := msgpack.Marshal(&abortMsg{Epoch: f.epoch, Origin: r, Kind: kindCode(fault.ErrTimeout), Rank: r,
+					Detail: fmt.Sprintf("rank %d gave up joining as the roster completed", r)})
+				return []outMsg{{groupSubject(g.name, opAbort), b}}
+			}
+			// A refresh that crossed the formed reply, or a lost reply: resend.
+			return s.formedReply(f, []string{reply})
+		}
+		if req.Withdraw {
+			delete(g.waiting, req.ID)
+			return nil
+		}
+		if !f.dead(now) {
+			// The formation may be over without our knowing yet (leave and abort
+			// messages race this join; a killed rank takes PeerTimeout to
+			// notice): hold the joiner for two of its PeerTimeouts before
+			// calling it one member too many.
+			timeout := time.Duration(req.TimeoutMS) * time.Millisecond
+			for id, w := range g.waiting {
+				if now.Sub(w.last) > w.timeout {
+					delete(g.waiting, id)
+				}
+			}
+			w := g.waiting[req.ID]
+			if w == nil {
+				w = &waitingJoiner{first: now}
+				g.waiting[req.ID] = w
+			}
+			w.last, w.timeout = now, timeout
+			if now.Sub(w.first) < 2*timeout {
+				return s.reply(reply, &joinResp{Status: stAck, World: f.world, Busy: f.epoch})
+			}
+			delete(g.waiting, req.ID)
+			return s.fail(reply, fault.ErrInvalidArgument, fmt.Sprintf(
+				"group %q is already formed with %d ranks (epoch %d): more members than WorldSize", g.name, f.world, f.epoch))
+		}
+		s.log.Info("dissolving formation", "group", g.name, "epoch", f.epoch)
+		g.form, f = nil, nil
+	}
+	delete(g.waiting, req.ID)
+	if req.Withdraw {
+		if f != nil {
+			delete(f.joiners, req.ID)
+			if len(f.joiners) == 0 {
+				g.form = nil
+			}
+		}
+		return nil
+	}
+	if f != nil {
+		f.prune(now, req.ID)
+		if len(f.joiners) == 0 {
+			f = nil
+		}
+	}
+	if f == nil && now.Before(g.failUntil) {
+		return s.fail(reply, g.failKind, g.failDetail)
+	}
+	if f == nil {
+		f = &formation{world: req.World, streams: req.Streams, joiners: make(map[string]*joiner)}
+		g.form = f
+	}
+	if kind, detail := f.conflict(req); kind != nil {
+		s.log.Warn("join rejected, failing the roster", "group", g.name, "detail", detail)
+		var out []outMsg
+		for id, j := range f.joiners {
+			if id != req.ID {
+				out = append(out, s.fail(j.reply, kind, detail)...)
+			}
+		}
+		g.form = nil
+		g.failKind, g.failDetail = kind, detail
+		g.failUntil = now.Add(time.Duration(max(req.TimeoutMS, 100)) * time.Millisecond)
+		return append(out, s.fail(reply, kind, detail)...)
+	}
+	j := f.joiners[req.ID]
+	if j == nil {
+		j = &joiner{arrival: f.arrivals}
+		f.arrivals++
+		f.joiners[req.ID] = j
+	}
+	j.req, j.reply, j.seen = *req, reply, now
+	if len(f.joiners) == f.world {
+		return s.complete(g, f, now)
+	}
+	ack := &joinResp{Status: stAck, World: f.world}
+	for _, o := range f.joiners {
+		if o.req.Rank >= 0 {
+			ack.Joined = append(ack.Joined, o.req.Rank)
+		} else {
+			ack.Unassigned++
+		}
+	}
+	slices.Sort(ack.Joined)
+	return s.reply(reply, ack)
+}
+
+// prune drops pending joiners not refreshed within their PeerTimeout.
+func (f *formation) prune(now time.Time, keep string) {
+	for id, j := range f.joiners {
+		if id != keep && now.Sub(j.seen) > time.Duration(j.req.TimeoutMS)*time.Millisecond {
+			delete(f.joiners, id)
+		}
+	}
+}
+
+func (f *formation) conflict(req *joinReq) (error, string) {
+	who := func(r *joinReq) string { return fmt.Sprintf("%s pid %d", r.Info.Host, r.Info.PID) }
+	switch {
+	case req.World != f.world:
+		return fault.ErrInvalidArgument, fmt.Sprintf("WorldSize disagreement: %s asks %d, roster forming with %d",
+			who(req), req.World, f.world)
+	case req.Streams != f.streams:
+		return fault.ErrInvalidArgument, fmt.Sprintf("Streams disagreement: %s asks %d, roster forming with %d",
+			who(req), req.Streams, f.streams)
+	case req.World < 1 || req.Rank < -1 || req.Rank >= req.World:
+		return fault.ErrInvalidArgument, fmt.Sprintf("rank %d out of range for WorldSize %d (%s)", req.Rank, req.World, who(req))
+	}
+	others := 0
+	for id, j := range f.joiners {
+		if id == req.ID {
+			continue
+		}
+		others++
+		if req.Rank >= 0 && j.req.Rank == req.Rank {
+			return fault.ErrInvalidArgument, fmt.Sprintf("duplicate rank %d: %s and %s", req.Rank, who(&j.req), who(req))
+		}
+	}
+	if others+1 > f.world {
+		return fault.ErrInvalidArgument, fmt.Sprintf("more members than WorldSize %d", f.world)
+	}
+	return nil, ""
+}
+
+func (f *formation) dead(now time.Time) bool {
+	if f.aborted {
+		return true
+	}
+	for _, r := range f.ranks {
+		if r.left || now.Sub(r.lastHB) > r.timeout {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *group) nextEpoch(now time.Time) uint32 {
+	e := uint32(now.UnixMilli())
+	if d := e - g.lastEpoch; d == 0 || d >= 1<<31 { // not after the last one (mod 2^32)
+		e = g.lastEpoch + 1
+	}
+	if e == 0 {
+		e = 1
+	}
+	g.lastEpoch = e
+	return e
+}
+
+// complete assigns ranks and announces the formation. Called with s.mu held.
+func (s *Service) complete(g *group, f *formation, now time.Time) []outMsg {
+	f.ranks = make([]*rankState, f.world)
+	f.byID = make(map[string]int, f.world)
+	var assign []*joiner
+	ids := make(map[*joiner]string, len(f.joiners))
+	for id, j := range f.joiners {
+		ids[j] = id
+		if j.req.Rank >= 0 {
+			f.place(j.req.Rank, id, j, now)
+		} else {
+			assign = append(assign, j)
+		}
+	}
+	slices.SortFunc(assign, func(a, b *joiner) int {
+		return cmp.Or(cmp.Compare(a.req.Info.Host, b.req.Info.Host), cmp.Compare(a.req.Info.PID, b.req.Info.PID),
+			cmp.Compare(a.arrival, b.arrival))
+	})
+	r := 0
+	for _, j := range assign {
+		for f.ranks[r] != nil {
+			r++
+		}
+		f.place(r, ids[j], j, now)
+	}
+	f.joiners = nil
+	f.epoch = g.nextEpoch(now)
+	f.counts = make(map[uint64]*countsOp)
+	s.log.Info("group formed", "group", g.name, "epoch", f.epoch, "size", f.world)
+	replies := make([]string, f.world)
+	for i, st := range f.ranks {
+		replies[i] = st.reply
+	}
+	return s.formedReply(f, replies)
+}
+
+func (f *formation) place(r int, id string, j *joiner, now time.Time) {
+	info := j.req.Info
+	info.Rank = r
+	f.ranks[r] = &rankState{info: info, id: id, reply: j.reply, lastHB: now,
+		timeout: time.Duration(j.req.TimeoutMS) * time.Millisecond}
+	f.byID[id] = r
+}
+
+func (s *Service) formedReply(f *formation, to []string) []outMsg {
+	resp := &joinResp{Status: stFormed, Service: s.id, Epoch: f.epoch, World: f.world,
+		IDs: make([]string, f.world), Nodes: make([]NodeInfo, f.world)}
+	for i, st := range f.ranks {
+		resp.IDs[i], resp.Nodes[i] = st.id, st.info
+	}
+	b, err := msgpack.Marshal(resp)
+	if err != nil {
+		s.log.Error("encoding formed reply", "err", err)
+		return nil
+	}
+	out := make([]outMsg, 0, len(to))
+	for _, subj := range to {
+		if subj != "" {
+			out = append(out, outMsg{subj, b})
+		}
+	}
+	return out
+}
+
+// onGroup tracks heartbeats, aborts and leaves for status and for deciding
+// when a formation is dead.
+func (s *Service) onGroup(msg *nats.Msg) {
+	name, op := splitGroupSubject(msg.Subject)
+	now := time.Now()
+	var epoch uint32
+	var rank int
+	switch op {
+	case opHB:
+		var m hbMsg
+		if msgpack.Unmarshal(msg.Data, &m) != nil {
+			return
+		}
+		epoch, rank = m.Epoch, m.Rank
+	case opAbort:
+		var m abortMsg
+		if msgpack.Unmarshal(msg.Data, &m) != nil {
+			return
+		}
+		epoch, rank = m.Epoch, m.Origin
+	case opLeave:
+		var m leaveMsg
+		if msgpack.Unmarshal(msg.Data, &m) != nil {
+			return
+		}
+		epoch, rank = m.Epoch, m.Rank
+	default:
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.groups[name]
+	if g == nil || g.form == nil || g.form.epoch != epoch || rank < 0 || rank >= len(g.form.ranks) {
+		return
+	}
+	f := g.form
+	switch op {
+	case opHB:
+		f.ranks[rank].lastHB = now
+	case opAbort:
+		f.aborted = true
+	case opLeave:
+		f.ranks[rank].left = true
+		for _, st := range f.ranks {
+			if !st.left {
+				return
+			}
+		}
+		s.log.Info("group left by every rank", "group", name, "epoch", f.epoch)
+		g.form = nil
+	}
+}
+
+// onCounts is the hot path: collect one row; when the seq is complete send
+// every rank its column. It runs on one goroutine (one subscription), which
+// owns s.cc.
+func (s *Service) onCounts(msg *nats.Msg) {
+	c := s.cc
+	rw, err := c.decodeRow(msg.Data)
+	if err != nil {
+		s.log.Warn("malformed counts row", "subject", msg.Subject, "err", err)
+		return
+	}
+	name := groupOfSvc(msg.Subject, opCounts)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	var f *formation
+	if g := s.groups[name]; g != nil {
+		f = g.form
+	}
+	var kind error
+	var detail string
+	switch {
+	case f == nil || f.epoch == 0:
+		kind, detail = fault.ErrAborted, fmt.Sprintf("group %q has no formed membership at this coordinator", name)
+	case f.epoch != rw.epoch:
+		kind, detail = fault.ErrAborted, fmt.Sprintf("membership epoch %d is no longer current (now %d)", rw.epoch, f.epoch)
+	case rw.rank < 0 || rw.rank >= f.world || len(rw.counts) != f.world*8:
+		kind, detail = fault.ErrInvalidArgument, fmt.Sprintf("bad counts row from rank %d (%d bytes)", rw.rank, len(rw.counts))
+	}
+	if kind == nil {
+		for r, st := range f.ranks {
+			if st.left {
+				kind, detail = fault.ErrClosed, fmt.Sprintf("rank %d left the group", r)
+				break
+			}
+		}
+	}
+	var op *countsOp
+	if kind == nil {
+		op = f.counts[rw.seq]
+		if op == nil {
+			if len(f.counts) >= maxPendingSeqs {
+				kind, detail = fault.ErrInvalidArgument, fmt.Sprintf("more than %d counts operations pending", maxPendingSeqs)
+			} else {
+				op = f.getOp()
+				f.counts[rw.seq] = op
+			}
+		}
+	}
+	if kind != nil {
+		s.mu.Unlock()
+		if msg.Reply != "" {
+			_ = s.nc.Publish(msg.Reply, c.encodeColErr(rw.seq, rw.epoch, kind, -1, detail))
+		}
+		return
+	}
+	n := f.world
+	if !op.have[rw.rank] {
+		op.have[rw.rank] = true
+		op.arrived++
+	}
+	copy(op.mat[rw.rank*n*8:], rw.counts)
+	op.reply[rw.rank] = msg.Reply
+	op.want[rw.rank] = rw.flags&rowWantMatrix != 0
+	if op.arrived < n {
+		s.mu.Unlock()
+		return
+	}
+	delete(f.counts, rw.seq)
+	epoch := f.epoch
+	s.mu.Unlock()
+
+	// The op is no longer reachable from the formation: send without the lock.
+	s.sendColumns(op, n, rw.seq, epoch)
+
+	s.mu.Lock()
+	f.putOp(op)
+	s.mu.Unlock()
+}
+
+func (s *Service) sendColumns(op *countsOp, n int, seq uint64, epoch uint32) {
+	c := s.cc
+	colBuf := c.scratch(n * 8)
+	for j := 0; j < n; j++ {
+		for i := 0; i < n; i++ {
+			copy(colBuf[i*8:i*8+8], op.mat[(i*n+j)*8:])
+		}
+		var mat []byte
+		if op.want[j] {
+			mat = op.mat
+		}
+		if op.reply[j] == "" {
+			continue
+		}
+		if err := s.nc.Publish(op.reply[j], c.encodeCol(seq, epoch, colBuf, mat)); err != nil {
+			s.log.Warn("sending counts column", "rank", j, "err", err)
+		}
+	}
+}
+
+func (f *formation) getOp() *countsOp {
+	if k := len(f.free); k > 0 {
+		op := f.free[k-1]
+		f.free = f.free[:k-1]
+		return op
+	}
+	n := f.world
+	return &countsOp{have: make([]bool, n), want: make([]bool, n), reply: make([]string, n), mat: make([]byte, n*n*8)}
+}
+
+func (f *formation) putOp(op *countsOp) {
+	op.arrived = 0
+	clear(op.have)
+	clear(op.want)
+	clear(op.reply)
+	if len(f.free) < 4 {
+		f.free = append(f.free, op)
+	}
+}

@@ -1,0 +1,369 @@
+package control
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"a2a/a2a/internal/fault"
+)
+
+const (
+	subjPrefix = "a2a."
+	svcPrefix  = "a2a.svc."
+
+	opPing   = "ping"
+	opClaim  = "claim"
+	opJoin   = "join"
+	opCounts = "counts"
+	opHB     = "hb"
+	opAbort  = "abort"
+	opLeave  = "leave"
+)
+
+func svcSubject(group, op string) string   { return svcPrefix + group + "." + op }
+func groupSubject(group, op string) string { return subjPrefix + group + "." + op }
+
+// groupOfSvc extracts G from "a2a.svc.G.op" without allocating.
+func groupOfSvc(subject, op string) string {
+	if len(subject) < len(svcPrefix)+len(op)+2 {
+		return ""
+	}
+	return subject[len(svcPrefix) : len(subject)-len(op)-1]
+}
+
+// splitGroupSubject splits "a2a.G.op" into G and op.
+func splitGroupSubject(subject string) (group, op string) {
+	if len(subject) <= len(subjPrefix) {
+		return "", ""
+	}
+	rest := subject[len(subjPrefix):]
+	for i := len(rest) - 1; i >= 0; i-- {
+		if rest[i] == '.' {
+			return rest[:i], rest[i+1:]
+		}
+	}
+	return "", ""
+}
+
+// validToken reports whether s can be used as one NATS subject token.
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c == '.' || c == '*' || c == '>' || c <= ' ' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// Kinds travel as small integers; index 0 means "no error".
+var kindTable = [...]error{nil, fault.ErrInvalidArgument, fault.ErrMismatch, fault.ErrPeerLost,
+	fault.ErrAborted, fault.ErrTimeout, fault.ErrClosed}
+
+func kindCode(kind error) uint8 {
+	for i, k := range kindTable {
+		if i > 0 && k == kind {
+			return uint8(i)
+		}
+	}
+	return 4 // unknown causes travel as a plain abort
+}
+
+func kindOfCode(c uint8) error {
+	if c > 0 && int(c) < len(kindTable) {
+		return kindTable[c]
+	}
+	return fault.ErrAborted
+}
+
+// describe reduces a cause to what travels on the wire: its kind, the rank the
+// matching *fault.Error concerns and a detail.
+func describe(cause error) (kind error, rank int, detail string) {
+	kind = fault.KindOf(cause)
+	if kind == nil {
+		kind = fault.ErrAborted
+	}
+	rank = -1
+	for e := cause; e != nil; e = errors.Unwrap(e) {
+		if fe, ok := e.(*fault.Error); ok && fe.Kind == kind {
+			rank, detail = fe.Rank, fe.Detail
+			if fe.Err != nil && fault.KindOf(fe.Err) == nil {
+				detail += ": " + fe.Err.Error()
+			}
+			return kind, rank, detail
+		}
+	}
+	if cause != nil {
+		detail = cause.Error()
+	}
+	return kind, rank, detail
+}
+
+type pingMsg struct {
+	ID string `msgpack:"id"`
+}
+
+type claimMsg struct {
+	ID     string `msgpack:"id"`
+	Nonce  uint64 `msgpack:"n"`
+	Exists bool   `msgpack:"x"`
+}
+
+type joinReq struct {
+	ID        string   `msgpack:"id"`
+	Rank      int      `msgpack:"r"`
+	World     int      `msgpack:"w"`
+	Streams   int      `msgpack:"s"`
+	TimeoutMS int64    `msgpack:"t"`
+	Withdraw  bool     `msgpack:"wd"`
+	Info      NodeInfo `msgpack:"i"`
+}
+
+const (
+	stAck uint8 = iota + 1
+	stFormed
+	stFail
+)
+
+type joinResp struct {
+	Status     uint8      `msgpack:"st"`
+	Service    string     `msgpack:"svc"`
+	Epoch      uint32     `msgpack:"e"`
+	World      int        `msgpack:"w"`
+	IDs        []string   `msgpack:"ids"` // formed: join ID of every rank
+	Nodes      []NodeInfo `msgpack:"n"`
+	Joined     []int      `msgpack:"j"` // ack: explicit ranks present so far
+	Unassigned int        `msgpack:"u"` // ack: joiners awaiting assignment
+	Busy       uint32     `msgpack:"b"` // ack: held while formation Busy (an epoch) lasts
+	Kind       uint8      `msgpack:"k"`
+	Detail     string     `msgpack:"d"`
+}
+
+type hbMsg struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Epoch    uint32
+	Rank     int
+}
+
+type abortMsg struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Epoch    uint32
+	Origin   int
+	Kind     uint8
+	Rank     int
+	Detail   string
+}
+
+type leaveMsg struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Epoch    uint32
+	Rank     int
+}
+
+// codec is a pooled encoder/decoder pair for the counts hot path, so that an
+// exchange in steady state does not allocate for encoding or decoding.
+type codec struct {
+	buf bytes.Buffer
+	enc *msgpack.Encoder
+	rd  bytes.Reader
+	dec *msgpack.Decoder
+	tmp []byte
+}
+
+// scratch returns a reusable n-byte buffer.
+func (c *codec) scratch(n int) []byte {
+	if cap(c.tmp) < n {
+		c.tmp = make([]byte, n)
+	}
+	return c.tmp[:n]
+}
+
+var codecPool = sync.Pool{New: func() any {
+	c := &codec{}
+	c.enc = msgpack.NewEncoder(&c.buf)
+	c.dec = msgpack.NewDecoder(&c.rd) // bytes.Reader is a ByteScanner: no extra buffering
+	return c
+}}
+
+func getCodec() *codec  { c := codecPool.Get().(*codec); c.buf.Reset(); return c }
+func putCodec(c *codec) { c.rd.Reset(nil); codecPool.Put(c) }
+
+// appendInts writes v as a msgpack bin of little-endian int64s.
+func (c *codec) appendInts(v []int) {
+	_ = c.enc.EncodeBytesLen(len(v) * 8)
+	c.buf.Grow(len(v) * 8)
+	b := c.buf.AvailableBuffer()
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint64(b, uint64(int64(x)))
+	}
+	c.buf.Write(b)
+}
+
+// Row: [epoch, seq, rank, flags, bin counts].
+const rowWantMatrix = 1
+
+func (c *codec) encodeRow(epoch uint32, seq uint64, rank int, flags uint8, counts []int) []byte {
+	c.buf.Reset()
+	_ = c.enc.EncodeArrayLen(5)
+	_ = c.enc.EncodeUint(uint64(epoch))
+	_ = c.enc.EncodeUint(seq)
+	_ = c.enc.EncodeUint(uint64(rank))
+	_ = c.enc.EncodeUint(uint64(flags))
+	c.appendInts(counts)
+	return c.buf.Bytes()
+}
+
+type row struct {
+	epoch  uint32
+	seq    uint64
+	rank   int
+	flags  uint8
+	counts []byte // aliases the message
+}
+
+func (c *codec) decodeRow(data []byte) (r row, err error) {
+	c.rd.Reset(data)
+	n, err := c.dec.DecodeArrayLen()
+	if err != nil {
+		return r, err
+	}
+	if n != 5 {
+		return r, fmt.Errorf("counts row: %d fields", n)
+	}
+	e, err := c.dec.DecodeUint64()
+	if err != nil {
+		return r, err
+	}
+	if r.seq, err = c.dec.DecodeUint64(); err != nil {
+		return r, err
+	}
+	rk, err := c.dec.DecodeUint64()
+	if err != nil {
+		return r, err
+	}
+	fl, err := c.dec.DecodeUint64()
+	if err != nil {
+		return r, err
+	}
+	r.epoch, r.rank, r.flags = uint32(e), int(rk), uint8(fl)
+	r.counts, err = c.bin(data)
+	return r, err
+}
+
+// bin decodes a msgpack bin (or nil) as a slice of data, without copying.
+func (c *codec) bin(data []byte) ([]byte, error) {
+	n, err := c.dec.DecodeBytesLen()
+	if err != nil || n < 0 {
+		return nil, err
+	}
+	pos := len(data) - c.rd.Len()
+	if pos+n > len(data) {
+		return nil, io.ErrUnexpectedEOF
+	}
+	_, _ = c.rd.Seek(int64(n), io.SeekCurrent)
+	return data[pos : pos+n], nil
+}
+
+// Column reply: [seq, epoch, kind, rank, detail, bin column|nil, bin matrix|nil].
+// seq comes first so a receiver can route the message before decoding it.
+func (c *codec) encodeCol(seq uint64, epoch uint32, col, mat []byte) []byte {
+	c.buf.Reset()
+	_ = c.enc.EncodeArrayLen(7)
+	_ = c.enc.EncodeUint(seq)
+	_ = c.enc.EncodeUint(uint64(epoch))
+	_ = c.enc.EncodeUint(0)
+	_ = c.enc.EncodeInt(-1)
+	_ = c.enc.EncodeString("")
+	_ = c.enc.EncodeBytes(col)
+	if mat != nil {
+		_ = c.enc.EncodeBytes(mat)
+	} else {
+		_ = c.enc.EncodeNil()
+	}
+	return c.buf.Bytes()
+}
+
+func (c *codec) encodeColErr(seq uint64, epoch uint32, kind error, rank int, detail string) []byte {
+	c.buf.Reset()
+	_ = c.enc.EncodeArrayLen(7)
+	_ = c.enc.EncodeUint(seq)
+	_ = c.enc.EncodeUint(uint64(epoch))
+	_ = c.enc.EncodeUint(uint64(kindCode(kind)))
+	_ = c.enc.EncodeInt(int64(rank))
+	_ = c.enc.EncodeString(detail)
+	_ = c.enc.EncodeNil()
+	_ = c.enc.EncodeNil()
+	return c.buf.Bytes()
+}
+
+func (c *codec) peekSeq(data []byte) (uint64, error) {
+	c.rd.Reset(data)
+	if _, err := c.dec.DecodeArrayLen(); err != nil {
+		return 0, err
+	}
+	return c.dec.DecodeUint64()
+}
+
+type colReply struct {
+	seq    uint64
+	epoch  uint32
+	kind   uint8
+	rank   int
+	detail string
+	col    []byte
+	mat    []byte
+}
+
+func (c *codec) decodeCol(data []byte) (r colReply, err error) {
+	c.rd.Reset(data)
+	n, err := c.dec.DecodeArrayLen()
+	if err != nil {
+		return r, err
+	}
+	if n != 7 {
+		return r, fmt.Errorf("counts reply: %d fields", n)
+	}
+	if r.seq, err = c.dec.DecodeUint64(); err != nil {
+		return r, err
+	}
+	e, err := c.dec.DecodeUint64()
+	if err != nil {
+		return r, err
+	}
+	k, err := c.dec.DecodeUint64()
+	if err != nil {
+		return r, err
+	}
+	rk, err := c.dec.DecodeInt64()
+	if err != nil {
+		return r, err
+	}
+	r.epoch, r.kind, r.rank = uint32(e), uint8(k), int(rk)
+	if k != 0 {
+		if r.detail, err = c.dec.DecodeString(); err != nil {
+			return r, err
+		}
+	} else if err = c.dec.Skip(); err != nil {
+		return r, err
+	}
+	if r.col, err = c.bin(data); err != nil {
+		return r, err
+	}
+	r.mat, err = c.bin(data)
+	return r, err
+}
+
+func getInts(dst []int, b []byte) {
+	for i := range dst {
+		dst[i] = int(int64(binary.LittleEndian.Uint64(b[i*8:])))
+	}
+}
