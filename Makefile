@@ -1,0 +1,46 @@
+# a2a: make demo (the main job), make test (what CI runs), make bench, make build.
+GO       ?= go
+BIN      := bin
+A2AD     := $(BIN)/a2ad
+# Packages whose tests run under the race detector within the time budget.
+RACE_PKGS := ./a2a/... ./internal/... ./routing/...
+PKGS      := ./...
+
+.PHONY: all build demo test deps fmt-check vet unit bench bench-go bench-a2ad clean
+
+all: build
+
+build:
+	$(GO) build $(PKGS)
+	$(GO) build -o $(A2AD) ./cmd/a2ad
+
+demo: build
+	$(A2AD) demo -n 4
+
+deps:
+	./scripts/deps.sh
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+unit: build
+	$(GO) test -count=1 -timeout 300s $(PKGS)
+	$(GO) test -count=1 -race -timeout 300s $(RACE_PKGS)
+
+test: deps fmt-check vet unit
+
+bench: bench-go bench-a2ad
+
+bench-go:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x ./a2a/...
+
+bench-a2ad: build
+	$(A2AD) bench -n 2 --sizes 8:1M --check
+	$(A2AD) bench -n 4 --sizes 8:1M --check
+
+clean:
+	rm -rf $(BIN)

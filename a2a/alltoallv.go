@@ -1,0 +1,202 @@
+package a2a
+
+import (
+	"context"
+	"encoding/binary"
+	"time"
+
+	"a2a/a2a/algo"
+	"a2a/a2a/internal/fault"
+	"a2a/a2a/transport"
+)
+
+// AllToAllV sends send[displ(j) : displ(j)+sendCounts[j]] to rank j and
+// receives rank i's block into recv[displ(i) : displ(i)+recvCounts[i]], where
+// the displacements are prefix sums of the counts. Blocks may be empty. Every
+// rank must call it with recvCounts[i] equal to rank i's sendCounts[this rank]
+// (ExchangeCounts or AllToAllVInBand learn them); a disagreement fails with
+// ErrMismatch on the receiver and aborts the group.
+func (c *Comm) AllToAllV(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
+	start := time.Now()
+	seq, deadline, err := c.begin(ctx)
+	if err != nil {
+		return err
+	}
+	a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, sendCounts, recv, recvCounts)
+	err = c.end(err)
+	c.observe("alltoallv", a, seq, sendCounts, recvCounts, start, err)
+	return err
+}
+
+// AllToAll sends equal blocks: block j of send (len(send)/Size bytes) goes to
+// rank j, and rank i's block lands in block i of recv. len(send) must be a
+// multiple of Size and len(recv) == len(send).
+func (c *Comm) AllToAll(ctx context.Context, send, recv []byte) error {
+	start := time.Now()
+	seq, deadline, err := c.begin(ctx)
+	if err != nil {
+		return err
+	}
+	var a algo.Algo
+	if len(send)%c.size != 0 || len(recv) != len(send) {
+		err = fault.New(fault.ErrInvalidArgument, c.rank, "AllToAll: len(send)=%d must be a multiple of %d ranks and equal len(recv)=%d", len(send), c.size, len(recv))
+	} else {
+		block := len(send) / c.size
+		for i := range c.equalSend {
+			c.equalSend[i], c.equalRecv[i] = block, block
+		}
+		a, err = c.alltoallv(ctx, transport.OpAllToAll, seq, deadline, send, c.equalSend, recv, c.equalRecv)
+	}
+	err = c.end(err)
+	c.observe("alltoall", a, seq, c.equalSend, c.equalRecv, start, err)
+	return err
+}
+
+// AllToAllVInBand is AllToAllV for callers that do not know what they will
+// receive: the ranks first exchange their counts on the data plane (a small
+// all-to-all, no control-plane round trip), then the data. recvCounts
+// (len Size) is filled with what each rank sent; recv must hold their sum, or
+// the call fails with ErrInvalidArgument before any payload moves.
+func (c *Comm) AllToAllVInBand(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
+	start := time.Now()
+	seq, deadline, err := c.begin(ctx)
+	if err != nil {
+		return err
+	}
+	var a algo.Algo
+	a, err = c.inBand(ctx, seq, deadline, send, sendCounts, recv, recvCounts)
+	err = c.end(err)
+	c.observe("alltoallv", a, seq, sendCounts, recvCounts, start, err)
+	return err
+}
+
+func (c *Comm) inBand(ctx context.Context, seq uint64, deadline time.Time, send []byte, sendCounts []int, recv []byte, recvCounts []int) (algo.Algo, error) {
+	if err := c.checkCounts("send", sendCounts, len(send)); err != nil {
+		return algo.AlgoAuto, err
+	}
+	if len(recvCounts) != c.size {
+		return algo.AlgoAuto, fault.New(fault.ErrInvalidArgument, c.rank, "len(recvCounts)=%d, want %d", len(recvCounts), c.size)
+	}
+	for j, n := range sendCounts {
+		binary.LittleEndian.PutUint64(c.countsOut[8*j:], uint64(n))
+		c.equalSend[j], c.equalRecv[j] = 8, 8
+	}
+	if _, err := c.alltoallv(ctx, transport.OpCounts, seq, deadline, c.countsOut, c.equalSend, c.countsIn, c.equalRecv); err != nil {
+		return algo.AlgoAuto, err
+	}
+	total := 0
+	for i := range recvCounts {
+		recvCounts[i] = int(binary.LittleEndian.Uint64(c.countsIn[8*i:]))
+		total += recvCounts[i]
+	}
+	if total > len(recv) {
+		return algo.AlgoAuto, fault.New(fault.ErrInvalidArgument, c.rank, "AllToAllVInBand: peers send %d bytes, recv holds %d", total, len(recv))
+	}
+	return c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, sendCounts, recv, recvCounts)
+}
+
+// ExchangeCounts sends sendCounts[j] (what this rank will send rank j) through
+// the control plane and returns recvCounts[i], what rank i will send this rank.
+func (c *Comm) ExchangeCounts(ctx context.Context, sendCounts []int) ([]int, error) {
+	recv := make([]int, c.size)
+	return recv, c.exchangeCounts(ctx, sendCounts, recv, nil)
+}
+
+// ExchangeCountsMatrix is ExchangeCounts that also fills matrix (len Size*Size,
+// row-major: matrix[i*Size+j] = bytes rank i sends rank j) with the whole
+// traffic matrix, which every rank then holds identically.
+func (c *Comm) ExchangeCountsMatrix(ctx context.Context, sendCounts, recvCounts, matrix []int) error {
+	if len(matrix) != c.size*c.size {
+		return c.fail(fault.New(fault.ErrInvalidArgument, c.rank, "len(matrix)=%d, want %d", len(matrix), c.size*c.size))
+	}
+	return c.exchangeCounts(ctx, sendCounts, recvCounts, matrix)
+}
+
+func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matrix []int) error {
+	start := time.Now()
+	seq, deadline, err := c.begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err = c.checkCounts("send", sendCounts, -1); err == nil {
+		if _, has := ctx.Deadline(); !has {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
+		}
+		err = c.member.ExchangeCounts(ctx, seq, sendCounts, recvCounts, matrix)
+	}
+	err = c.end(err)
+	if o := c.cfg.Observer; o != nil {
+		o.CountsExchanged(time.Since(start), err)
+	}
+	return err
+}
+
+// alltoallv validates, plans and runs one AllToAllV-shaped exchange.
+func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64, deadline time.Time, send []byte, sendCounts []int, recv []byte, recvCounts []int) (algo.Algo, error) {
+	if err := c.checkCounts("send", sendCounts, len(send)); err != nil {
+		return algo.AlgoAuto, err
+	}
+	if err := c.checkCounts("recv", recvCounts, len(recv)); err != nil {
+		return algo.AlgoAuto, err
+	}
+	if sendCounts[c.rank] != recvCounts[c.rank] {
+		return algo.AlgoAuto, fault.New(fault.ErrInvalidArgument, c.rank, "sendCounts[self]=%d != recvCounts[self]=%d", sendCounts[c.rank], recvCounts[c.rank])
+	}
+	a := c.algo // forced, or chosen at join from inputs every rank shares
+	c.lastAlgo = a
+	args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts, Streams: c.cfg.Streams, Window: c.cfg.Window}
+	var err error
+	if a == algo.AlgoPairwise {
+		err = algo.PlanPairwise(&c.sched, args)
+	} else {
+		err = algo.PlanFullmesh(&c.sched, args)
+	}
+	if err != nil {
+		return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", a)
+	}
+	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = send, recv
+	err = c.eng.run(ctx, kind, seq, &c.sched, &c.bufs, deadline)
+	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
+	return a, err
+}
+
+// checkCounts validates a counts vector against a buffer of length n (n < 0: no buffer).
+func (c *Comm) checkCounts(what string, counts []int, n int) error {
+	if len(counts) != c.size {
+		return fault.New(fault.ErrInvalidArgument, c.rank, "len(%sCounts)=%d, want %d ranks", what, len(counts), c.size)
+	}
+	total := 0
+	for j, v := range counts {
+		if v < 0 {
+			return fault.New(fault.ErrInvalidArgument, c.rank, "%sCounts[%d]=%d is negative", what, j, v)
+		}
+		total += v
+	}
+	if n >= 0 && total > n {
+		return fault.New(fault.ErrInvalidArgument, c.rank, "%sCounts sum to %d bytes, %s buffer holds %d", what, total, what, n)
+	}
+	return nil
+}
+
+// observe reports a finished operation to the Observer.
+func (c *Comm) observe(op string, a algo.Algo, seq uint64, sendCounts, recvCounts []int, start time.Time, err error) {
+	o := c.cfg.Observer
+	if o == nil {
+		return
+	}
+	ev := OpEvent{Op: op, Algo: a.String(), Rank: c.rank, Size: c.size, Seq: seq, Duration: time.Since(start), Err: err, LastPeer: -1}
+	if len(sendCounts) == c.size && len(recvCounts) == c.size {
+		for j := range sendCounts {
+			if j != c.rank {
+				ev.BytesSent += int64(sendCounts[j])
+				ev.BytesReceived += int64(recvCounts[j])
+			}
+		}
+	}
+	if c.eng != nil {
+		ev.LastPeer, ev.LastWait = c.eng.lastPeer, c.eng.lastWait
+	}
+	o.OpDone(ev)
+}

@@ -1,0 +1,302 @@
+// Package a2a is the Go client of the a2a all-to-all service: a communicator
+// (Comm) that joins a group of ranks over a NATS control plane and runs
+// collectives, foremost the variable-size AllToAllV of MoE dispatch and
+// combine, over a data-plane transport (TCP; shared memory and RDMA verbs in
+// later packages).
+//
+// Every collective is planned as a schedule (package algo) and executed by one
+// engine. Any failure — a bad argument, ranks calling different collectives, a
+// lost peer, a timeout — aborts the communicator on every rank: each blocked call
+// returns a typed error within a bounded time, and the Comm must then be closed
+// (a new Join forms a new membership epoch).
+package a2a
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"a2a/a2a/algo"
+	"a2a/a2a/control"
+	"a2a/a2a/internal/fault"
+	"a2a/a2a/transport"
+	"a2a/a2a/transport/tcp"
+)
+
+// Comm is one rank's communicator. Its methods are collectives: every rank of
+// the group calls the same ones in the same order. A Comm runs one operation at
+// a time; concurrent calls are serialised.
+type Comm struct {
+	cfg    Config
+	log    *slog.Logger
+	algo   algo.Algo
+	nc     *nats.Conn
+	member *control.Member
+	tr     transport.Transport
+	eng    *engine
+	rank   int
+	size   int
+
+	mu       sync.Mutex // one operation at a time; guards everything below
+	seq      uint64
+	lastAlgo algo.Algo
+	sched    algo.Schedule
+	bufs     opBuffers
+	// scratch for AllToAll counts and the in-band counts exchange
+	equalSend, equalRecv []int
+	countsOut, countsIn  []byte
+
+	cause   atomic.Pointer[error] // first abort cause; nil while healthy
+	closed  atomic.Bool
+	watchWG sync.WaitGroup
+}
+
+// Join connects to the control plane, rendezvous with the other ranks of
+// cfg.Group, and connects the data plane to every peer. It returns when the
+// group is complete, or fails with ErrInvalidArgument (bad config, duplicate
+// rank, world size disagreement), ErrTimeout (ctx deadline, or cfg.Timeout when
+// ctx has none) or the error that stopped it.
+func Join(ctx context.Context, cfg Config) (*Comm, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
+		defer cancel()
+	}
+	a, _ := parseAlgo(cfg.Algo)
+	c := &Comm{cfg: cfg, log: cfg.Logger, algo: a}
+	if err := c.join(ctx); err != nil {
+		c.teardown()
+		return nil, err
+	}
+	c.watchWG.Add(1)
+	go c.watchControl()
+	c.log.Debug("a2a: joined", "group", cfg.Group, "rank", c.rank, "size", c.size, "epoch", c.member.Epoch())
+	return c, nil
+}
+
+func (c *Comm) join(ctx context.Context) error {
+	cfg := c.cfg
+	nc, err := nats.Connect(cfg.NATSURL, nats.Name(fmt.Sprintf("a2a %s rank %d pid %d", cfg.Group, cfg.Rank, os.Getpid())),
+		nats.Timeout(5*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		return fault.Wrap(fault.ErrInvalidArgument, -1, err, "control plane %s unreachable", cfg.NATSURL)
+	}
+	c.nc = nc
+	secret := cfg.Secret
+	if secret == "" {
+		// Without a configured secret the hello still keeps out strangers
+		// that do not know the group name; A2A_SECRET makes it a real key.
+		secret = "a2a-group:" + cfg.Group
+	}
+	ln, err := tcp.Listen(tcp.Config{
+		Group: cfg.Group, Rank: cfg.Rank, Size: cfg.WorldSize, Streams: cfg.Streams,
+		Secret: []byte(secret), ListenAddr: cfg.Listen, Logger: c.log,
+	})
+	if err != nil {
+		return fault.Wrap(fault.ErrInvalidArgument, -1, err, "data-plane listen on %s", cfg.Listen)
+	}
+	host, _ := os.Hostname()
+	m, err := control.Join(ctx, nc, control.JoinConfig{
+		Group: cfg.Group, Rank: cfg.Rank, WorldSize: cfg.WorldSize,
+		Info:              control.NodeInfo{Rank: cfg.Rank, Host: host, PID: os.Getpid(), DataAddrs: []string{ln.Addr()}, Streams: cfg.Streams},
+		HeartbeatInterval: cfg.HeartbeatInterval, PeerTimeout: cfg.PeerTimeout, Logger: c.log,
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	c.member = m
+	c.rank, c.size = m.Rank(), m.Size()
+	peers := make([]string, c.size)
+	for r, n := range m.Nodes() {
+		if len(n.DataAddrs) > 0 {
+			peers[r] = n.DataAddrs[0]
+		}
+	}
+	// A rank that fails to connect aborts the group, so its peers stop
+	// waiting for it instead of running into their deadline.
+	cctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-m.Done():
+			cancel()
+		case <-cctx.Done():
+		}
+	}()
+	err = ln.SetRank(c.rank)
+	var tr *tcp.Transport
+	if err == nil {
+		tr, err = ln.Connect(cctx, m.Epoch(), peers)
+	}
+	cancel()
+	if err != nil {
+		ln.Close() // idempotent; Connect already closed it on its own failures
+		if merr := m.Err(); merr != nil {
+			err = merr
+		}
+		m.Abort(err)
+		return err
+	}
+	c.tr = tr
+	if c.algo == algo.AlgoAuto {
+		// Auto selection uses only what every rank holds identically (world
+		// size and config), so all ranks pick the same algorithm; it is fixed
+		// for the communicator's life until a counts matrix is available.
+		c.algo = algo.ChooseAllToAllV(c.size, cfg.Streams, cfg.Window, nil, algo.DefaultLink())
+	}
+	c.eng = newEngine(tr, c.rank, c.size, cfg.Streams, m.Epoch(), cfg.Spin, cfg.Yield, c.stopped)
+	c.equalSend = make([]int, c.size)
+	c.equalRecv = make([]int, c.size)
+	c.countsOut = make([]byte, 8*c.size)
+	c.countsIn = make([]byte, 8*c.size)
+	return nil
+}
+
+// watchControl turns a control-plane abort (another rank failed, a peer
+// stopped heartbeating) into this rank's abort, and wakes a parked operation.
+func (c *Comm) watchControl() {
+	defer c.watchWG.Done()
+	<-c.member.Done()
+	if err := c.member.Err(); err != nil {
+		c.cause.CompareAndSwap(nil, &err)
+	}
+	if c.tr != nil {
+		c.tr.Wake()
+	}
+}
+
+// stopped returns the abort cause, or nil while the communicator is healthy.
+func (c *Comm) stopped() error {
+	if p := c.cause.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// fail aborts the communicator because of err (this rank's failure), tells
+// the other ranks, and returns the error the caller should see.
+func (c *Comm) fail(err error) error {
+	if prev := c.stopped(); prev != nil {
+		return prev // already aborted: the first cause is the story
+	}
+	if c.cause.CompareAndSwap(nil, &err) {
+		c.log.Warn("a2a: aborting communicator", "rank", c.rank, "err", err)
+		if c.member != nil {
+			c.member.Abort(err)
+		}
+		if c.tr != nil {
+			c.tr.Wake()
+		}
+		return err
+	}
+	return c.stopped()
+}
+
+// Rank is this rank's index in the group.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size is the number of ranks in the group.
+func (c *Comm) Size() int { return c.size }
+
+// Epoch is the membership epoch the group agreed on at join.
+func (c *Comm) Epoch() uint32 { return c.member.Epoch() }
+
+// LastAlgo names the algorithm the last AllToAllV-shaped operation ran.
+func (c *Comm) LastAlgo() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lastAlgo.String()
+}
+
+// Err returns the reason the communicator was aborted, or nil.
+func (c *Comm) Err() error { return c.stopped() }
+
+// Stats returns the data-plane transport's counters (bytes per peer, rejected connections).
+func (c *Comm) Stats() transport.Stats { return c.tr.Stats() }
+
+// Close leaves the group and releases every resource. An operation running
+// concurrently fails with ErrClosed. Close is idempotent.
+func (c *Comm) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	closedErr := error(fault.New(fault.ErrClosed, c.rank, "Close called"))
+	c.cause.CompareAndSwap(nil, &closedErr)
+	if c.tr != nil {
+		c.tr.Wake()
+	}
+	c.mu.Lock() // wait for a running operation to give up
+	defer c.mu.Unlock()
+	err := c.teardown()
+	c.watchWG.Wait()
+	return err
+}
+
+func (c *Comm) teardown() error {
+	var first error
+	if c.member != nil {
+		if err := c.member.Leave(); err != nil && first == nil {
+			first = err
+		}
+	}
+	if c.tr != nil {
+		if err := c.tr.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	if c.nc != nil {
+		c.nc.Close()
+	}
+	return first
+}
+
+// begin starts an operation: it takes the operation lock, refuses a closed
+// or aborted communicator, and returns the op's sequence number and deadline.
+func (c *Comm) begin(ctx context.Context) (seq uint64, deadline time.Time, err error) {
+	c.mu.Lock()
+	if err := c.stopped(); err != nil {
+		c.mu.Unlock()
+		return 0, time.Time{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		c.mu.Unlock()
+		return 0, time.Time{}, c.fail(ctxError(err))
+	}
+	c.seq++
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(c.cfg.Timeout)
+	}
+	return c.seq, deadline, nil
+}
+
+// end finishes an operation started by begin: a failure aborts the communicator.
+func (c *Comm) end(err error) error {
+	if err != nil {
+		err = c.fail(err)
+	}
+	c.mu.Unlock()
+	return err
+}
+
+func parseAlgo(name string) (algo.Algo, error) {
+	a, err := algo.ParseAlgo(name)
+	if err != nil {
+		return a, fault.Wrap(fault.ErrInvalidArgument, -1, err, "A2A_ALGO")
+	}
+	switch a {
+	case algo.AlgoAuto, algo.AlgoPairwise, algo.AlgoFullmesh:
+		return a, nil
+	}
+	return a, fault.New(fault.ErrInvalidArgument, -1, "algorithm %q is not available for AllToAllV (auto, pairwise, fullmesh)", name)
+}

@@ -1,0 +1,565 @@
+package a2a
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"a2a/internal/natsd"
+)
+
+var discard = slog.New(slog.DiscardHandler)
+
+// startNATS runs an embedded NATS server for one test.
+func startNATS(t testing.TB) string {
+	t.Helper()
+	s, err := natsd.Start("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s.ClientURL()
+}
+
+// group joins n in-process ranks (goroutines, each with its own Comm, real
+// loopback sockets) and closes them when the test ends.
+func group(t testing.TB, url string, n int, mod func(*Config)) []*Comm {
+	t.Helper()
+	comms := make([]*Comm, n)
+	errs := make([]error, n)
+	name := fmt.Sprintf("t%d", rand.Uint64())
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg := Config{NATSURL: url, Group: name, Rank: r, WorldSize: n, Secret: "s3cret", Logger: discard,
+				HeartbeatInterval: 100 * time.Millisecond, PeerTimeout: time.Second}
+			if mod != nil {
+				mod(&cfg)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			comms[r], errs[r] = Join(ctx, cfg)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d join: %v", r, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, c := range comms {
+			c.Close()
+		}
+	})
+	return comms
+}
+
+// onAll runs f on every rank concurrently and returns the errors by rank.
+func onAll(comms []*Comm, f func(c *Comm) error) []error {
+	errs := make([]error, len(comms))
+	var wg sync.WaitGroup
+	for r, c := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = f(c)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func mustAll(t *testing.T, errs []error) {
+	t.Helper()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+}
+
+func pat(src, dst, k int) byte { return byte(src*131 + dst*31 + k*7 + k>>8) }
+
+// exchange runs one verified AllToAllV of matrix m (row-major n x n) on all ranks.
+func exchange(t *testing.T, comms []*Comm, m []int, inBand bool) {
+	t.Helper()
+	n := len(comms)
+	errs := onAll(comms, func(c *Comm) error {
+		r := c.Rank()
+		sendCounts, recvCounts := make([]int, n), make([]int, n)
+		st, rt := 0, 0
+		for j := range n {
+			sendCounts[j], recvCounts[j] = m[r*n+j], m[j*n+r]
+			st += sendCounts[j]
+			rt += recvCounts[j]
+		}
+		send := make([]byte, st)
+		off := 0
+		for j := range n {
+			for k := range sendCounts[j] {
+				send[off+k] = pat(r, j, k)
+			}
+			off += sendCounts[j]
+		}
+		recv := make([]byte, rt+5) // spare room must stay untouched
+		for i := range recv {
+			recv[i] = 0xEE
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if inBand {
+			learned := make([]int, n)
+			if err := c.AllToAllVInBand(ctx, send, sendCounts, recv, learned); err != nil {
+				return err
+			}
+			for i := range learned {
+				if learned[i] != recvCounts[i] {
+					return fmt.Errorf("in-band counts %v, want %v", learned, recvCounts)
+				}
+			}
+		} else if err := c.AllToAllV(ctx, send, sendCounts, recv, recvCounts); err != nil {
+			return err
+		}
+		off = 0
+		for i := range n {
+			for k := range recvCounts[i] {
+				if recv[off+k] != pat(i, r, k) {
+					return fmt.Errorf("byte %d of the block from rank %d: got %d want %d", k, i, recv[off+k], pat(i, r, k))
+				}
+			}
+			off += recvCounts[i]
+		}
+		for i := rt; i < len(recv); i++ {
+			if recv[i] != 0xEE {
+				return fmt.Errorf("recv[%d] beyond the received blocks was overwritten", i)
+			}
+		}
+		return nil
+	})
+	mustAll(t, errs)
+}
+
+func matrixOf(kind string, n int, rng *rand.Rand) []int {
+	m := make([]int, n*n)
+	for i := range m {
+		switch kind {
+		case "uniform":
+			m[i] = 1000
+		case "random":
+			m[i] = rng.IntN(5000)
+		case "zeros":
+		case "sparse":
+			if rng.IntN(3) == 0 {
+				m[i] = rng.IntN(70000)
+			}
+		}
+	}
+	switch kind {
+	case "giant":
+		m[n*n-1-(n-1)] = 3<<20 + 17 // rank n-1 sends rank 0 more than a frame
+	case "all-to-one":
+		for i := range n {
+			m[i*n] = 20000 + i
+		}
+	}
+	return m
+}
+
+func TestAllToAllV(t *testing.T) {
+	url := startNATS(t)
+	cases := []struct {
+		n       int
+		algo    string
+		streams int
+	}{
+		{1, "", 1}, {2, "pairwise", 1}, {2, "fullmesh", 2}, {3, "", 1}, {4, "fullmesh", 1},
+		{4, "pairwise", 2}, {5, "fullmesh", 3}, {7, "", 1},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("n%d-%s-s%d", tc.n, tc.algo, tc.streams), func(t *testing.T) {
+			comms := group(t, url, tc.n, func(c *Config) { c.Algo, c.Streams, c.Window = tc.algo, tc.streams, 2 })
+			rng := rand.New(rand.NewPCG(uint64(tc.n), 7))
+			for _, kind := range []string{"uniform", "zeros", "random", "sparse", "giant", "all-to-one"} {
+				exchange(t, comms, matrixOf(kind, tc.n, rng), false)
+			}
+			exchange(t, comms, matrixOf("random", tc.n, rng), true)
+			exchange(t, comms, matrixOf("zeros", tc.n, rng), true)
+		})
+	}
+}
+
+func TestAssignedRanks(t *testing.T) {
+	url := startNATS(t)
+	const n = 4
+	comms := group(t, url, n, func(c *Config) { c.Rank = -1 })
+	seen := map[int]bool{}
+	for _, c := range comms {
+		seen[c.Rank()] = true
+		if c.Size() != n {
+			t.Fatalf("size %d", c.Size())
+		}
+	}
+	if len(seen) != n {
+		t.Fatalf("ranks %v are not a permutation of 0..%d", seen, n-1)
+	}
+	// exchange() indexes comms by rank
+	byRank := make([]*Comm, n)
+	for _, c := range comms {
+		byRank[c.Rank()] = c
+	}
+	exchange(t, byRank, matrixOf("random", n, rand.New(rand.NewPCG(5, 5))), false)
+}
+
+func TestAllToAllAndCounts(t *testing.T) {
+	url := startNATS(t)
+	const n = 4
+	comms := group(t, url, n, nil)
+	mustAll(t, onAll(comms, func(c *Comm) error {
+		ctx := context.Background()
+		block := 333
+		send, recv := make([]byte, n*block), make([]byte, n*block)
+		for j := range n {
+			for k := range block {
+				send[j*block+k] = pat(c.Rank(), j, k)
+			}
+		}
+		if err := c.AllToAll(ctx, send, recv); err != nil {
+			return err
+		}
+		for i := range n {
+			for k := range block {
+				if recv[i*block+k] != pat(i, c.Rank(), k) {
+					return fmt.Errorf("alltoall: bad byte from rank %d", i)
+				}
+			}
+		}
+		for step := range 5 {
+			sc := make([]int, n)
+			for j := range sc {
+				sc[j] = (c.Rank()+1)*100 + j*10 + step
+			}
+			rc, err := c.ExchangeCounts(ctx, sc)
+			if err != nil {
+				return err
+			}
+			for i := range rc {
+				if want := (i+1)*100 + c.Rank()*10 + step; rc[i] != want {
+					return fmt.Errorf("step %d recvCounts[%d]=%d want %d", step, i, rc[i], want)
+				}
+			}
+			m := make([]int, n*n)
+			if err := c.ExchangeCountsMatrix(ctx, sc, rc, m); err != nil {
+				return err
+			}
+			for i := range n {
+				for j := range n {
+					if want := (i+1)*100 + j*10 + step; m[i*n+j] != want {
+						return fmt.Errorf("matrix[%d][%d]=%d want %d", i, j, m[i*n+j], want)
+					}
+				}
+			}
+		}
+		return nil
+	}))
+}
+
+func TestBadArgumentsReleaseEveryone(t *testing.T) {
+	url := startNATS(t)
+	const n = 3
+	cases := []struct {
+		name string
+		bad  func(sc, rc []int, send, recv []byte) ([]int, []int, []byte, []byte)
+		kind error
+	}{
+		{"negative count", func(sc, rc []int, s, r []byte) ([]int, []int, []byte, []byte) {
+			sc[1] = -1
+			return sc, rc, s, r
+		}, ErrInvalidArgument},
+		{"short counts", func(sc, rc []int, s, r []byte) ([]int, []int, []byte, []byte) { return sc[:2], rc, s, r }, ErrInvalidArgument},
+		{"short send buffer", func(sc, rc []int, s, r []byte) ([]int, []int, []byte, []byte) { return sc, rc, s[:len(s)-1], r }, ErrInvalidArgument},
+		{"short recv buffer", func(sc, rc []int, s, r []byte) ([]int, []int, []byte, []byte) { return sc, rc, s, r[:len(r)-1] }, ErrInvalidArgument},
+		{"recv counts disagree with sender", func(sc, rc []int, s, r []byte) ([]int, []int, []byte, []byte) {
+			rc[0]--
+			return sc, rc, s, r
+		}, ErrMismatch},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			comms := group(t, url, n, nil)
+			start := time.Now()
+			errs := onAll(comms, func(c *Comm) error {
+				sc, rc := []int{10, 20, 30}, []int{10, 20, 30}
+				for j := range n {
+					sc[j], rc[j] = 10*(j+1)+c.Rank(), 10*(c.Rank()+1)+j
+				}
+				send, recv := make([]byte, 200), make([]byte, 200)
+				send, recv = send[:sum(sc)], recv[:sum(rc)]
+				if c.Rank() == 1 {
+					sc, rc, send, recv = tc.bad(sc, rc, send, recv)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				return c.AllToAllV(ctx, send, sc, recv, rc)
+			})
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("ranks released after %v", d)
+			}
+			if !errors.Is(errs[1], tc.kind) {
+				t.Errorf("rank 1: got %v, want %v", errs[1], tc.kind)
+			}
+			// A rank whose part of the exchange did not depend on rank 1 may
+			// finish; every other rank is released with ErrAborted.
+			for _, r := range []int{0, 2} {
+				if errs[r] != nil && !errors.Is(errs[r], ErrAborted) {
+					t.Errorf("rank %d: got %v, want nil or ErrAborted", r, errs[r])
+				}
+			}
+			// Either way the group is aborted: the next call fails everywhere.
+			for r, c := range comms {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				err := c.AllToAll(ctx, make([]byte, n), make([]byte, n))
+				cancel()
+				if !errors.Is(err, ErrAborted) && !errors.Is(err, tc.kind) {
+					t.Errorf("rank %d call after abort: %v", r, err)
+				}
+			}
+		})
+	}
+}
+
+func sum(v []int) int {
+	s := 0
+	for _, x := range v {
+		s += x
+	}
+	return s
+}
+
+func TestMismatchedCollectives(t *testing.T) {
+	url := startNATS(t)
+	comms := group(t, url, 2, nil)
+	errs := onAll(comms, func(c *Comm) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		buf, out := make([]byte, 8), make([]byte, 8)
+		counts := []int{4, 4}
+		if c.Rank() == 0 { // different order on the two ranks
+			if err := c.AllToAll(ctx, buf, out); err != nil {
+				return err
+			}
+			return c.AllToAllV(ctx, buf, counts, out, counts)
+		}
+		if err := c.AllToAllV(ctx, buf, counts, out, counts); err != nil {
+			return err
+		}
+		return c.AllToAll(ctx, buf, out)
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ErrMismatch) {
+			t.Errorf("rank %d: %v, want ErrMismatch", r, err)
+		}
+	}
+}
+
+func TestDeadlineAndCancel(t *testing.T) {
+	url := startNATS(t)
+	comms := group(t, url, 2, nil)
+	buf := make([]byte, 2)
+	counts := []int{1, 1}
+	// Rank 1 never calls: rank 0's deadline fires.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := comms[0].AllToAllV(ctx, buf, counts, make([]byte, 2), counts)
+	if !errors.Is(err, ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want ErrTimeout", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("deadline honoured after %v", d)
+	}
+	// The abort reaches rank 1 even though it never joined the operation.
+	select {
+	case <-comms[1].member.Done():
+	case <-time.After(3 * time.Second):
+		t.Fatal("rank 1 not told about the abort")
+	}
+	if err := comms[1].AllToAllV(context.Background(), buf, counts, make([]byte, 2), counts); !errors.Is(err, ErrAborted) || !errors.Is(err, ErrTimeout) {
+		t.Errorf("rank 1 after abort: %v", err)
+	}
+
+	// Cancellation of a waiting call.
+	comms = group(t, url, 2, nil)
+	cctx, ccancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, ccancel)
+	err = comms[0].AllToAllV(cctx, buf, counts, make([]byte, 2), counts)
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("cancel: %v", err)
+	}
+	// A Config.Timeout applies when ctx has no deadline.
+	comms = group(t, url, 2, func(c *Config) { c.Timeout = 300 * time.Millisecond })
+	if err := comms[0].AllToAllV(context.Background(), buf, counts, make([]byte, 2), counts); !errors.Is(err, ErrTimeout) {
+		t.Errorf("config timeout: %v", err)
+	}
+}
+
+func TestPeerClosedMidOperation(t *testing.T) {
+	url := startNATS(t)
+	comms := group(t, url, 3, nil)
+	const big = 8 << 20
+	errs := onAll(comms, func(c *Comm) error {
+		if c.Rank() == 2 {
+			time.Sleep(50 * time.Millisecond)
+			c.tr.Close() // the data plane dies under the others
+			return nil
+		}
+		counts := []int{big, big, big}
+		send, recv := make([]byte, 3*big), make([]byte, 3*big)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		for {
+			if err := c.AllToAllV(ctx, send, counts, recv, counts); err != nil {
+				return err
+			}
+		}
+	})
+	for r := range 2 {
+		if !errors.Is(errs[r], ErrPeerLost) {
+			t.Errorf("rank %d: %v, want ErrPeerLost", r, errs[r])
+		}
+	}
+}
+
+func TestStrangersOnTheDataPort(t *testing.T) {
+	url := startNATS(t)
+	comms := group(t, url, 3, nil)
+	addr := comms[0].member.Nodes()[0].DataAddrs[0]
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// garbage, then something hello-sized with random bytes
+		for _, payload := range [][]byte{[]byte("GET / HTTP/1.0\r\n\r\n"), make([]byte, 200)} {
+			conn, err := net.DialTimeout("tcp", addr, time.Second)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			conn.Write(payload)
+			conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+			b := make([]byte, 256)
+			for {
+				if _, err := conn.Read(b); err != nil {
+					break // dropped by the rank
+				}
+			}
+			conn.Close()
+		}
+	}()
+	rng := rand.New(rand.NewPCG(3, 3))
+	for range 30 {
+		exchange(t, comms, matrixOf("random", 3, rng), false)
+	}
+	<-done
+	deadline := time.Now().Add(5 * time.Second)
+	for comms[0].Stats().Rejected < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := comms[0].Stats().Rejected; got < 2 {
+		t.Errorf("rejected %d strangers, want 2", got)
+	}
+	exchange(t, comms, matrixOf("uniform", 3, rng), false)
+}
+
+func TestJoinErrors(t *testing.T) {
+	url := startNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	// A group that can never complete.
+	_, err := Join(ctx, Config{NATSURL: url, Group: "lonely", Rank: 0, WorldSize: 2, Logger: discard})
+	if !errors.Is(err, ErrTimeout) {
+		t.Errorf("incomplete group: %v", err)
+	}
+	for _, cfg := range []Config{
+		{NATSURL: url, WorldSize: 0},
+		{NATSURL: url, WorldSize: 2, Rank: 2},
+		{NATSURL: url, WorldSize: 2, Algo: "bogus"},
+		{NATSURL: url, WorldSize: 2, Streams: -1},
+	} {
+		if _, err := Join(context.Background(), cfg); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%v: %v, want ErrInvalidArgument", cfg, err)
+		}
+	}
+	// Wrong secret on one rank: the data plane refuses it, nobody hangs.
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for r := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			c, err := Join(ctx, Config{NATSURL: url, Group: "secrets", Rank: r, WorldSize: 2, Secret: "s" + strconv.Itoa(r), Logger: discard})
+			if err == nil {
+				c.Close()
+			}
+			errs[r] = err
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err == nil {
+			t.Errorf("rank %d joined despite a wrong secret", r)
+		}
+	}
+}
+
+// TestExternalNATSServer runs a group on Debian's standalone nats-server
+// (installed by `make deps`), with no a2ad: rank 0 hosts the coordinator.
+func TestExternalNATSServer(t *testing.T) {
+	bin, err := exec.LookPath("nats-server")
+	if err != nil {
+		t.Fatal("nats-server binary not found: run `make deps` (installs Debian's nats-server)")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", strconv.Itoa(port))
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	for i := 0; ; i++ {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			c.Close()
+			break
+		}
+		if i > 100 {
+			t.Fatal("nats-server did not start")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	comms := group(t, url, 4, nil)
+	rng := rand.New(rand.NewPCG(1, 2))
+	exchange(t, comms, matrixOf("random", 4, rng), false)
+	mustAll(t, onAll(comms, func(c *Comm) error {
+		_, err := c.ExchangeCounts(context.Background(), []int{1, 2, 3, 4})
+		return err
+	}))
+}

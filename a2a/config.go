@@ -1,0 +1,126 @@
+package a2a
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+
+	"a2a/a2a/internal/fault"
+)
+
+// Config says how a rank joins its group. ConfigFromEnv reads it from the
+// A2A_* variables that `a2ad run` sets.
+type Config struct {
+	NATSURL   string        // A2A_NATS_URL   control plane (default nats://127.0.0.1:4222)
+	Group     string        // A2A_GROUP      job name; ranks of one job share it (default "a2a")
+	Rank      int           // A2A_RANK       -1: assigned at join
+	WorldSize int           // A2A_WORLD_SIZE number of ranks in the group
+	Secret    string        // A2A_SECRET     data-plane authentication
+	Algo      string        // A2A_ALGO       "" = auto | pairwise | fullmesh
+	Streams   int           // A2A_STREAMS    connections per peer pair (default 1)
+	Window    int           // A2A_WINDOW     peers in flight at once for fullmesh (default 4)
+	Timeout   time.Duration // A2A_TIMEOUT    per-operation deadline when ctx has none (default 60s)
+	Listen    string        // A2A_LISTEN     data-plane listen address (default 127.0.0.1:0)
+	Spin      time.Duration // A2A_SPIN       busy-poll time before yielding the core (default 50us)
+	Yield     time.Duration // A2A_YIELD      sched_yield time before parking (default 1ms)
+
+	// HeartbeatInterval and PeerTimeout tune failure detection (defaults
+	// 250ms and 1.5s: a dead rank is noticed by everyone within 3s).
+	HeartbeatInterval time.Duration
+	PeerTimeout       time.Duration
+
+	Logger   *slog.Logger // nil: slog.Default()
+	Observer Observer     // nil: none; metrics.Observer implements it
+}
+
+// ConfigFromEnv reads a Config from the A2A_* environment variables.
+func ConfigFromEnv() (Config, error) {
+	cfg := Config{
+		NATSURL: os.Getenv("A2A_NATS_URL"),
+		Group:   os.Getenv("A2A_GROUP"),
+		Rank:    -1,
+		Secret:  os.Getenv("A2A_SECRET"),
+		Algo:    os.Getenv("A2A_ALGO"),
+		Listen:  os.Getenv("A2A_LISTEN"),
+	}
+	ints := []struct {
+		name string
+		dst  *int
+	}{{"A2A_RANK", &cfg.Rank}, {"A2A_WORLD_SIZE", &cfg.WorldSize}, {"A2A_STREAMS", &cfg.Streams}, {"A2A_WINDOW", &cfg.Window}}
+	for _, v := range ints {
+		if s := os.Getenv(v.name); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil {
+				return cfg, fault.Wrap(fault.ErrInvalidArgument, -1, err, "%s=%q", v.name, s)
+			}
+			*v.dst = n
+		}
+	}
+	durations := []struct {
+		name string
+		dst  *time.Duration
+	}{{"A2A_TIMEOUT", &cfg.Timeout}, {"A2A_SPIN", &cfg.Spin}, {"A2A_YIELD", &cfg.Yield}}
+	for _, v := range durations {
+		if s := os.Getenv(v.name); s != "" {
+			d, err := time.ParseDuration(s)
+			if err != nil {
+				return cfg, fault.Wrap(fault.ErrInvalidArgument, -1, err, "%s=%q", v.name, s)
+			}
+			*v.dst = d
+		}
+	}
+	return cfg, nil
+}
+
+// withDefaults fills unset fields and validates the rest.
+func (cfg Config) withDefaults() (Config, error) {
+	if cfg.NATSURL == "" {
+		cfg.NATSURL = "nats://127.0.0.1:4222"
+	}
+	if cfg.Group == "" {
+		cfg.Group = "a2a"
+	}
+	if cfg.Streams == 0 {
+		cfg.Streams = 1
+	}
+	if cfg.Window == 0 {
+		cfg.Window = 4
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 60 * time.Second
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	if cfg.Spin == 0 {
+		cfg.Spin = 50 * time.Microsecond
+	}
+	if cfg.Yield == 0 {
+		cfg.Yield = time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	switch {
+	case cfg.WorldSize < 1:
+		return cfg, fault.New(fault.ErrInvalidArgument, -1, "world size %d: must be >= 1 (A2A_WORLD_SIZE)", cfg.WorldSize)
+	case cfg.Rank < -1 || cfg.Rank >= cfg.WorldSize:
+		return cfg, fault.New(fault.ErrInvalidArgument, -1, "rank %d outside [0,%d) (A2A_RANK; -1 assigns one)", cfg.Rank, cfg.WorldSize)
+	case cfg.Streams < 1 || cfg.Streams > 64:
+		return cfg, fault.New(fault.ErrInvalidArgument, -1, "streams %d: must be in 1..64", cfg.Streams)
+	case cfg.Window < 1:
+		return cfg, fault.New(fault.ErrInvalidArgument, -1, "window %d: must be >= 1", cfg.Window)
+	case cfg.Timeout < 0 || cfg.Spin < 0 || cfg.Yield < 0:
+		return cfg, fault.New(fault.ErrInvalidArgument, -1, "negative duration in config")
+	}
+	if _, err := parseAlgo(cfg.Algo); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+func (cfg Config) String() string {
+	return fmt.Sprintf("group=%s rank=%d world=%d algo=%q streams=%d", cfg.Group, cfg.Rank, cfg.WorldSize, cfg.Algo, cfg.Streams)
+}

@@ -1,0 +1,25 @@
+package a2a
+
+import "a2a/a2a/internal/fault"
+
+// Error kinds. Every error a2a returns matches one of them with errors.Is; an
+// error on one rank reaches the others as ErrAborted wrapping the original kind,
+// so errors.Is(err, ErrPeerLost) holds on every survivor of a lost peer.
+var (
+	// ErrInvalidArgument: a call's arguments are wrong (counts, buffer sizes, ranks).
+	ErrInvalidArgument = fault.ErrInvalidArgument
+	// ErrMismatch: ranks disagree (different collectives, order, counts or roots).
+	ErrMismatch = fault.ErrMismatch
+	// ErrPeerLost: a peer process died, closed its connections or stopped heartbeating.
+	ErrPeerLost = fault.ErrPeerLost
+	// ErrAborted: the communicator was aborted, by this rank or another one.
+	ErrAborted = fault.ErrAborted
+	// ErrTimeout: an operation or the join did not complete before its deadline.
+	ErrTimeout = fault.ErrTimeout
+	// ErrClosed: the communicator was closed.
+	ErrClosed = fault.ErrClosed
+)
+
+// Error is the concrete type behind the error kinds: Kind is one of the
+// sentinels and Rank the rank concerned (-1 if none).
+type Error = fault.Error

@@ -1,0 +1,29 @@
+package a2a
+
+import "time"
+
+// Observer receives the communicator's events. Package metrics implements it
+// with Prometheus collectors, so the core does not depend on Prometheus.
+// Methods run on the calling goroutine right after the event: keep them fast.
+type Observer interface {
+	// OpDone is called after every collective, successful or not.
+	OpDone(ev OpEvent)
+	// CountsExchanged is called after every counts exchange over the control plane.
+	CountsExchanged(d time.Duration, err error)
+}
+
+// OpEvent describes one finished collective.
+type OpEvent struct {
+	Op            string // "alltoallv", "alltoall", ...
+	Algo          string // algorithm the operation ran
+	Rank, Size    int
+	Seq           uint64
+	BytesSent     int64 // to other ranks (the local block is not counted)
+	BytesReceived int64
+	Duration      time.Duration
+	Err           error
+	// LastPeer is the peer whose data arrived last and LastWait how long after
+	// the start it arrived: the rank this one waited on most (-1 if none).
+	LastPeer int
+	LastWait time.Duration
+}

@@ -1,0 +1,276 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// a2adBin is the a2ad binary built once for the multi-process tests.
+var a2adBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "a2ad-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	a2adBin = filepath.Join(dir, "a2ad")
+	build := exec.Command("go", "build", "-o", a2adBin, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building a2ad:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func a2ad(t *testing.T, ctx context.Context, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, a2adBin, args...)
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+func TestBenchJSONAndCheck(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, tc := range []struct{ op, dist, algo string }{
+		{"alltoallv", "uniform", "pairwise"},
+		{"alltoallv", "zipf:1.2", "fullmesh"},
+		{"alltoall", "uniform", ""},
+	} {
+		out, err := a2ad(t, ctx, "bench", "--op", tc.op, "-n", "3", "--algo", tc.algo, "--dist", tc.dist,
+			"--sizes", "0:4K", "--iters", "20", "--warmup", "2", "--check", "--json").Output()
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", tc, err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if len(lines) != 14 { // 0, 1, 2, 4, ..., 4096
+			t.Fatalf("%v: %d rows:\n%s", tc, len(lines), out)
+		}
+		for _, line := range lines {
+			var row map[string]any
+			if err := json.Unmarshal([]byte(line), &row); err != nil {
+				t.Fatalf("row %q: %v", line, err)
+			}
+			keys := []string{"op", "algo", "ranks", "size", "p50_us", "p99_us", "algbw_gbps", "busbw_gbps", "check"}
+			if len(row) != len(keys) {
+				t.Errorf("row has keys %v, want exactly %v", row, keys)
+			}
+			for _, k := range keys {
+				if _, ok := row[k]; !ok {
+					t.Errorf("row %q lacks %q", line, k)
+				}
+			}
+			if row["check"] != "ok" || row["op"] != tc.op || row["ranks"] != 3.0 {
+				t.Errorf("row %q", line)
+			}
+			if tc.algo != "" && row["algo"] != tc.algo {
+				t.Errorf("algo %v, want %s", row["algo"], tc.algo)
+			}
+			if row["p50_us"].(float64) <= 0 || row["p99_us"].(float64) < row["p50_us"].(float64) {
+				t.Errorf("latencies in %q", line)
+			}
+		}
+	}
+}
+
+func TestRunPrefixesAndNamesTheFailedRank(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := a2ad(t, ctx, "run", "-n", "3", "--", "sh", "-c",
+		`echo "hello from $A2A_RANK of $A2A_WORLD_SIZE"; if [ "$A2A_RANK" = 2 ]; then exit 3; fi; sleep 20`)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
+	err := cmd.Run()
+	if err == nil {
+		t.Fatal("a2ad run succeeded although rank 2 failed")
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the other ranks were not stopped: run took %v", d)
+	}
+	for r := range 3 {
+		if want := fmt.Sprintf("[rank %d] hello from %d of 3", r, r); !strings.Contains(stdout.String(), want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	if !strings.Contains(stderr.String(), "rank 2 failed: exit status 3") {
+		t.Errorf("stderr does not name rank 2:\n%s", stderr.String())
+	}
+}
+
+// TestKillRankDuringAllToAllV kills one rank process with SIGKILL in the middle
+// of an AllToAllV loop: every survivor must fail with ErrPeerLost within 3 s.
+func TestKillRankDuringAllToAllV(t *testing.T) {
+	cp, err := startControlPlane(slog.New(slog.DiscardHandler), "127.0.0.1:0", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Close()
+	const n = 3
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmds := make([]*exec.Cmd, n)
+	stderrs := make([]*bytes.Buffer, n)
+	exited := make(chan int, n)
+	for r := range n {
+		cmd := a2ad(t, ctx, "bench", "--worker", "--sizes", "256K", "--iters", "10000000", "--budget", "1h", "--warmup", "1")
+		cmd.Env = append(os.Environ(), "A2A_NATS_URL="+cp.URL, "A2A_GROUP=killtest", "A2A_SECRET=k",
+			"A2A_RANK="+strconv.Itoa(r), "A2A_WORLD_SIZE="+strconv.Itoa(n))
+		stderrs[r] = &bytes.Buffer{}
+		cmd.Stderr = stderrs[r]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds[r] = cmd
+		go func() { cmd.Wait(); exited <- r }()
+	}
+	defer func() {
+		for _, c := range cmds {
+			c.Process.Kill()
+		}
+	}()
+	time.Sleep(1500 * time.Millisecond) // joined and deep in the timed loop
+	select {
+	case r := <-exited:
+		t.Fatalf("rank %d exited before the kill: %s", r, stderrs[r])
+	default:
+	}
+	killed := time.Now()
+	if err := cmds[1].Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		select {
+		case r := <-exited:
+			if r == 1 {
+				continue
+			}
+			took := time.Since(killed)
+			if took > 3*time.Second {
+				t.Errorf("rank %d took %v to notice", r, took)
+			}
+			if cmds[r].ProcessState.ExitCode() == 0 {
+				t.Errorf("rank %d exited 0", r)
+			}
+			if !strings.Contains(stderrs[r].String(), "peer lost") {
+				t.Errorf("rank %d stderr does not report the lost peer:\n%s", r, stderrs[r])
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("survivors still running 5s after the kill")
+		}
+	}
+}
+
+// TestRunKilledRank: `a2ad run` exits non-zero naming a rank killed with -9.
+func TestRunKilledRank(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	group := fmt.Sprintf("runkill%d", os.Getpid())
+	cmd := a2ad(t, ctx, "run", "-n", "3", "--group", group, "--", a2adBin, "bench", "--worker",
+		"--sizes", "64K", "--iters", "10000000", "--budget", "1h", "--warmup", "1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var victim int
+	deadline := time.Now().Add(10 * time.Second)
+	for victim == 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		victim = findRank(group, 1)
+	}
+	if victim == 0 {
+		cmd.Process.Kill()
+		t.Fatal("rank 1 process not found")
+	}
+	time.Sleep(time.Second)
+	syscall.Kill(victim, syscall.SIGKILL)
+	err := cmd.Wait()
+	if err == nil {
+		t.Fatal("a2ad run exited 0 after a rank was killed")
+	}
+	if !strings.Contains(stderr.String(), "rank 1 failed: killed by signal killed") {
+		t.Errorf("stderr does not name the killed rank:\n%s", stderr.String())
+	}
+	if pid := findRank(group, 0); pid != 0 {
+		t.Errorf("rank 0 (pid %d) still running after a2ad run exited", pid)
+	}
+}
+
+// findRank returns the pid of the process with A2A_GROUP=group and A2A_RANK=rank.
+func findRank(group string, rank int) int {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		vars := bytes.Split(env, []byte{0})
+		var g, r bool
+		for _, v := range vars {
+			g = g || string(v) == "A2A_GROUP="+group
+			r = r || string(v) == "A2A_RANK="+strconv.Itoa(rank)
+		}
+		if g && r {
+			if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && !bytes.Contains(stat, []byte(") Z")) {
+				return pid
+			}
+		}
+	}
+	return 0
+}
+
+// TestServeAndRun: a2ad serve is the control plane of a job that a2ad run
+// starts with --nats; the demo's ranks verify their exchanges.
+func TestServeAndRun(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	serve := a2ad(t, ctx, "serve", "--listen", addr)
+	so, _ := serve.StdoutPipe()
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer serve.Process.Kill()
+	sc := bufio.NewScanner(so)
+	if !sc.Scan() || !strings.Contains(sc.Text(), "control plane ready") {
+		t.Fatalf("serve said %q", sc.Text())
+	}
+	out, err := a2ad(t, ctx, "run", "-n", "3", "--nats", "nats://"+addr, "--", a2adBin, "demo", "--worker", "--steps", "3").CombinedOutput()
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "[rank 0] all 3 steps verified on 3 ranks") {
+		t.Errorf("demo output:\n%s", out)
+	}
+	serve.Process.Signal(syscall.SIGTERM)
+	if err := serve.Wait(); err != nil {
+		t.Errorf("serve exit: %v", err)
+	}
+}

@@ -1,0 +1,320 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"slices"
+	"time"
+
+	"a2a/a2a"
+	"a2a/internal/launch"
+)
+
+// benchFlags are shared by the launcher and its worker ranks.
+type benchFlags struct {
+	op      string
+	n       int
+	algo    string
+	sizes   string
+	dist    string
+	iters   int
+	warmup  int
+	budget  time.Duration
+	check   bool
+	json    bool
+	nats    string
+	seed    uint64
+	streams int
+	window  int
+	worker  bool
+}
+
+func (f *benchFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.op, "op", "alltoallv", "operation: alltoallv | alltoall")
+	fs.IntVar(&f.n, "n", 2, "ranks")
+	fs.StringVar(&f.algo, "algo", "", "algorithm: pairwise | fullmesh (default: auto)")
+	fs.StringVar(&f.sizes, "sizes", "8:1M", "per-peer bytes: MIN:MAX (x2 steps) or a comma list")
+	fs.StringVar(&f.dist, "dist", "uniform", "traffic: uniform | zipf:S | lognormal:SIGMA | hot:F")
+	fs.IntVar(&f.iters, "iters", 1000, "maximum timed iterations per size")
+	fs.IntVar(&f.warmup, "warmup", 20, "warm-up iterations per size")
+	fs.DurationVar(&f.budget, "budget", 1500*time.Millisecond, "time budget per size: fewer iterations (>= 20) for slow sizes")
+	fs.BoolVar(&f.check, "check", false, "verify every received byte; exit non-zero on a mismatch")
+	fs.BoolVar(&f.json, "json", false, "one JSON object per row")
+	fs.StringVar(&f.nats, "nats", "", "join through this NATS server instead of an embedded one")
+	fs.Uint64Var(&f.seed, "seed", 12345, "seed of the traffic matrix (same on every rank)")
+	fs.IntVar(&f.streams, "streams", 0, "connections per peer pair (default: A2A_STREAMS or 1)")
+	fs.IntVar(&f.window, "window", 0, "fullmesh peers in flight (default: A2A_WINDOW or 4)")
+	fs.BoolVar(&f.worker, "worker", false, "internal: run as one rank of the benchmark")
+}
+
+// benchRow is one line of output; the JSON keys are a stable interface.
+type benchRow struct {
+	Op     string  `json:"op"`
+	Algo   string  `json:"algo"`
+	Ranks  int     `json:"ranks"`
+	Size   int     `json:"size"`
+	P50    float64 `json:"p50_us"`
+	P99    float64 `json:"p99_us"`
+	AlgBW  float64 `json:"algbw_gbps"`
+	BusBW  float64 `json:"busbw_gbps"`
+	Check  string  `json:"check"`
+	Iters  int     `json:"-"`
+	Counts int     `json:"-"`
+}
+
+func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
+	var f benchFlags
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	f.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return usageError{err}
+	}
+	sizes, err := parseSizes(f.sizes)
+	if err != nil {
+		return usageError{err}
+	}
+	d, err := parseDist(f.dist)
+	if err != nil {
+		return usageError{err}
+	}
+	if f.op != "alltoallv" && f.op != "alltoall" {
+		return usagef("unknown --op %q (alltoallv, alltoall)", f.op)
+	}
+	if f.op == "alltoall" && d.kind != "uniform" {
+		return usagef("--op alltoall sends equal blocks: --dist must be uniform")
+	}
+	if f.worker {
+		return benchWorker(ctx, log, f, sizes, d)
+	}
+	if f.n < 1 {
+		return usagef("-n %d: need at least one rank", f.n)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	return launchRanks(ctx, log, launch.Spec{
+		N: f.n, NATSURL: f.nats, Prog: self,
+		Args: append([]string{"bench", "--worker"}, args...),
+	})
+}
+
+func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []int, d dist) error {
+	cfg, err := a2a.ConfigFromEnv()
+	if err != nil {
+		return err
+	}
+	cfg.Logger = log
+	if f.algo != "" {
+		cfg.Algo = f.algo
+	}
+	if f.streams > 0 {
+		cfg.Streams = f.streams
+	}
+	if f.window > 0 {
+		cfg.Window = f.window
+	}
+	c, err := a2a.Join(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	rank, n := c.Rank(), c.Size()
+	if rank == 0 && !f.json {
+		fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s streams=%d seed=%d\n", f.op, n, d, cfg.Streams, f.seed)
+		fmt.Printf("# %10s %12s %-9s %10s %10s %11s %11s %6s\n", "size", "count", "algo", "p50_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "check")
+	}
+	b := newBench(c, f)
+	for _, size := range sizes {
+		row, err := b.point(ctx, size, d)
+		if err != nil {
+			return fmt.Errorf("size %d: %w", size, err)
+		}
+		if rank == 0 {
+			if f.json {
+				out, _ := json.Marshal(row)
+				fmt.Println(string(out))
+			} else {
+				fmt.Printf("  %10d %12d %-9s %10.2f %10.2f %11.3f %11.3f %6s\n", row.Size, row.Counts, row.Algo, row.P50, row.P99, row.AlgBW, row.BusBW, row.Check)
+			}
+		}
+		if row.Check == "fail" {
+			return fmt.Errorf("size %d: received bytes differ from what was sent", size)
+		}
+	}
+	return nil
+}
+
+// bench holds one rank's reusable benchmark state.
+type bench struct {
+	c            *a2a.Comm
+	f            benchFlags
+	zeros        []int
+	one, gather  []int
+	send, recv   []byte
+	times        []float64
+	gatherSend   []byte
+	gatherRecv   []byte
+	agreeS       []byte
+	agreeR       []byte
+	sendC, recvC []int
+}
+
+func newBench(c *a2a.Comm, f benchFlags) *bench {
+	n := c.Size()
+	return &bench{c: c, f: f, zeros: make([]int, n), one: make([]int, n), gather: make([]int, n),
+		agreeS: make([]byte, 8*n), agreeR: make([]byte, 8*n), sendC: make([]int, n), recvC: make([]int, n)}
+}
+
+// barrier synchronises the ranks with an empty AllToAllV (every rank waits for
+// a frame from every other rank).
+func (b *bench) barrier(ctx context.Context) error {
+	return b.c.AllToAllV(ctx, nil, b.zeros, nil, b.zeros)
+}
+
+func (b *bench) call(ctx context.Context) error {
+	if b.f.op == "alltoall" {
+		return b.c.AllToAll(ctx, b.send, b.recv)
+	}
+	return b.c.AllToAllV(ctx, b.send, b.sendC, b.recv, b.recvC)
+}
+
+// agreeMin makes every rank use the smallest of the ranks' values.
+func (b *bench) agreeMin(ctx context.Context, v int) (int, error) {
+	n := b.c.Size()
+	for j := range n {
+		binary.LittleEndian.PutUint64(b.agreeS[8*j:], uint64(v))
+	}
+	if err := b.c.AllToAll(ctx, b.agreeS, b.agreeR); err != nil {
+		return 0, err
+	}
+	for j := range n {
+		v = min(v, int(binary.LittleEndian.Uint64(b.agreeR[8*j:])))
+	}
+	return v, nil
+}
+
+func (b *bench) point(ctx context.Context, size int, d dist) (benchRow, error) {
+	c, n, rank := b.c, b.c.Size(), b.c.Rank()
+	m := d.matrix(n, size, b.f.seed)
+	sendTotal, recvTotal := 0, 0
+	for j := range n {
+		b.sendC[j], b.recvC[j] = m[rank*n+j], m[j*n+rank]
+		sendTotal += b.sendC[j]
+		recvTotal += b.recvC[j]
+	}
+	b.send = grow(b.send, sendTotal)
+	b.recv = grow(b.recv, recvTotal)
+	fillSend(b.send, rank, b.sendC)
+	row := benchRow{Op: b.f.op, Ranks: n, Size: size, Counts: n * size, Check: "skip"}
+	ok := true
+	if b.f.check {
+		for i := range b.recv {
+			b.recv[i] = 0xEE
+		}
+		if err := b.call(ctx); err != nil {
+			return row, err
+		}
+		ok = verifyRecv(b.recv, rank, b.recvC) < 0
+	}
+	t0 := time.Now()
+	for range b.f.warmup {
+		if err := b.call(ctx); err != nil {
+			return row, err
+		}
+	}
+	iters := b.f.iters
+	if b.f.warmup > 0 {
+		mean := time.Since(t0) / time.Duration(b.f.warmup)
+		if mean > 0 {
+			iters = max(20, min(iters, int(b.f.budget/mean)))
+		}
+	}
+	iters, err := b.agreeMin(ctx, iters)
+	if err != nil {
+		return row, err
+	}
+	b.times = b.times[:0]
+	for range iters {
+		if err := b.barrier(ctx); err != nil {
+			return row, err
+		}
+		start := time.Now()
+		if err := b.call(ctx); err != nil {
+			return row, err
+		}
+		b.times = append(b.times, float64(time.Since(start).Nanoseconds())/1e3)
+	}
+	row.Algo = c.LastAlgo()
+	if b.f.check && ok {
+		ok = verifyRecv(b.recv, rank, b.recvC) < 0
+	}
+	// Gather every rank's per-iteration times (and its check result) on rank 0.
+	per := 8*iters + 1
+	b.gatherSend = grow(b.gatherSend, per)
+	for i, t := range b.times {
+		binary.LittleEndian.PutUint64(b.gatherSend[8*i:], math.Float64bits(t))
+	}
+	b.gatherSend[8*iters] = 0
+	if ok {
+		b.gatherSend[8*iters] = 1
+	}
+	for j := range n {
+		b.one[j], b.gather[j] = 0, 0
+		if rank == 0 {
+			b.gather[j] = per
+		}
+	}
+	b.one[0] = per
+	b.gatherRecv = grow(b.gatherRecv, n*per)
+	if err := c.AllToAllV(ctx, b.gatherSend, b.one, b.gatherRecv[:len(b.gatherRecv)], b.gather); err != nil {
+		return row, err
+	}
+	if rank != 0 {
+		return row, nil
+	}
+	slowest := make([]float64, iters)
+	allOK := true
+	for r := range n {
+		block := b.gatherRecv[r*per:]
+		for i := range iters {
+			slowest[i] = max(slowest[i], math.Float64frombits(binary.LittleEndian.Uint64(block[8*i:])))
+		}
+		allOK = allOK && block[8*iters] == 1
+	}
+	slices.Sort(slowest)
+	row.P50 = percentile(slowest, 0.50)
+	row.P99 = percentile(slowest, 0.99)
+	if row.P50 > 0 {
+		row.AlgBW = float64(n*size) / (row.P50 * 1e3) // bytes per ns = GB/s
+		row.BusBW = row.AlgBW * float64(n-1) / float64(n)
+	}
+	if b.f.check {
+		row.Check = "ok"
+		if !allOK {
+			row.Check = "fail"
+		}
+	}
+	return row, nil
+}
+
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+func grow(b []byte, n int) []byte {
+	if cap(b) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}

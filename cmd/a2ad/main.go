@@ -1,0 +1,77 @@
+// Command a2ad is the a2a daemon and CLI:
+//
+//	a2ad serve  [--listen HOST:PORT] [--nats URL]      control plane: embedded NATS + rendezvous/counts service
+//	a2ad run    -n N [--nats URL] [--group G] -- PROG [ARGS]   start N local ranks (like mpirun/torchrun)
+//	a2ad bench  --op alltoallv -n N --sizes 8:1M ...   nccl-tests style benchmark
+//	a2ad demo   [-n 4]                               a verified AllToAllV demo on local ranks
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `a2ad: the a2a all-to-all service
+
+usage:
+  a2ad serve [--listen HOST:PORT] [--nats URL]
+  a2ad run -n N [--nats URL] [--group G] [--world W --rank-offset R] -- PROG [ARGS...]
+  a2ad bench [--op alltoallv|alltoall] [-n N] [--algo A] [--sizes MIN:MAX] [--dist D]
+             [--iters I] [--warmup W] [--check] [--json] [--nats URL]
+  a2ad demo [-n N] [--steps S]
+
+Run "a2ad COMMAND -h" for a command's flags.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()}))
+	cmds := map[string]func(context.Context, *slog.Logger, []string) error{
+		"serve": cmdServe,
+		"run":   cmdRun,
+		"bench": cmdBench,
+		"demo":  cmdDemo,
+	}
+	name := os.Args[1]
+	if name == "-h" || name == "--help" || name == "help" {
+		fmt.Print(usage)
+		return
+	}
+	cmd, ok := cmds[name]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "a2ad: unknown command %q\n\n%s", name, usage)
+		os.Exit(2)
+	}
+	if err := cmd(ctx, log, os.Args[2:]); err != nil {
+		var ue usageError
+		if errors.As(err, &ue) {
+			fmt.Fprintf(os.Stderr, "a2ad %s: %v\n", name, err)
+			os.Exit(2)
+		}
+		fmt.Fprintf(os.Stderr, "a2ad %s: %v\n", name, err)
+		os.Exit(1)
+	}
+}
+
+// usageError is a bad command line (exit status 2).
+type usageError struct{ error }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+func logLevel() slog.Level {
+	var l slog.Level
+	if s := os.Getenv("A2A_LOG"); s != "" && l.UnmarshalText([]byte(s)) == nil {
+		return l
+	}
+	return slog.LevelWarn
+}

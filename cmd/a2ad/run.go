@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"a2a/internal/launch"
+)
+
+func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	n := fs.Int("n", 1, "ranks to start on this host")
+	natsURL := fs.String("nats", "", "NATS URL of a shared control plane (default: embed one)")
+	group := fs.String("group", "", "group (job) name (default: a fresh one)")
+	world := fs.Int("world", 0, "ranks in the whole job when other hosts start the rest (default: -n)")
+	offset := fs.Int("rank-offset", 0, "rank of the first process started here")
+	secret := fs.String("secret", os.Getenv("A2A_SECRET"), "data-plane secret (default: $A2A_SECRET or random; must be shared across hosts)")
+	if err := fs.Parse(args); err != nil {
+		return usageError{err}
+	}
+	prog := fs.Args()
+	if len(prog) == 0 {
+		return usagef("missing program: a2ad run -n N -- PROG [ARGS]")
+	}
+	if *natsURL == "" && *world > *n {
+		return usagef("--world %d > -n %d needs --nats pointing at a shared control plane", *world, *n)
+	}
+	return launchRanks(ctx, log, launch.Spec{
+		N: *n, World: *world, RankOffset: *offset, NATSURL: *natsURL,
+		Group: *group, Secret: *secret, Prog: prog[0], Args: prog[1:], Prefix: true,
+	})
+}
+
+// launchRanks fills in a fresh group and secret, embeds a control plane when
+// spec.NATSURL is empty, and runs the ranks.
+func launchRanks(ctx context.Context, log *slog.Logger, spec launch.Spec) error {
+	if spec.Group == "" {
+		spec.Group = "job-" + randomHex(6)
+	}
+	if spec.Secret == "" {
+		spec.Secret = randomHex(16)
+	}
+	if spec.NATSURL == "" {
+		cp, err := startControlPlane(log, "127.0.0.1:0", "")
+		if err != nil {
+			return err
+		}
+		defer cp.Close()
+		spec.NATSURL = cp.URL
+	}
+	if p, err := resolveProg(spec.Prog); err == nil {
+		spec.Prog = p
+	}
+	return launch.Run(ctx, spec)
+}
+
+func resolveProg(p string) (string, error) {
+	if filepath.Base(p) != p {
+		return filepath.Abs(p)
+	}
+	return p, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b)
+}

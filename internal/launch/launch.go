@@ -1,0 +1,206 @@
+// Package launch starts the ranks of a job as local processes, as `a2ad run`,
+// `a2ad bench` and `a2ad demo` do: like mpirun or torchrun for one host.
+package launch
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Spec describes the ranks to start.
+type Spec struct {
+	N          int    // ranks started here
+	World      int    // ranks in the job (0: N); more than N when other hosts start the rest
+	RankOffset int    // rank of the first process started here
+	NATSURL    string // control plane every rank joins
+	Group      string
+	Secret     string
+	Env        []string // extra environment for every rank
+	Prog       string
+	Args       []string
+	// Prefix puts "[rank k] " before every output line. Without it only rank
+	// RankOffset's stdout is shown, unprefixed (benchmarks print from one rank);
+	// stderr is always prefixed.
+	Prefix bool
+	Stdout io.Writer
+	Stderr io.Writer
+	// Grace is how long the other ranks get after SIGTERM before SIGKILL when
+	// one rank fails (default 2s).
+	Grace time.Duration
+}
+
+// RankError says which rank failed first and how; Others lists the ranks that
+// failed after it (typically with ErrPeerLost).
+type RankError struct {
+	Rank   int
+	State  string // "exit status 3", "signal: killed"
+	Others []int
+}
+
+func (e *RankError) Error() string {
+	s := fmt.Sprintf("rank %d failed: %s", e.Rank, e.State)
+	if len(e.Others) > 0 {
+		s += fmt.Sprintf(" (then ranks %v stopped)", e.Others)
+	}
+	return s
+}
+
+type exit struct {
+	rank int
+	err  error
+}
+
+// Run starts the ranks and waits for all of them. If one fails (non-zero exit,
+// killed by a signal), the rest are terminated and Run returns a *RankError
+// naming the first failure. Cancelling ctx terminates all ranks.
+func Run(ctx context.Context, spec Spec) error {
+	if spec.N < 1 {
+		return fmt.Errorf("launch: need at least one rank, got %d", spec.N)
+	}
+	world := spec.World
+	if world == 0 {
+		world = spec.N
+	}
+	if spec.RankOffset < 0 || spec.RankOffset+spec.N > world {
+		return fmt.Errorf("launch: ranks %d..%d outside world size %d", spec.RankOffset, spec.RankOffset+spec.N-1, world)
+	}
+	grace := spec.Grace
+	if grace == 0 {
+		grace = 2 * time.Second
+	}
+	stdout, stderr := spec.Stdout, spec.Stderr
+	if stdout == nil {
+		stdout = os.Stdout
+	}
+	if stderr == nil {
+		stderr = os.Stderr
+	}
+	var outMu sync.Mutex
+	cmds := make([]*exec.Cmd, spec.N)
+	exits := make(chan exit, spec.N)
+	for i := range spec.N {
+		rank := spec.RankOffset + i
+		cmd := exec.Command(spec.Prog, spec.Args...)
+		cmd.Env = append(os.Environ(),
+			"A2A_NATS_URL="+spec.NATSURL,
+			"A2A_GROUP="+spec.Group,
+			"A2A_SECRET="+spec.Secret,
+			fmt.Sprintf("A2A_RANK=%d", rank),
+			fmt.Sprintf("A2A_WORLD_SIZE=%d", world),
+			fmt.Sprintf("A2A_LOCAL_RANK=%d", i),
+			fmt.Sprintf("A2A_LOCAL_SIZE=%d", spec.N),
+		)
+		cmd.Env = append(cmd.Env, spec.Env...)
+		// Each rank in its own process group so its children die with it.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+		prefix := fmt.Sprintf("[rank %d] ", rank)
+		showOut := spec.Prefix || i == 0
+		outPrefix := prefix
+		if !spec.Prefix {
+			outPrefix = ""
+		}
+		so, err := cmd.StdoutPipe()
+		if err != nil {
+			return err
+		}
+		se, err := cmd.StderrPipe()
+		if err != nil {
+			return err
+		}
+		if err := cmd.Start(); err != nil {
+			killAll(cmds, syscall.SIGKILL)
+			return fmt.Errorf("launch: start rank %d: %w", rank, err)
+		}
+		cmds[i] = cmd
+		var drained sync.WaitGroup
+		drained.Add(2)
+		go copyLines(&drained, &outMu, so, stdout, outPrefix, showOut)
+		go copyLines(&drained, &outMu, se, stderr, prefix, true)
+		go func() {
+			drained.Wait() // exec.Cmd: Wait only after the pipes are read to EOF
+			exits <- exit{rank: rank, err: cmd.Wait()}
+		}()
+	}
+	var first *RankError
+	failed := map[int]bool{}
+	terminated := false
+	var killTimer <-chan time.Time
+	for remaining := spec.N; remaining > 0; {
+		select {
+		case ex := <-exits:
+			remaining--
+			if ex.err == nil {
+				continue
+			}
+			failed[ex.rank] = true
+			if first == nil {
+				first = &RankError{Rank: ex.rank, State: describe(ex.err)}
+			} else {
+				first.Others = append(first.Others, ex.rank)
+			}
+			if !terminated {
+				terminated = true
+				killAll(cmds, syscall.SIGTERM)
+				killTimer = time.After(grace)
+			}
+		case <-killTimer:
+			killAll(cmds, syscall.SIGKILL)
+		case <-ctx.Done():
+			if !terminated {
+				terminated = true
+				killAll(cmds, syscall.SIGTERM)
+				killTimer = time.After(grace)
+			}
+			ctx = context.Background()
+		}
+	}
+	if first != nil {
+		sort.Ints(first.Others)
+		return first
+	}
+	return nil
+}
+
+func describe(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return "killed by signal " + ws.Signal().String()
+		}
+		return fmt.Sprintf("exit status %d", ee.ExitCode())
+	}
+	return err.Error()
+}
+
+func killAll(cmds []*exec.Cmd, sig syscall.Signal) {
+	for _, c := range cmds {
+		if c != nil && c.Process != nil {
+			_ = syscall.Kill(-c.Process.Pid, sig) // ESRCH once it is gone: fine
+		}
+	}
+}
+
+func copyLines(wg *sync.WaitGroup, mu *sync.Mutex, r io.Reader, w io.Writer, prefix string, show bool) {
+	defer wg.Done()
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		if !show {
+			continue
+		}
+		mu.Lock()
+		io.WriteString(w, prefix+strings.TrimRight(sc.Text(), "\r")+"\n")
+		mu.Unlock()
+	}
+	io.Copy(io.Discard, r)
+}
