@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"sync"
@@ -538,7 +537,6 @@ func TestExternalNATSServer(t *testing.T) {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", strconv.Itoa(port))
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -36,13 +36,22 @@ type engine struct {
 	sendOps    []transport.SendOp
 	recvOps    []transport.RecvOp
 	active     []activeOp
-	sendFrames []uint32 // frames sent this op, by peer*streams+stream
+	copies     []localCopy // copies of the current round, done while the network is idle
+	copied     int         // copies[:copied] are done
+	sendFrames []uint32    // frames sent this op, by peer*streams+stream
 	recvFrames []uint32
 
 	// Wait attribution for the last op: the peer whose data arrived last.
 	lastPeer int
 	lastWait time.Duration
 }
+
+// localCopy is a copy step still to do; it shrinks as chunks are copied.
+type localCopy struct{ dst, src []byte }
+
+// copyChunk bounds the local copying done between two passes over the
+// network operations, so that copying never delays reading a socket for long.
+const copyChunk = 256 << 10
 
 type activeOp struct {
 	send   bool
@@ -94,6 +103,7 @@ func (e *engine) run(ctx context.Context, kind transport.OpKind, seq uint64, s *
 // post turns the steps of one round into transport operations; copies happen at once.
 func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []algo.Step, bufs *opBuffers) error {
 	e.active = e.active[:0]
+	e.copies, e.copied = e.copies[:0], 0
 	nSend, nRecv := 0, 0
 	for i := range steps {
 		st := &steps[i]
@@ -107,7 +117,9 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 			if err != nil {
 				return err
 			}
-			copy(dst, src)
+			if len(dst) > 0 {
+				e.copies = append(e.copies, localCopy{dst: dst, src: src})
+			}
 		case algo.StepSend, algo.StepRecv:
 			if st.Peer < 0 || st.Peer >= e.size || st.Peer == e.rank || st.Stream < 0 || st.Stream >= e.streams {
 				return fault.New(fault.ErrInvalidArgument, st.Peer, "schedule step %s to peer %d stream %d", st.Kind, st.Peer, st.Stream)
@@ -195,9 +207,11 @@ func (e *engine) progress(ctx context.Context, deadline, opStart time.Time) erro
 			pending++
 		}
 		if pending == 0 {
+			for e.copySome() {
+			}
 			return nil
 		}
-		if moved {
+		if moved || e.copySome() {
 			idleStart = time.Time{}
 			continue
 		}
@@ -224,6 +238,22 @@ func (e *engine) progress(ctx context.Context, deadline, opStart time.Time) erro
 			return err
 		}
 	}
+}
+
+// copySome does up to copyChunk bytes of the round's local copies and
+// reports whether there was anything to copy. The engine calls it when the
+// network has nothing for it, so local copies fill the gaps of the transfers.
+func (e *engine) copySome() bool {
+	if e.copied == len(e.copies) {
+		return false
+	}
+	c := &e.copies[e.copied]
+	n := copy(c.dst[:min(len(c.dst), copyChunk)], c.src)
+	c.dst, c.src = c.dst[n:], c.src[n:]
+	if len(c.dst) == 0 {
+		e.copied++
+	}
+	return true
 }
 
 // schedYield gives the core to another runnable thread of any process; Go's

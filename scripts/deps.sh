@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the tests need that a fresh machine lacks, using Debian's packages:
 #   nats-server  the standalone NATS server binary (the external-server test)
+#   prometheus   promtool (metric-name lint) and the Prometheus server (scrape test)
 # Idempotent: does nothing when everything is present.
 set -euo pipefail
 need=()
 command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

@@ -279,11 +279,17 @@ func TestPlanShapes(t *testing.T) {
 				if err := PlanPairwise(&s, a); err != nil {
 					t.Fatal(err)
 				}
-				if s.NumRounds() != p {
-					t.Fatalf("pairwise p=%d: %d rounds, want %d", p, s.NumRounds(), p)
+				if want := max(1, p-1); s.NumRounds() != want {
+					t.Fatalf("pairwise p=%d: %d rounds, want %d", p, s.NumRounds(), want)
+				}
+				if first := s.Round(0); first[0].Kind != StepCopy {
+					t.Fatalf("pairwise p=%d: the local copy does not lead round 0: %v", p, first)
 				}
 				for k := 1; k < p; k++ {
-					rd := s.Round(k)
+					rd := s.Round(k - 1)
+					if k == 1 {
+						rd = rd[1:] // after the local copy
+					}
 					if len(rd) != 2 || rd[0].Kind != StepSend || rd[0].Peer != (r+k)%p || rd[1].Kind != StepRecv || rd[1].Peer != (r-k+p)%p {
 						t.Fatalf("pairwise p=%d rank %d round %d: %v", p, r, k, rd)
 					}

@@ -57,7 +57,7 @@ func TestSimulateRejects(t *testing.T) {
 			name: "wrong peer deadlocks",
 			setup: func(t *testing.T) ([]*Schedule, [][]byte, [][]byte) {
 				s, snd, rcv := uniformSetup(t, PlanPairwise, 4, 10, 0)
-				rd := s[1].Round(1) // rank 1 round 1: send to 2 -> send to 3
+				rd := s[1].Round(0)[1:] // rank 1 first exchange (after the copy): send to 2 -> send to 3
 				if rd[0].Kind != StepSend || rd[0].Peer != 2 {
 					t.Fatalf("unexpected round: %v", rd)
 				}
@@ -65,7 +65,7 @@ func TestSimulateRejects(t *testing.T) {
 				return s, snd, rcv
 			},
 			kind: ErrDeadlock,
-			want: []string{"rank 2 in round 1/4 waits for receive of frame 0 from 1", "unmatched: rank 1 posts only 0 sends"},
+			want: []string{"rank 2 in round 0/3 waits for receive of frame 0 from 1", "unmatched: rank 1 posts only 0 sends"},
 		},
 		{
 			name: "wrong length",

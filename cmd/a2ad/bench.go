@@ -33,6 +33,7 @@ type benchFlags struct {
 	streams int
 	window  int
 	worker  bool
+	bind    string
 }
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
@@ -51,6 +52,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.streams, "streams", 0, "connections per peer pair (default: A2A_STREAMS or 1)")
 	fs.IntVar(&f.window, "window", 0, "fullmesh peers in flight (default: A2A_WINDOW or 4)")
 	fs.BoolVar(&f.worker, "worker", false, "internal: run as one rank of the benchmark")
+	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (unless oversubscribed); none")
 }
 
 // benchRow is one line of output; the JSON keys are a stable interface.
@@ -99,8 +101,11 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	if err != nil {
 		return err
 	}
+	if f.bind != "core" && f.bind != "none" {
+		return usagef("--bind %q: core or none", f.bind)
+	}
 	return launchRanks(ctx, log, launch.Spec{
-		N: f.n, NATSURL: f.nats, Prog: self,
+		N: f.n, NATSURL: f.nats, Prog: self, BindVia: bindVia(f.bind),
 		Args: append([]string{"bench", "--worker"}, args...),
 	})
 }
@@ -127,7 +132,7 @@ func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []in
 	defer c.Close()
 	rank, n := c.Rank(), c.Size()
 	if rank == 0 && !f.json {
-		fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s streams=%d seed=%d\n", f.op, n, d, cfg.Streams, f.seed)
+		fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s streams=%d seed=%d transport=tcp\n", f.op, n, d, max(cfg.Streams, 1), f.seed)
 		fmt.Printf("# %10s %12s %-9s %10s %10s %11s %11s %6s\n", "size", "count", "algo", "p50_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "check")
 	}
 	b := newBench(c, f)

@@ -13,7 +13,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
+
+	"a2a/internal/launch"
 )
 
 const usage = `a2ad: the a2a all-to-all service
@@ -41,6 +44,7 @@ func main() {
 		"run":   cmdRun,
 		"bench": cmdBench,
 		"demo":  cmdDemo,
+		"pin":   cmdPin,
 	}
 	name := os.Args[1]
 	if name == "-h" || name == "--help" || name == "help" {
@@ -67,6 +71,18 @@ func main() {
 type usageError struct{ error }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// cmdPin is the hidden trampoline of `--bind core`: a2ad pin CPU PROG ARGS.
+func cmdPin(_ context.Context, _ *slog.Logger, args []string) error {
+	if len(args) < 2 {
+		return usagef("pin CPU PROG [ARGS]")
+	}
+	cpu, err := strconv.Atoi(args[0])
+	if err != nil {
+		return usagef("pin: cpu %q", args[0])
+	}
+	return launch.ExecPinned(cpu, args[1], args[2:])
+}
 
 func logLevel() slog.Level {
 	var l slog.Level

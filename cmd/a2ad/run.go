@@ -21,8 +21,12 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 	world := fs.Int("world", 0, "ranks in the whole job when other hosts start the rest (default: -n)")
 	offset := fs.Int("rank-offset", 0, "rank of the first process started here")
 	secret := fs.String("secret", os.Getenv("A2A_SECRET"), "data-plane secret (default: $A2A_SECRET or random; must be shared across hosts)")
+	bind := bindFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
+	}
+	if *bind != "core" && *bind != "none" {
+		return usagef("--bind %q: core or none", *bind)
 	}
 	prog := fs.Args()
 	if len(prog) == 0 {
@@ -34,6 +38,7 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 	return launchRanks(ctx, log, launch.Spec{
 		N: *n, World: *world, RankOffset: *offset, NATSURL: *natsURL,
 		Group: *group, Secret: *secret, Prog: prog[0], Args: prog[1:], Prefix: true,
+		BindVia: bindVia(*bind),
 	})
 }
 
@@ -58,6 +63,24 @@ func launchRanks(ctx context.Context, log *slog.Logger, spec launch.Spec) error 
 		spec.Prog = p
 	}
 	return launch.Run(ctx, spec)
+}
+
+// bindFlag registers --bind: like mpirun, ranks are bound to one core each
+// unless there are more ranks than cores.
+func bindFlag(fs *flag.FlagSet) *string {
+	return fs.String("bind", "core", "bind each rank to a core (core) or let the scheduler place them (none); oversubscribed ranks are never bound")
+}
+
+// bindVia is the launcher's trampoline for a --bind value.
+func bindVia(bind string) string {
+	if bind != "core" {
+		return ""
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return self
 }
 
 func resolveProg(p string) (string, error) {

@@ -10,11 +10,15 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Spec describes the ranks to start.
@@ -37,6 +41,44 @@ type Spec struct {
 	// Grace is how long the other ranks get after SIGTERM before SIGKILL when
 	// one rank fails (default 2s).
 	Grace time.Duration
+	// BindVia, when set, binds each rank to one CPU as mpirun does by
+	// default: rank i of N runs on the i-th CPU this process may use, provided
+	// N does not exceed them (oversubscribed ranks are left to the scheduler).
+	// It names an executable that runs ExecPinned on `BindVia pin CPU PROG ARGS`
+	// (a2ad itself), so the affinity is set before PROG starts any thread.
+	BindVia string
+}
+
+// ExecPinned binds the calling process to cpu and replaces it with prog. It is
+// the trampoline behind Spec.BindVia: affinity set before exec is inherited by
+// every thread the program will start.
+func ExecPinned(cpu int, prog string, args []string) error {
+	runtime.LockOSThread() // the affinity and the exec must happen on one thread
+	var set unix.CPUSet
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		return fmt.Errorf("bind to cpu %d: %w", cpu, err)
+	}
+	path, err := exec.LookPath(prog)
+	if err != nil {
+		return err
+	}
+	return syscall.Exec(path, append([]string{prog}, args...), os.Environ())
+}
+
+// cpus lists the CPUs this process may run on.
+func cpus() []int {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return nil
+	}
+	var out []int
+	for c := 0; c < len(set)*64 && len(out) < set.Count(); c++ {
+		if set.IsSet(c) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // RankError says which rank failed first and how; Others lists the ranks that
@@ -86,11 +128,20 @@ func Run(ctx context.Context, spec Spec) error {
 		stderr = os.Stderr
 	}
 	var outMu sync.Mutex
+	var bindTo []int
+	if spec.BindVia != "" {
+		if c := cpus(); spec.N <= len(c) {
+			bindTo = c
+		}
+	}
 	cmds := make([]*exec.Cmd, spec.N)
 	exits := make(chan exit, spec.N)
 	for i := range spec.N {
 		rank := spec.RankOffset + i
 		cmd := exec.Command(spec.Prog, spec.Args...)
+		if bindTo != nil {
+			cmd = exec.Command(spec.BindVia, append([]string{"pin", strconv.Itoa(bindTo[i]), spec.Prog}, spec.Args...)...)
+		}
 		cmd.Env = append(os.Environ(),
 			"A2A_NATS_URL="+spec.NATSURL,
 			"A2A_GROUP="+spec.Group,

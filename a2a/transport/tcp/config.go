@@ -42,7 +42,7 @@ const (
 // must be identical on every rank of a job.
 type Config struct {
 	Group   string // job name; part of the authenticated hello
-	Rank    int    // this rank, in [0, Size)
+	Rank    int    // this rank, in [0, Size); -1 until assigned (see Listener.SetRank)
 	Size    int    // world size
 	Streams int    // connections per peer pair (>= 1; 0 means 1)
 	Secret  []byte // group secret keying HMAC-SHA256; must not be empty
@@ -70,7 +70,7 @@ func (c Config) normalize() (Config, error) {
 	switch {
 	case c.Size < 1:
 		return bad("world size %d", c.Size)
-	case c.Rank < 0 || c.Rank >= c.Size:
+	case c.Rank < -1 || c.Rank >= c.Size:
 		return bad("rank %d outside world of size %d", c.Rank, c.Size)
 	case uint64(c.Size) > math.MaxUint32:
 		return bad("world size %d too large", c.Size)

@@ -420,7 +420,7 @@ func TestInvalidArguments(t *testing.T) {
 		mutate func(c *Config)
 	}{
 		{"size 0", func(c *Config) { c.Size = 0 }},
-		{"negative rank", func(c *Config) { c.Rank = -1 }},
+		{"negative rank", func(c *Config) { c.Rank = -2 }},
 		{"rank = size", func(c *Config) { c.Rank = 2 }},
 		{"negative streams", func(c *Config) { c.Streams = -1 }},
 		{"too many streams", func(c *Config) { c.Streams = maxStreams + 1 }},

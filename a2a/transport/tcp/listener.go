@@ -64,6 +64,22 @@ func Listen(cfg Config) (*Listener, error) {
 	}, nil
 }
 
+// SetRank sets this rank when it was not known at Listen (ranks assigned at
+// rendezvous, after the address was published). It must precede Connect.
+func (l *Listener) SetRank(rank int) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != stateIdle {
+		return fault.New(fault.ErrInvalidArgument, rank, "tcp: SetRank after Connect")
+	}
+	if rank < 0 || rank >= l.cfg.Size {
+		return fault.New(fault.ErrInvalidArgument, rank, "tcp: rank %d outside world of size %d", rank, l.cfg.Size)
+	}
+	l.cfg.Rank = rank
+	l.log = l.cfg.Logger.With("rank", rank)
+	return nil
+}
+
 // Addr is the host:port peers dial; publish it at rendezvous.
 func (l *Listener) Addr() string { return l.ln.Addr().String() }
 
@@ -113,6 +129,9 @@ func (l *Listener) shutdown() {
 // listener is closed too. Connect may be called once.
 func (l *Listener) Connect(ctx context.Context, epoch uint32, peers []string) (*Transport, error) {
 	cfg := &l.cfg
+	if cfg.Rank < 0 {
+		return nil, fault.New(fault.ErrInvalidArgument, -1, "tcp: Connect before the rank is known (SetRank)")
+	}
 	if len(peers) != cfg.Size {
 		return nil, fault.New(fault.ErrInvalidArgument, -1, "tcp: %d peer addresses for a world of %d", len(peers), cfg.Size)
 	}

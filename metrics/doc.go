@@ -1,0 +1,46 @@
+// Package metrics implements the a2a.Observer interface with Prometheus
+// collectors (github.com/prometheus/client_golang), so that the core library
+// does not depend on Prometheus, and serves them over HTTP for a2ad and the
+// demo.
+//
+// Every series carries the constant labels group and rank. The families, with
+// the default namespace "a2a":
+//
+//	a2a_collective_duration_seconds{op,algo}         histogram, completed collectives
+//	a2a_algorithm_selections_total{op,algo}          counter, every collective
+//	a2a_errors_total{op,kind}                        counter, failed collectives
+//	a2a_sent_bytes_total{peer_class}                 counter, self|local|remote
+//	a2a_received_bytes_total{peer_class}             counter, self|local|remote
+//	a2a_counts_exchange_duration_seconds             histogram, completed exchanges
+//	a2a_counts_exchange_errors_total{kind}           counter, failed exchanges
+//	a2a_membership_size                              gauge, ranks in the group
+//	a2a_rejected_connections_total                   counter, from the transport
+//	a2a_peer_wait_seconds_total{peer}                counter, LastWait summed by LastPeer
+//	a2a_peer_last_arrivals_total{peer}               counter, times peer arrived last
+//	a2a_moe_dispatched_tokens_total{expert}          counter
+//	a2a_moe_dropped_tokens_total                     counter
+//	a2a_moe_dispatch_duration_seconds                histogram
+//	a2a_moe_combine_duration_seconds                 histogram
+//	a2a_moe_load_imbalance_ratio                     gauge, max/mean tokens per rank
+//
+// The kind label is one of invalid_argument, mismatch, peer_lost, aborted,
+// timeout, closed and other (see ErrorKind).
+//
+// A rank wires it up before joining, and serves the registry:
+//
+//	reg := prometheus.NewRegistry()
+//	obs, err := metrics.New(reg, metrics.Options{Group: cfg.Group, Rank: cfg.Rank})
+//	...
+//	cfg.Observer = obs
+//	comm, err := a2a.Join(ctx, cfg)
+//	...
+//	obs.WatchTransport(func() uint64 { return comm.Stats().Rejected })
+//	addr, err := metrics.Serve(ctx, ":9465", reg) // 9465+rank, see deploy/prometheus
+//
+// The MoE dispatch layer reports its steps with ObserveDispatch and
+// ObserveCombine.
+//
+// deploy/grafana/a2a-dashboard.json charts these families and
+// deploy/prometheus/prometheus.yml scrapes them; the package's tests check
+// that the dashboard only names families this package exports.
+package metrics
