@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -154,12 +155,37 @@ func (c *Comm) join(ctx context.Context) error {
 		// for the communicator's life until a counts matrix is available.
 		c.algo = algo.ChooseAllToAllV(c.size, cfg.Streams, cfg.Window, nil, algo.DefaultLink())
 	}
-	c.eng = newEngine(tr, c.rank, c.size, cfg.Streams, m.Epoch(), cfg.Spin, cfg.Yield, c.stopped)
+	c.eng = newEngine(tr, c.rank, c.size, cfg.Streams, m.Epoch(), spinFor(cfg.Spin, m.Nodes(), c.rank), cfg.Yield, c.stopped)
 	c.equalSend = make([]int, c.size)
 	c.equalRecv = make([]int, c.size)
 	c.countsOut = make([]byte, 8*c.size)
 	c.countsIn = make([]byte, 8*c.size)
 	return nil
+}
+
+// defaultSpin is how long an idle rank busy-polls before yielding its core.
+const defaultSpin = 50 * time.Microsecond
+
+// spinFor resolves Config.Spin. By default a rank busy-polls, unless its host
+// runs more ranks than it has cores: then a spinning rank would hold the core
+// the rank it waits for needs (Open MPI's yield_when_idle makes the same call).
+func spinFor(spin time.Duration, nodes []control.NodeInfo, rank int) time.Duration {
+	switch {
+	case spin < 0:
+		return 0
+	case spin > 0:
+		return spin
+	}
+	local := 0
+	for _, n := range nodes {
+		if n.Host == nodes[rank].Host {
+			local++
+		}
+	}
+	if local > runtime.NumCPU() {
+		return 0
+	}
+	return defaultSpin
 }
 
 // watchControl turns a control-plane abort (another rank failed, a peer

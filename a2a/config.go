@@ -23,7 +23,7 @@ type Config struct {
 	Window    int           // A2A_WINDOW     peers in flight at once for fullmesh (default 4)
 	Timeout   time.Duration // A2A_TIMEOUT    per-operation deadline when ctx has none (default 60s)
 	Listen    string        // A2A_LISTEN     data-plane listen address (default 127.0.0.1:0)
-	Spin      time.Duration // A2A_SPIN       busy-poll time before yielding the core (default 50us)
+	Spin      time.Duration // A2A_SPIN       busy-poll time before yielding the core (0: 50us, or none when this host runs more ranks than cores; negative: none)
 	Yield     time.Duration // A2A_YIELD      sched_yield time before parking (default 1ms)
 
 	// HeartbeatInterval and PeerTimeout tune failure detection (defaults
@@ -94,9 +94,6 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 	}
-	if cfg.Spin == 0 {
-		cfg.Spin = 50 * time.Microsecond
-	}
 	if cfg.Yield == 0 {
 		cfg.Yield = time.Millisecond
 	}
@@ -112,7 +109,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fault.New(fault.ErrInvalidArgument, -1, "streams %d: must be in 1..64", cfg.Streams)
 	case cfg.Window < 1:
 		return cfg, fault.New(fault.ErrInvalidArgument, -1, "window %d: must be >= 1", cfg.Window)
-	case cfg.Timeout < 0 || cfg.Spin < 0 || cfg.Yield < 0:
+	case cfg.Timeout < 0 || cfg.Yield < 0:
 		return cfg, fault.New(fault.ErrInvalidArgument, -1, "negative duration in config")
 	}
 	if _, err := parseAlgo(cfg.Algo); err != nil {

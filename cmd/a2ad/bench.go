@@ -34,6 +34,7 @@ type benchFlags struct {
 	window  int
 	worker  bool
 	bind    string
+	counts  string
 }
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
@@ -52,6 +53,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.streams, "streams", 0, "connections per peer pair (default: A2A_STREAMS or 1)")
 	fs.IntVar(&f.window, "window", 0, "fullmesh peers in flight (default: A2A_WINDOW or 4)")
 	fs.BoolVar(&f.worker, "worker", false, "internal: run as one rank of the benchmark")
+	fs.StringVar(&f.counts, "counts", "known", "alltoallv receive counts: known (given), nats (ExchangeCounts each call) or inband (AllToAllVInBand)")
 	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (unless oversubscribed); none")
 }
 
@@ -87,6 +89,9 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	}
 	if f.op != "alltoallv" && f.op != "alltoall" {
 		return usagef("unknown --op %q (alltoallv, alltoall)", f.op)
+	}
+	if f.counts != "known" && f.counts != "nats" && f.counts != "inband" {
+		return usagef("--counts %q: known, nats or inband", f.counts)
 	}
 	if f.op == "alltoall" && d.kind != "uniform" {
 		return usagef("--op alltoall sends equal blocks: --dist must be uniform")
@@ -132,7 +137,7 @@ func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []in
 	defer c.Close()
 	rank, n := c.Rank(), c.Size()
 	if rank == 0 && !f.json {
-		fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s streams=%d seed=%d transport=tcp\n", f.op, n, d, max(cfg.Streams, 1), f.seed)
+		fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s counts=%s streams=%d seed=%d transport=tcp\n", f.op, n, d, f.counts, max(cfg.Streams, 1), f.seed)
 		fmt.Printf("# %10s %12s %-9s %10s %10s %11s %11s %6s\n", "size", "count", "algo", "p50_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "check")
 	}
 	b := newBench(c, f)
@@ -169,12 +174,15 @@ type bench struct {
 	agreeS       []byte
 	agreeR       []byte
 	sendC, recvC []int
+	learned      []int // receive counts learned by --counts nats|inband
+	matrix       []int
 }
 
 func newBench(c *a2a.Comm, f benchFlags) *bench {
 	n := c.Size()
 	return &bench{c: c, f: f, zeros: make([]int, n), one: make([]int, n), gather: make([]int, n),
-		agreeS: make([]byte, 8*n), agreeR: make([]byte, 8*n), sendC: make([]int, n), recvC: make([]int, n)}
+		agreeS: make([]byte, 8*n), agreeR: make([]byte, 8*n), sendC: make([]int, n), recvC: make([]int, n),
+		learned: make([]int, n), matrix: make([]int, n*n)}
 }
 
 // barrier synchronises the ranks with an empty AllToAllV (every rank waits for
@@ -186,6 +194,15 @@ func (b *bench) barrier(ctx context.Context) error {
 func (b *bench) call(ctx context.Context) error {
 	if b.f.op == "alltoall" {
 		return b.c.AllToAll(ctx, b.send, b.recv)
+	}
+	switch b.f.counts {
+	case "nats":
+		if err := b.c.ExchangeCountsMatrix(ctx, b.sendC, b.learned, b.matrix); err != nil {
+			return err
+		}
+		return b.c.AllToAllV(ctx, b.send, b.sendC, b.recv, b.learned)
+	case "inband":
+		return b.c.AllToAllVInBand(ctx, b.send, b.sendC, b.recv, b.learned)
 	}
 	return b.c.AllToAllV(ctx, b.send, b.sendC, b.recv, b.recvC)
 }
