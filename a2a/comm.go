@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -106,7 +107,10 @@ func (c *Comm) join(ctx context.Context) error {
 	if err != nil {
 		return fault.Wrap(fault.ErrInvalidArgument, -1, err, "data-plane listen on %s", cfg.Listen)
 	}
-	host, _ := os.Hostname()
+	host := cfg.Host
+	if host == "" {
+		host = HostIdentity()
+	}
 	m, err := control.Join(ctx, nc, control.JoinConfig{
 		Group: cfg.Group, Rank: cfg.Rank, WorldSize: cfg.WorldSize,
 		Info:              control.NodeInfo{Rank: cfg.Rank, Host: host, PID: os.Getpid(), DataAddrs: []string{ln.Addr()}, Streams: cfg.Streams},
@@ -161,6 +165,18 @@ func (c *Comm) join(ctx context.Context) error {
 	c.countsOut = make([]byte, 8*c.size)
 	c.countsIn = make([]byte, 8*c.size)
 	return nil
+}
+
+// HostIdentity names the machine this process runs on, as ranks report it at
+// join to find their same-host peers: hostname, kernel boot id and network
+// namespace, so two containers or namespaces on one box are two hosts (they
+// cannot share loopback addresses) while ranks of one host agree.
+// Config.Host (A2A_HOST) overrides it, e.g. to fake several hosts in tests.
+func HostIdentity() string {
+	name, _ := os.Hostname()
+	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	netns, _ := os.Readlink("/proc/self/ns/net")
+	return fmt.Sprintf("%s/%.8s/%s", name, strings.TrimSpace(string(boot)), strings.TrimSuffix(strings.TrimPrefix(netns, "net:["), "]"))
 }
 
 // defaultSpin is how long an idle rank busy-polls before yielding its core.

@@ -23,6 +23,7 @@ type Config struct {
 	Window    int           // A2A_WINDOW     peers in flight at once for fullmesh (default 4)
 	Timeout   time.Duration // A2A_TIMEOUT    per-operation deadline when ctx has none (default 60s)
 	Listen    string        // A2A_LISTEN     data-plane listen address (default 127.0.0.1:0)
+	Host      string        // A2A_HOST       host identity; ranks with equal ones share memory (default HostIdentity())
 	Spin      time.Duration // A2A_SPIN       busy-poll time before yielding the core (0: 50us, or none when this host runs more ranks than cores; negative: none)
 	Yield     time.Duration // A2A_YIELD      sched_yield time before parking (default 1ms)
 
@@ -44,6 +45,7 @@ func ConfigFromEnv() (Config, error) {
 		Secret:  os.Getenv("A2A_SECRET"),
 		Algo:    os.Getenv("A2A_ALGO"),
 		Listen:  os.Getenv("A2A_LISTEN"),
+		Host:    os.Getenv("A2A_HOST"),
 	}
 	ints := []struct {
 		name string

@@ -274,3 +274,24 @@ func TestServeAndRun(t *testing.T) {
 		t.Errorf("serve exit: %v", err)
 	}
 }
+
+func TestPlan(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	out, err := a2ad(t, ctx, "plan", "-n", "1024", "--sizes", "64K", "--dist", "zipf:1", "--rounds", "1").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if d := time.Since(start); d > 5*time.Second { // the bound is 1 s; leave room for a loaded CI machine
+		t.Errorf("planning 1024 ranks took %v", d)
+	}
+	for _, want := range []string{"auto picks", "pairwise  estimated", "1023 rounds", "fullmesh  estimated", "256 rounds"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("plan output lacks %q:\n%s", want, out)
+		}
+	}
+	if _, err := a2ad(t, ctx, "plan", "--algo", "bogus").CombinedOutput(); err == nil {
+		t.Error("unknown algorithm accepted")
+	}
+}

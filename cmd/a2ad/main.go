@@ -27,6 +27,7 @@ usage:
   a2ad bench [--op alltoallv|alltoall] [-n N] [--algo A] [--sizes MIN:MAX] [--dist D]
              [--iters I] [--warmup W] [--check] [--json] [--nats URL]
   a2ad demo [-n N] [--steps S]
+  a2ad plan [--algo A] [-n N] [--dist D] [--sizes S]   print schedules and estimated times, run nothing
 
 Run "a2ad COMMAND -h" for a command's flags.
 `
@@ -45,6 +46,7 @@ func main() {
 		"bench": cmdBench,
 		"demo":  cmdDemo,
 		"pin":   cmdPin,
+		"plan":  cmdPlan,
 	}
 	name := os.Args[1]
 	if name == "-h" || name == "--help" || name == "help" {
