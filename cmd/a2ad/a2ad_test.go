@@ -6,8 +6,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -252,13 +254,18 @@ func TestServeAndRun(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	serve := a2ad(t, ctx, "serve", "--listen", addr)
+	serve := a2ad(t, ctx, "serve", "--listen", addr, "--metrics", "127.0.0.1:0")
 	so, _ := serve.StdoutPipe()
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer serve.Process.Kill()
 	sc := bufio.NewScanner(so)
+	var metricsURL string
+	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "a2ad: metrics at ") {
+		t.Fatalf("serve said %q", sc.Text())
+	}
+	metricsURL = strings.TrimPrefix(sc.Text(), "a2ad: metrics at ")
 	if !sc.Scan() || !strings.Contains(sc.Text(), "control plane ready") {
 		t.Fatalf("serve said %q", sc.Text())
 	}
@@ -268,6 +275,16 @@ func TestServeAndRun(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "[rank 0] all 3 steps verified on 3 ranks") {
 		t.Errorf("demo output:\n%s", out)
+	}
+	resp, err := http.Get(metricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	// The job has left: the service forgets finished groups.
+	if !strings.Contains(string(body), "a2a_control_groups 0") || !strings.Contains(string(body), "process_cpu_seconds_total") {
+		t.Errorf("control-plane metrics after the job:\n%.2000s", body)
 	}
 	serve.Process.Signal(syscall.SIGTERM)
 	if err := serve.Wait(); err != nil {

@@ -9,9 +9,12 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"a2a/a2a/control"
 	"a2a/internal/natsd"
+	"a2a/metrics"
 )
 
 // controlPlane is a running control plane: an embedded NATS server (unless an
@@ -68,6 +71,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	listen := fs.String("listen", "127.0.0.1:4222", "embedded NATS listen address")
 	natsURL := fs.String("nats", "", "use this NATS server instead of embedding one")
 	status := fs.Duration("status", 0, "print the group memberships this often (0: never)")
+	metricsAddr := fs.String("metrics", "127.0.0.1:9464", "serve Prometheus /metrics of the control plane here (empty: off)")
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
 	}
@@ -76,6 +80,18 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		return err
 	}
 	defer cp.Close()
+	if *metricsAddr != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		if err := metrics.RegisterControl(reg, cp.svc.Groups); err != nil {
+			return err
+		}
+		addr, err := metrics.Serve(ctx, *metricsAddr, reg)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("a2ad: metrics at http://%s/metrics\n", addr)
+	}
 	fmt.Printf("a2ad: control plane ready at %s (export A2A_NATS_URL=%s)\n", cp.URL, cp.URL)
 	var tick <-chan time.Time
 	if *status > 0 {
