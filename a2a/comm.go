@@ -218,7 +218,19 @@ func (c *Comm) watchControl() {
 }
 
 // stopped returns the abort cause, or nil while the communicator is healthy.
+// It looks at the control plane itself rather than waiting for watchControl,
+// so an operation started right after a remote abort fails instead of
+// consuming frames an aborted peer left behind.
 func (c *Comm) stopped() error {
+	if p := c.cause.Load(); p == nil && c.member != nil {
+		select {
+		case <-c.member.Done():
+			if err := c.member.Err(); err != nil {
+				c.cause.CompareAndSwap(nil, &err)
+			}
+		default:
+		}
+	}
 	if p := c.cause.Load(); p != nil {
 		return *p
 	}
