@@ -6,7 +6,7 @@ A2AD     := $(BIN)/a2ad
 RACE_PKGS := ./a2a/... ./internal/... ./routing/...
 PKGS      := ./...
 
-.PHONY: all build demo test deps fmt-check vet unit bench bench-go bench-a2ad clean
+.PHONY: all build demo test deps fmt-check vet unit bench bench-go bench-a2ad clean test-hosts test-hosts-if-root
 
 all: build
 
@@ -31,7 +31,18 @@ unit: build
 	$(GO) test -count=1 -timeout 300s $(PKGS)
 	$(GO) test -count=1 -race -timeout 300s $(RACE_PKGS)
 
-test: deps fmt-check vet unit
+# Multi-host test bed: H network namespaces joined by a bridge (root; installs iproute2).
+TESTBED := ./scripts/testbed.sh -H 4 -L 2 --bench-sizes 1K,64K
+
+test-hosts: build
+	$(TESTBED)
+
+# What make test runs: the test bed where network namespaces can be made (root, as CI).
+test-hosts-if-root: build
+	@if [ "$$(id -u)" = 0 ]; then echo "$(TESTBED)"; $(TESTBED); \
+	else echo "test-hosts: skipped: needs root for network namespaces"; fi
+
+test: deps fmt-check vet unit test-hosts-if-root
 
 bench: bench-go bench-a2ad
 

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// testbedCmd prepares scripts/testbed.sh with a2adBin; cancelling ctx sends SIGTERM so
+// the script still tears its namespaces down.
+func testbedCmd(t *testing.T, ctx context.Context, args ...string) *exec.Cmd {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for network namespaces")
+	}
+	script, err := filepath.Abs(filepath.Join("..", "..", "scripts", "testbed.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, script, append(args, "--a2ad", a2adBin)...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 15 * time.Second
+	return cmd
+}
+
+// TestTestbed runs the multi-host test bed (2 network namespaces of 2 ranks each,
+// correctness only) and checks that it passed and left nothing behind.
+func TestTestbed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := testbedCmd(t, ctx, "-H", "2", "-L", "2", "--check-only", "--algos", "pairwise,fullmesh")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("scripts/testbed.sh -H 2 -L 2 --check-only failed (%v): network namespaces, veth or the a2ad job did not work as root:\n%s", err, out.String())
+	}
+	assertTestbedClean(t, cmd.Process.Pid)
+	if !strings.Contains(out.String(), "testbed: PASS") || !strings.Contains(out.String(), "checked=[pairwise,fullmesh,alltoall]") {
+		t.Errorf("no PASS summary with every check:\n%s", out.String())
+	}
+	// Rank 0's rows: sizes 0, 1, 1K and 64K for each of the three checks, all verified,
+	// run by 4 ranks in all.
+	okRows := 0
+	for _, line := range strings.Split(out.String(), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 8 && f[7] == "ok" {
+			okRows++
+		}
+	}
+	if okRows != 12 {
+		t.Errorf("%d rows with check=ok, want 12:\n%s", okRows, out.String())
+	}
+	if !strings.Contains(out.String(), "4 ranks") {
+		t.Errorf("the job did not span both hosts:\n%s", out.String())
+	}
+}
+
+// TestTestbedTeardownOnSIGTERM stops the test bed while its namespaces and control
+// plane are up: the script must exit 143 and leave no namespace or process.
+func TestTestbedTeardownOnSIGTERM(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := testbedCmd(t, ctx, "-H", "2", "-L", "2", "--bench-sizes", "64K")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	sc := bufio.NewScanner(stdout)
+	up := false
+	for !up && sc.Scan() {
+		up = strings.Contains(sc.Text(), "control plane at")
+	}
+	if !up {
+		cmd.Wait()
+		t.Fatalf("the control plane never came up:\n%s", stderr.String())
+	}
+	if ns := testbedNamespaces(t, pid); len(ns) != 3 {
+		t.Errorf("namespaces of the running test bed: %v, want 2 hosts and a bridge", ns)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for sc.Scan() { // drain so the script never blocks on a full pipe
+	}
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 128+int(syscall.SIGTERM) {
+		t.Errorf("exit after SIGTERM: %v, want status 143\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "interrupted by SIGTERM") {
+		t.Errorf("stderr does not report the interruption:\n%s", stderr.String())
+	}
+	assertTestbedClean(t, pid)
+}
+
+// testbedNamespaces lists the network namespaces of the test bed run by pid.
+func testbedNamespaces(t *testing.T, pid int) []string {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		t.Fatalf("ip netns list: %v", err)
+	}
+	var ns []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], fmt.Sprintf("a2a-tb-%d-", pid)) {
+			ns = append(ns, f[0])
+		}
+	}
+	return ns
+}
+
+// assertTestbedClean fails unless the run of pid left no namespace and no a2ad process
+// (a2adBin is private to this test binary, so any such process is the run's).
+func assertTestbedClean(t *testing.T, pid int) {
+	t.Helper()
+	var procs []string
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		procs = procs[:0]
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			if exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe")); err == nil && exe == a2adBin {
+				procs = append(procs, e.Name())
+			}
+		}
+		if len(procs) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(procs) > 0 {
+		t.Errorf("a2ad processes left behind: pids %v", procs)
+	}
+	if ns := testbedNamespaces(t, pid); len(ns) > 0 {
+		t.Errorf("namespaces left behind: %v", ns)
+	}
+}

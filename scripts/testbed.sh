@@ -1,0 +1,578 @@
+#!/usr/bin/env bash
+# testbed.sh: a multi-host a2a job on one machine, each "host" a network namespace.
+#
+#   scripts/testbed.sh [-H HOSTS] [-L RANKS_PER_HOST] [--delay D] [--rate R] [--a2ad PATH]
+#                      [--algos A,B] [--bench-sizes S] [--bench-dist D] [--check-only]
+#                      [--timeout SECS] [--keep-logs]
+#
+# Topology (nothing outside these namespaces is touched; needs root):
+#
+#   netns a2a-tb-<pid>-br        bridge br0, ports vh0..vh<H-1>, no address
+#   netns a2a-tb-<pid>-h<i>      lo + eth0 (veth; its peer is vh<i> in the bridge namespace),
+#                                address 10.77.<pid%256>.<i+1>/24
+#
+# The subnet exists only inside these namespaces; concurrent runs each have their own
+# bridge namespace, so equal subnets never meet. <pid> is this script's process id: a later
+# run deletes namespaces whose owner is no longer a running testbed.sh (leftovers of a run
+# killed with SIGKILL), together with every process still inside them.
+#
+# Link shaping: --delay D is the one-way latency between two hosts (so RTT = 2D), --rate R
+# the speed of every host's link in each direction. Both are applied as `tc netem delay D/2
+# rate R` on both ends of each host's link (egress of eth0 in the host namespace and egress
+# of vh<i> in the bridge namespace): a host's traffic to another crosses its own eth0 and the
+# other's vh, D/2 each. Ranks of one host talk over lo, unshaped. --rate without --delay
+# uses tbf when the kernel lacks netem; --delay needs sch_netem (exit 2 without it).
+#
+# Steps: namespaces and links; `a2ad serve` (NATS + control service) in h0 on
+# 10.77.x.1:4222; correctness: for every algorithm of --algos an AllToAllV bench with --check
+# over sizes 0,1,1K,64K (zipf:1.1 traffic), then AllToAll once, every host running
+# `a2ad run -n L` with A2A_HOST=host<i>, all hosts in parallel; rank 0's rows must all say
+# check=ok. Then (unless --check-only) a short benchmark per algorithm over --bench-sizes,
+# printing rank 0's rows. An algorithm a2ad rejects is reported and skipped. Teardown runs
+# on every exit (EXIT, INT, TERM): every process in the namespaces is killed and every
+# namespace deleted (which destroys the veths).
+#
+# The environment reaches the ranks (a2ad run passes it on), so A2A_STREAMS, A2A_WINDOW, ...
+# tune the runs. All "hosts" share this machine's cores: with more ranks than cores the
+# script sets A2A_SPIN=-1ns (no busy-polling) unless A2A_SPIN is set.
+#
+# Exit status: 0 all checks passed; 1 a check failed; 2 usage or setup error (not root,
+# iproute2 missing after trying to install it, no netns, no netem for --delay, ...);
+# 128+N when stopped by signal N (after teardown).
+set -uo pipefail
+
+HOSTS=4
+LOCAL=2
+DELAY=""
+RATE=""
+A2AD=""
+ALGOS="pairwise,fullmesh"
+BENCH_SIZES="1K,64K"
+BENCH_DIST="uniform"
+CHECK_ONLY=0
+TIMEOUT=120
+KEEP_LOGS=0
+
+usage() {
+	sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+	cat <<'EOF'
+  -H HOSTS             network namespaces ("hosts"), default 4
+  -L RANKS_PER_HOST    ranks started in each, default 2
+  --delay D            one-way host-to-host latency, e.g. 200us, 1ms (tc netem)
+  --rate R             link speed per host and direction, e.g. 1gbit, 100mbit
+  --a2ad PATH          a2ad binary, default bin/a2ad of this repository (make build)
+  --algos A,B          AllToAllV algorithms to check and benchmark, default pairwise,fullmesh
+  --bench-sizes S      per-peer sizes of the benchmark (a2ad bench --sizes), default 1K,64K
+  --bench-dist D       traffic of the benchmark (a2ad bench --dist), default uniform
+  --check-only         correctness only, no benchmark
+  --timeout SECS       limit of one job (all hosts), default 120
+  --keep-logs          keep the per-host logs (their directory is printed)
+EOF
+}
+
+say() { printf 'testbed: %s\n' "$*"; }
+warn() { printf 'testbed: %s\n' "$*" >&2; }
+die() {
+	local code=$1
+	shift
+	warn "$*"
+	exit "$code"
+}
+
+# join_by SEP WORDS... prints the words separated by SEP.
+join_by() {
+	local sep=$1 out=""
+	shift
+	for w in "$@"; do
+		out+="${out:+$sep}$w"
+	done
+	printf '%s' "$out"
+}
+
+# now_us is the wall clock in microseconds.
+now_us() { echo "${EPOCHREALTIME/./}"; }
+# secs formats a microsecond interval as seconds with two decimals.
+secs() { printf '%d.%02ds' $(($1 / 1000000)) $(($1 % 1000000 / 10000)); }
+
+# ---- arguments ----------------------------------------------------------------------------
+
+need_arg() { [ "$2" -ge 2 ] || die 2 "$1 needs a value (see --help)"; }
+while [ $# -gt 0 ]; do
+	opt=$1
+	val=""
+	case $opt in
+	--*=*)
+		val=${opt#*=}
+		opt=${opt%%=*}
+		set -- "$opt" "$val" "${@:2}"
+		;;
+	esac
+	case $opt in
+	-H | --hosts) need_arg "$opt" $#; HOSTS=$2; shift 2 ;;
+	-L | --ranks-per-host) need_arg "$opt" $#; LOCAL=$2; shift 2 ;;
+	--delay) need_arg "$opt" $#; DELAY=$2; shift 2 ;;
+	--rate) need_arg "$opt" $#; RATE=$2; shift 2 ;;
+	--a2ad) need_arg "$opt" $#; A2AD=$2; shift 2 ;;
+	--algos) need_arg "$opt" $#; ALGOS=$2; shift 2 ;;
+	--bench-sizes) need_arg "$opt" $#; BENCH_SIZES=$2; shift 2 ;;
+	--bench-dist) need_arg "$opt" $#; BENCH_DIST=$2; shift 2 ;;
+	--check-only) CHECK_ONLY=1; shift ;;
+	--timeout) need_arg "$opt" $#; TIMEOUT=$2; shift 2 ;;
+	--keep-logs) KEEP_LOGS=1; shift ;;
+	-h | --help) usage; exit 0 ;;
+	*) usage >&2; die 2 "unknown argument: $opt" ;;
+	esac
+done
+
+is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
+if ! is_uint "$HOSTS" || [ "$HOSTS" -lt 1 ] || [ "$HOSTS" -gt 200 ]; then
+	die 2 "-H $HOSTS: need 1..200 hosts"
+fi
+if ! is_uint "$LOCAL" || [ "$LOCAL" -lt 1 ]; then
+	die 2 "-L $LOCAL: need at least one rank per host"
+fi
+if ! is_uint "$TIMEOUT" || [ "$TIMEOUT" -lt 1 ]; then
+	die 2 "--timeout $TIMEOUT: seconds >= 1"
+fi
+[ -n "$ALGOS" ] || die 2 "--algos is empty"
+IFS=, read -r -a ALGO_LIST <<<"$ALGOS"
+for a in "${ALGO_LIST[@]}"; do
+	[[ $a =~ ^[a-z0-9_-]+$ ]] || die 2 "--algos: bad algorithm name '$a'"
+done
+
+# Delay in microseconds, halved per link end (printed with a .5 when odd).
+DELAY_US=0
+if [ -n "$DELAY" ]; then
+	if [[ $DELAY =~ ^([0-9]+)(us|ms|s)$ ]]; then
+		case ${BASH_REMATCH[2]} in
+		us) DELAY_US=$((10#${BASH_REMATCH[1]})) ;;
+		ms) DELAY_US=$((10#${BASH_REMATCH[1]} * 1000)) ;;
+		s) DELAY_US=$((10#${BASH_REMATCH[1]} * 1000000)) ;;
+		esac
+	else
+		die 2 "--delay $DELAY: want N followed by us, ms or s (e.g. 200us)"
+	fi
+fi
+HALF_DELAY="$((DELAY_US / 2)).$((DELAY_US % 2 * 5))us"
+
+# Rate in bytes per second (tc units: bit = bits/s, bps = bytes/s), for tbf's burst.
+RATE_BPS=0
+if [ -n "$RATE" ]; then
+	RATE=${RATE,,}
+	if [[ $RATE =~ ^([0-9]+)([kmgt]?)(bit|bps)$ ]]; then
+		n=$((10#${BASH_REMATCH[1]}))
+		case ${BASH_REMATCH[2]} in
+		k) n=$((n * 1000)) ;;
+		m) n=$((n * 1000000)) ;;
+		g) n=$((n * 1000000000)) ;;
+		t) n=$((n * 1000000000000)) ;;
+		esac
+		[ "${BASH_REMATCH[3]}" = bit ] && n=$((n / 8))
+		RATE_BPS=$n
+	fi
+	[ "$RATE_BPS" -gt 0 ] || die 2 "--rate $RATE: want N followed by bit, kbit, mbit, gbit (or bps, kbps, ...)"
+fi
+
+# ---- prerequisites --------------------------------------------------------------------------
+
+[ "$(id -u)" = 0 ] || die 2 "needs root for network namespaces (run with sudo)"
+if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
+	warn "iproute2 missing: installing it with apt-get"
+	if command -v apt-get >/dev/null 2>&1; then
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 >/dev/null 2>&1
+	fi
+	if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
+		die 2 "iproute2 (ip, tc) missing and apt-get could not install it"
+	fi
+fi
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+[ -n "$A2AD" ] || A2AD=$ROOT/bin/a2ad
+case $A2AD in /*) ;; *) A2AD=$PWD/$A2AD ;; esac
+[ -x "$A2AD" ] || die 2 "a2ad binary $A2AD not found: run make build, or pass --a2ad PATH"
+
+# Started processes get SIGTERM if this shell dies without running its traps (SIGKILL).
+PDEATH=()
+if [[ $(setpriv --help 2>&1) == *--pdeathsig* ]]; then
+	PDEATH=(setpriv --pdeathsig TERM)
+fi
+
+# ---- teardown -------------------------------------------------------------------------------
+
+RUN=$$
+PFX=a2a-tb-$RUN
+BRNS=$PFX-br
+NET=10.77.$((RUN % 256))
+NAMESPACES=() # created by this run, bridge last
+PIDS=()       # background processes started by this run
+LOGDIR=""
+CLEANED=0
+
+# kill_ns_procs kills every process inside the given namespaces: SIGTERM, then SIGKILL
+# after 3 s for those still there.
+kill_ns_procs() {
+	local ns pids=() more p
+	for ns in "$@"; do
+		mapfile -t more < <(ip netns pids "$ns" 2>/dev/null)
+		pids+=("${more[@]}")
+	done
+	[ ${#pids[@]} -gt 0 ] || return 0
+	kill -TERM "${pids[@]}" 2>/dev/null
+	for _ in $(seq 30); do
+		local alive=()
+		for p in "${pids[@]}"; do
+			kill -0 "$p" 2>/dev/null && alive+=("$p")
+		done
+		[ ${#alive[@]} -gt 0 ] || return 0
+		pids=("${alive[@]}")
+		sleep 0.1
+	done
+	kill -KILL "${pids[@]}" 2>/dev/null
+	return 0
+}
+
+cleanup() {
+	[ "$CLEANED" = 1 ] && return
+	CLEANED=1
+	local p ns
+	for p in "${PIDS[@]}"; do
+		kill -TERM "$p" 2>/dev/null
+	done
+	kill_ns_procs "${NAMESPACES[@]}"
+	for p in "${PIDS[@]}"; do
+		kill -KILL "$p" 2>/dev/null
+		wait "$p" 2>/dev/null
+	done
+	for ns in "${NAMESPACES[@]}"; do
+		ip netns del "$ns" 2>/dev/null || warn "could not delete namespace $ns"
+	done
+	if [ -n "$LOGDIR" ]; then
+		if [ "$KEEP_LOGS" = 1 ]; then
+			warn "logs kept in $LOGDIR"
+		else
+			rm -rf "$LOGDIR"
+		fi
+	fi
+}
+
+# shellcheck disable=SC2317 # called by the traps below
+on_signal() {
+	warn "interrupted by SIG$1: tearing down"
+	cleanup
+	trap - "$1"
+	exit $((128 + $2))
+}
+trap cleanup EXIT
+trap 'on_signal INT 2' INT
+trap 'on_signal TERM 15' TERM
+trap 'on_signal HUP 1' HUP
+
+# Leftovers of earlier runs whose owner is gone (killed with SIGKILL, machine rebooted
+# processes, ...): a namespace a2a-tb-<pid>-* whose <pid> is not a running testbed.sh.
+owner_alive() {
+	grep -qa 'testbed\.sh' "/proc/$1/cmdline" 2>/dev/null
+}
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^a2a-tb-[0-9]+-'); do
+	owner=${ns#a2a-tb-}
+	owner=${owner%%-*}
+	[ "$owner" = "$RUN" ] && continue
+	owner_alive "$owner" && continue
+	kill_ns_procs "$ns"
+	ip netns del "$ns" 2>/dev/null && warn "removed leftover namespace $ns (run $owner is gone)"
+done
+for dir in "${TMPDIR:-/tmp}"/a2a-tb.[0-9]*.*; do
+	[ -d "$dir" ] || continue
+	owner=${dir##*/a2a-tb.}
+	owner=${owner%%.*}
+	owner_alive "$owner" || rm -rf "$dir"
+done
+
+# ---- namespaces and links -------------------------------------------------------------------
+
+T0=$(now_us)
+LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/a2a-tb.$RUN.XXXXXX") || die 2 "mktemp failed"
+host_ns() { echo "$PFX-h$1"; }
+host_ip() { echo "$NET.$(($1 + 1))"; }
+H0IP=$(host_ip 0)
+NATS_URL=nats://$H0IP:4222
+WORLD=$((HOSTS * LOCAL))
+
+# setup runs one setup command, exiting 2 with its error output when it fails.
+setup() {
+	local out
+	if ! out=$("$@" 2>&1); then
+		die 2 "setup failed: $*: $out"
+	fi
+}
+
+# shape puts the link emulation on one end of a host's link: shape NS DEV.
+shape() {
+	local ns=$1 dev=$2
+	[ -n "$DELAY$RATE" ] || return 0
+	if [ "$USE_NETEM" = 1 ]; then
+		local args=(netem)
+		[ -n "$DELAY" ] && args+=(delay "$HALF_DELAY")
+		[ -n "$RATE" ] && args+=(rate "$RATE")
+		setup tc -n "$ns" qdisc replace dev "$dev" root "${args[@]}"
+		return 0
+	fi
+	# tbf: burst of 1 ms at the rate (at least 64 KiB so one GSO packet fits).
+	local burst=$((RATE_BPS / 1000))
+	[ "$burst" -ge 65536 ] || burst=65536
+	setup tc -n "$ns" qdisc replace dev "$dev" root tbf rate "$RATE" burst "$burst" latency 100ms
+}
+
+setup ip netns add "$BRNS"
+NAMESPACES+=("$BRNS")
+setup ip -n "$BRNS" link set lo up
+setup ip -n "$BRNS" link add br0 type bridge
+setup ip -n "$BRNS" link set br0 up
+
+# netem shapes when the kernel has it (probed on br0, which carries no shaping itself);
+# without it --delay is impossible and --rate falls back to tbf.
+USE_NETEM=0
+if [ -n "$DELAY$RATE" ]; then
+	modprobe sch_netem >/dev/null 2>&1 # built in, or no modules at all: the probe decides
+	if tc -n "$BRNS" qdisc replace dev br0 root netem delay 1us >/dev/null 2>&1; then
+		USE_NETEM=1
+		setup tc -n "$BRNS" qdisc del dev br0 root
+	elif [ -n "$DELAY" ]; then
+		die 2 "--delay needs tc netem, which this kernel lacks (CONFIG_NET_SCH_NETEM / module sch_netem)"
+	else
+		warn "this kernel lacks tc netem: shaping --rate $RATE with tbf"
+	fi
+fi
+for ((i = 0; i < HOSTS; i++)); do
+	ns=$(host_ns "$i")
+	setup ip netns add "$ns"
+	NAMESPACES=("$ns" "${NAMESPACES[@]}")
+	setup ip -n "$ns" link set lo up
+	setup ip -n "$ns" link add eth0 type veth peer name "vh$i" netns "$BRNS"
+	setup ip -n "$ns" addr add "$(host_ip "$i")/24" dev eth0
+	setup ip -n "$ns" link set eth0 up
+	setup ip -n "$BRNS" link set "vh$i" master br0
+	setup ip -n "$BRNS" link set "vh$i" up
+	shape "$ns" eth0
+	shape "$BRNS" "vh$i"
+done
+SHAPING="none"
+if [ -n "$DELAY$RATE" ]; then
+	SHAPING="${DELAY:+delay $DELAY one-way ($HALF_DELAY per link end)}${DELAY:+${RATE:+, }}${RATE:+rate $RATE per direction}"
+	[ "$USE_NETEM" = 1 ] && SHAPING+=" (netem)" || SHAPING+=" (tbf)"
+fi
+# Every "host" runs on this machine's cores: a rank's automatic spin decision sees only its
+# own host's ranks, so with more ranks in all than cores spinning ranks would starve the
+# others. Spin off then, unless A2A_SPIN says otherwise.
+SPIN_NOTE=""
+if [ -z "${A2A_SPIN:-}" ] && [ "$WORLD" -gt "$(nproc)" ]; then
+	export A2A_SPIN=-1ns
+	SPIN_NOTE="; spin off (A2A_SPIN=-1ns: $WORLD ranks share $(nproc) cores)"
+fi
+say "$HOSTS hosts x $LOCAL ranks in namespaces $PFX-h0..h$((HOSTS - 1)) on $NET.0/24, bridge in $BRNS; shaping: $SHAPING$SPIN_NOTE"
+
+# ---- control plane --------------------------------------------------------------------------
+
+"${PDEATH[@]}" ip netns exec "$(host_ns 0)" "$A2AD" serve --listen "$H0IP:4222" --metrics '' \
+	>"$LOGDIR/serve.log" 2>&1 &
+SERVE_PID=$!
+PIDS+=("$SERVE_PID")
+# Wait until every host reaches the NATS port: the server listens and every link works.
+deadline=$((SECONDS + 15))
+for ((i = 0; i < HOSTS; i++)); do
+	until timeout 2 ip netns exec "$(host_ns "$i")" bash -c "exec 3<>/dev/tcp/$H0IP/4222" 2>/dev/null; do
+		kill -0 "$SERVE_PID" 2>/dev/null || die 2 "a2ad serve exited in $(host_ns 0): $(tail -n 5 "$LOGDIR/serve.log")"
+		[ "$SECONDS" -lt "$deadline" ] || die 2 "host $i ($(host_ns "$i")) cannot reach the control plane at $H0IP:4222 after 15s"
+		sleep 0.1
+	done
+done
+T_SETUP=$(($(now_us) - T0))
+say "control plane at $NATS_URL in $(host_ns 0); setup took $(secs "$T_SETUP")"
+
+# ---- jobs -----------------------------------------------------------------------------------
+
+SECRET=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+JOB=0
+FAILED=()   # "name: reason" of failed checks
+REJECTED=() # algorithms a2ad rejected
+JOB_US=0    # duration of the last job
+ROW_RE='^\[rank 0\] +[0-9]+ +[0-9]+ '
+
+# run_job NAME BENCH_ARGS...: runs `a2ad bench --worker BENCH_ARGS` as one job of H*L
+# ranks, every host's ranks started by `a2ad run` in its namespace, all hosts in parallel.
+# Returns 0 when every host's run exits 0, 3 when a2ad rejected the --algo, 1 otherwise
+# (FAILED names the hosts). Logs: $LOGDIR/<job>.h<i>.{out,err}.
+run_job() {
+	local name=$1
+	shift
+	JOB=$((JOB + 1))
+	local tag="$JOB.${name//\//-}" group="tb$RUN-$JOB-${name//\//-}" i
+	local pids=() st=() t0
+	t0=$(now_us)
+	for ((i = 0; i < HOSTS; i++)); do
+		"${PDEATH[@]}" ip netns exec "$(host_ns "$i")" \
+			env A2A_HOST="host$i" A2A_LISTEN="$(host_ip "$i"):0" \
+			"$A2AD" run -n "$LOCAL" --world "$WORLD" --rank-offset $((i * LOCAL)) \
+			--nats "$NATS_URL" --group "$group" --secret "$SECRET" --bind none -- \
+			"$A2AD" bench --worker "$@" \
+			>"$LOGDIR/$tag.h$i.out" 2>"$LOGDIR/$tag.h$i.err" &
+		pids[i]=$!
+		PIDS+=("$!")
+		st[i]=""
+	done
+	# Wait for all; once one host failed the others get 5 s to notice (they fail with
+	# peer lost / aborted) before they are stopped; the whole job gets --timeout.
+	local remaining=$HOSTS first_fail="" failed_at=0 stopped=0 timed_out=0 cut=()
+	local deadline=$((SECONDS + TIMEOUT))
+	while [ "$remaining" -gt 0 ]; do
+		for ((i = 0; i < HOSTS; i++)); do
+			[ -z "${st[i]}" ] || continue
+			kill -0 "${pids[i]}" 2>/dev/null && continue
+			wait "${pids[i]}"
+			st[i]=$?
+			remaining=$((remaining - 1))
+			if [ "${st[i]}" != 0 ] && [ -z "$first_fail" ] && [ "$stopped" = 0 ]; then
+				first_fail=$i
+				failed_at=$SECONDS
+			fi
+		done
+		[ "$remaining" -gt 0 ] || break
+		if [ "$stopped" = 0 ] && { [ -n "$first_fail" ] && [ $((SECONDS - failed_at)) -ge 5 ] || [ "$SECONDS" -ge "$deadline" ]; }; then
+			[ -z "$first_fail" ] && timed_out=1
+			stopped=$SECONDS
+			for ((i = 0; i < HOSTS; i++)); do
+				[ -n "${st[i]}" ] && continue
+				cut[i]=1
+				kill -TERM "${pids[i]}" 2>/dev/null
+			done
+		elif [ "$stopped" != 0 ] && [ $((SECONDS - stopped)) -ge 5 ]; then
+			for ((i = 0; i < HOSTS; i++)); do
+				[ -n "${st[i]}" ] || kill -KILL "${pids[i]}" 2>/dev/null
+			done
+		fi
+		sleep 0.05
+	done
+	JOB_US=$(($(now_us) - t0))
+	# a2ad validates --algo when a rank joins: every rank fails at once with this message.
+	local rej
+	if [ -n "$first_fail" ] && rej=$(grep -h -E 'invalid argument.*(A2A_ALGO|algorithm)' "$LOGDIR/$tag".h*.err); then
+		rej=${rej%%$'\n'*}
+		REJECT_MSG=${rej#\[rank *\] }
+		return 3
+	fi
+	local failed=() hung=()
+	for ((i = 0; i < HOSTS; i++)); do
+		if [ -n "${cut[i]:-}" ]; then
+			hung+=("host $i")
+		elif [ "${st[i]}" != 0 ]; then
+			failed+=("host $i ($(host_ns "$i")) exit ${st[i]}")
+		fi
+	done
+	[ ${#failed[@]} -gt 0 ] || [ ${#hung[@]} -gt 0 ] || return 0
+	local list why
+	if [ "$timed_out" = 1 ]; then
+		list=$(join_by ", " "${hung[@]}")
+		why="$list still running after --timeout ${TIMEOUT}s (stopped)"
+	else
+		list=$(join_by ", " "${failed[@]}")
+		why="failed: $list"
+		[ ${#hung[@]} -gt 0 ] && why+="; $(join_by ", " "${hung[@]}") stopped 5s later"
+	fi
+	FAILED+=("$name: $why")
+	warn "FAIL $name: $why"
+	if [ -n "$first_fail" ]; then
+		warn "  stderr of host $first_fail ($(host_ns "$first_fail")), the first to fail:"
+		tail -n 15 "$LOGDIR/$tag.h$first_fail.err" | sed 's/^/    /' >&2
+	fi
+	return 1
+}
+
+# rows prints rank 0's output of the last job's host 0 without the rank prefix.
+rows() { sed -n 's/^\[rank 0\] //p' "$LOGDIR/$JOB.${1//\//-}.h0.out"; }
+
+# check_rows NAME NROWS: rank 0 printed NROWS rows, all with check=ok.
+check_rows() {
+	local name=$1 want=$2 out="$LOGDIR/$JOB.${1//\//-}.h0.out" n bad
+	n=$(grep -cE "$ROW_RE" "$out")
+	bad=$(grep -E "$ROW_RE" "$out" | awk '$NF != "ok"' | head -n 3)
+	if [ "$n" != "$want" ] || [ -n "$bad" ] || grep -q fail "$out"; then
+		FAILED+=("$name: rank 0 (host 0) printed $n of $want rows, not all check=ok")
+		warn "FAIL $name: rank 0 (host 0, $(host_ns 0)) printed $n of $want rows, want all check=ok:"
+		sed 's/^/    /' "$out" >&2
+		return 1
+	fi
+	return 0
+}
+
+CHECK_SIZES="0,1,1K,64K"
+N_CHECK_SIZES=4
+CHECK_ARGS=(--sizes "$CHECK_SIZES" --check --iters 20 --warmup 2)
+ACCEPTED=()
+CHECKED=()
+T1=$(now_us)
+say "correctness: AllToAllV over sizes $CHECK_SIZES (zipf:1.1) per algorithm, then AllToAll; $WORLD ranks"
+for algo in "${ALGO_LIST[@]}"; do
+	name="alltoallv/$algo"
+	run_job "$name" --op alltoallv --algo "$algo" --dist zipf:1.1 "${CHECK_ARGS[@]}"
+	case $? in
+	3)
+		REJECTED+=("$algo")
+		warn "a2ad rejects algorithm '$algo': $REJECT_MSG (skipped)"
+		continue
+		;;
+	0)
+		ACCEPTED+=("$algo")
+		if check_rows "$name" "$N_CHECK_SIZES"; then
+			CHECKED+=("$algo")
+			say "ok   $name in $(secs "$JOB_US")"
+			rows "$name" | grep -v '^#' | sed 's/^/    /'
+		fi
+		;;
+	*) ACCEPTED+=("$algo") ;;
+	esac
+done
+if [ ${#ACCEPTED[@]} -eq 0 ]; then
+	die 2 "a2ad accepts none of --algos $ALGOS"
+fi
+name="alltoall"
+if run_job "$name" --op alltoall "${CHECK_ARGS[@]}"; then
+	if check_rows "$name" "$N_CHECK_SIZES"; then
+		CHECKED+=("alltoall")
+		say "ok   $name in $(secs "$JOB_US")"
+		rows "$name" | grep -v '^#' | sed 's/^/    /'
+	fi
+fi
+T_CHECK=$(($(now_us) - T1))
+
+# ---- benchmark ------------------------------------------------------------------------------
+
+BENCHED=()
+T_BENCH=0
+if [ "$CHECK_ONLY" = 0 ] && [ ${#FAILED[@]} -eq 0 ]; then
+	T2=$(now_us)
+	for algo in "${ACCEPTED[@]}"; do
+		name="bench/$algo"
+		say "benchmark: alltoallv algo=$algo hosts=$HOSTS ranks/host=$LOCAL dist=$BENCH_DIST shaping: $SHAPING"
+		if run_job "$name" --op alltoallv --algo "$algo" --dist "$BENCH_DIST" --sizes "$BENCH_SIZES"; then
+			rows "$name"
+			BENCHED+=("$algo")
+		fi
+	done
+	T_BENCH=$(($(now_us) - T2))
+elif [ "$CHECK_ONLY" = 0 ]; then
+	warn "benchmark skipped: correctness failed"
+fi
+
+# ---- teardown and summary -------------------------------------------------------------------
+
+cleanup
+T_ALL=$(($(now_us) - T0))
+join() { [ $# -gt 0 ] && join_by , "$@" || echo none; }
+times="setup $(secs "$T_SETUP"), checks $(secs "$T_CHECK")"
+[ "$CHECK_ONLY" = 1 ] || times+=", bench $(secs "$T_BENCH")"
+detail="hosts=$HOSTS ranks/host=$LOCAL shaping=[$SHAPING] checked=[$(join "${CHECKED[@]}")] benchmarked=[$(join "${BENCHED[@]}")] rejected=[$(join "${REJECTED[@]}")]; $times, total $(secs "$T_ALL")"
+if [ ${#FAILED[@]} -gt 0 ]; then
+	say "FAIL ${#FAILED[@]} check(s): $(join_by "; " "${FAILED[@]}"); $detail"
+	exit 1
+fi
+say "PASS $detail"
+exit 0
