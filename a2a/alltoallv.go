@@ -3,6 +3,7 @@ package a2a
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"time"
 
 	"a2a/a2a/algo"
@@ -22,7 +23,7 @@ func (c *Comm) AllToAllV(ctx context.Context, send []byte, sendCounts []int, rec
 	if err != nil {
 		return err
 	}
-	a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, sendCounts, recv, recvCounts)
+	a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, sendCounts, recv, recvCounts, nil)
 	err = c.end(err)
 	c.observe("alltoallv", a, seq, sendCounts, recvCounts, start, err)
 	return err
@@ -45,7 +46,7 @@ func (c *Comm) AllToAll(ctx context.Context, send, recv []byte) error {
 		for i := range c.equalSend {
 			c.equalSend[i], c.equalRecv[i] = block, block
 		}
-		a, err = c.alltoallv(ctx, transport.OpAllToAll, seq, deadline, send, c.equalSend, recv, c.equalRecv)
+		a, err = c.alltoallv(ctx, transport.OpAllToAll, seq, deadline, send, c.equalSend, recv, c.equalRecv, nil)
 	}
 	err = c.end(err)
 	c.observe("alltoall", a, seq, c.equalSend, c.equalRecv, start, err)
@@ -81,7 +82,7 @@ func (c *Comm) inBand(ctx context.Context, seq uint64, deadline time.Time, send 
 		binary.LittleEndian.PutUint64(c.countsOut[8*j:], uint64(n))
 		c.equalSend[j], c.equalRecv[j] = 8, 8
 	}
-	if _, err := c.alltoallv(ctx, transport.OpCounts, seq, deadline, c.countsOut, c.equalSend, c.countsIn, c.equalRecv); err != nil {
+	if _, err := c.alltoallv(ctx, transport.OpCounts, seq, deadline, c.countsOut, c.equalSend, c.countsIn, c.equalRecv, nil); err != nil {
 		return algo.AlgoAuto, err
 	}
 	total := 0
@@ -92,7 +93,7 @@ func (c *Comm) inBand(ctx context.Context, seq uint64, deadline time.Time, send 
 	if total > len(recv) {
 		return algo.AlgoAuto, fault.New(fault.ErrInvalidArgument, c.rank, "AllToAllVInBand: peers send %d bytes, recv holds %d", total, len(recv))
 	}
-	return c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, sendCounts, recv, recvCounts)
+	return c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, sendCounts, recv, recvCounts, nil)
 }
 
 // ExchangeCounts sends sendCounts[j] (what this rank will send rank j) through
@@ -133,8 +134,9 @@ func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matri
 	return err
 }
 
-// alltoallv validates, plans and runs one AllToAllV-shaped exchange.
-func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64, deadline time.Time, send []byte, sendCounts []int, recv []byte, recvCounts []int) (algo.Algo, error) {
+// alltoallv validates, plans and runs one AllToAllV-shaped exchange. matrix,
+// when not nil, is the global traffic matrix every rank holds identically.
+func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64, deadline time.Time, send []byte, sendCounts []int, recv []byte, recvCounts []int, matrix []int) (algo.Algo, error) {
 	if err := c.checkCounts("send", sendCounts, len(send)); err != nil {
 		return algo.AlgoAuto, err
 	}
@@ -145,21 +147,115 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 		return algo.AlgoAuto, fault.New(fault.ErrInvalidArgument, c.rank, "sendCounts[self]=%d != recvCounts[self]=%d", sendCounts[c.rank], recvCounts[c.rank])
 	}
 	a := c.algo // forced, or chosen at join from inputs every rank shares
+	switch {
+	case kind == transport.OpCounts && a == algo.AlgoStaged:
+		a = algo.AlgoFullmesh // the small counts exchanges that staged itself relies on
+	case matrix != nil && c.cfg.Algo == "":
+		a = c.chooseForMatrix(matrix)
+	}
+	var err error
+	if a == algo.AlgoStaged {
+		if matrix == nil {
+			if matrix, err = c.gatherMatrix(ctx, seq, deadline, sendCounts); err != nil {
+				return a, err
+			}
+		}
+		err = algo.PlanStaged(&c.sched, algo.StagedArgs{Rank: c.rank, World: c.size, Matrix: matrix, Hosts: c.hosts, Streams: c.cfg.Streams})
+		if errors.Is(err, algo.ErrUnevenHosts) {
+			// Every rank sees the same hosts, so every rank falls back alike.
+			c.unevenOnce.Do(func() { c.log.Warn("a2a: staged needs equal ranks per host; using fullmesh", "err", err) })
+			a, err = algo.AlgoFullmesh, nil
+		}
+	}
 	c.lastAlgo = a
 	args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts, Streams: c.cfg.Streams, Window: c.cfg.Window}
-	var err error
-	if a == algo.AlgoPairwise {
+	switch {
+	case err != nil:
+	case a == algo.AlgoPairwise:
 		err = algo.PlanPairwise(&c.sched, args)
-	} else {
+	case a == algo.AlgoFullmesh:
 		err = algo.PlanFullmesh(&c.sched, args)
 	}
 	if err != nil {
 		return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", a)
 	}
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = send, recv
-	err = c.eng.run(ctx, kind, seq, &c.sched, &c.bufs, deadline)
+	err = c.eng.run(ctx, kind, seq, 0, &c.sched, &c.bufs, deadline)
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
 	return a, err
+}
+
+// stagedMaxPairBytes: with the whole matrix known, auto selection prefers the
+// staged algorithm across several hosts while the mean message is at most this
+// big, where the exchange is bound by per-message latency on the inter-host
+// links (staged sends H-1 network messages per rank instead of (H-1)L).
+const stagedMaxPairBytes = 64 << 10
+
+// chooseForMatrix picks an algorithm from the global matrix; every rank holds
+// the same matrix and hosts, so every rank picks the same one.
+func (c *Comm) chooseForMatrix(matrix []int) algo.Algo {
+	if c.numHosts > 1 && c.numHosts < c.size {
+		total := 0
+		for _, v := range matrix {
+			total += v
+		}
+		if total/len(matrix) <= stagedMaxPairBytes {
+			return algo.AlgoStaged
+		}
+	}
+	return algo.ChooseAllToAllV(c.size, c.cfg.Streams, c.cfg.Window, matrix, algo.DefaultLink())
+}
+
+// gatherMatrix builds the global traffic matrix on the data plane: every rank
+// sends its row of counts to every rank (an all-to-all of Size*8-byte blocks).
+func (c *Comm) gatherMatrix(ctx context.Context, seq uint64, deadline time.Time, sendCounts []int) ([]int, error) {
+	n := c.size
+	if c.matrix == nil {
+		c.matrix = make([]int, n*n)
+		c.rowsOut = make([]byte, 8*n*n)
+		c.rowsIn = make([]byte, 8*n*n)
+		c.rowCounts = make([]int, n)
+	}
+	for j := range n {
+		for k, v := range sendCounts {
+			binary.LittleEndian.PutUint64(c.rowsOut[8*(j*n+k):], uint64(v))
+		}
+		c.rowCounts[j] = 8 * n
+	}
+	if _, err := c.alltoallv(ctx, transport.OpCounts, seq, deadline, c.rowsOut, c.rowCounts, c.rowsIn, c.rowCounts, nil); err != nil {
+		return nil, err
+	}
+	for i := range c.matrix {
+		c.matrix[i] = int(binary.LittleEndian.Uint64(c.rowsIn[8*i:]))
+	}
+	return c.matrix, nil
+}
+
+// AllToAllVMatrix is AllToAllV for callers that hold the whole traffic matrix
+// (ExchangeCountsMatrix gives every rank the same one): matrix[i*Size+j] is
+// what rank i sends rank j, so this rank sends row Rank and receives column
+// Rank. Knowing everyone's traffic lets the ranks agree, with no extra round,
+// on algorithms that need it: the staged two-level exchange across hosts and
+// the cost model's pick for this very matrix.
+func (c *Comm) AllToAllVMatrix(ctx context.Context, send, recv []byte, matrix []int) error {
+	start := time.Now()
+	seq, deadline, err := c.begin(ctx)
+	if err != nil {
+		return err
+	}
+	var a algo.Algo
+	n := c.size
+	if len(matrix) != n*n {
+		err = fault.New(fault.ErrInvalidArgument, c.rank, "len(matrix)=%d, want %d", len(matrix), n*n)
+	} else {
+		for j := range n {
+			c.matSend[j], c.matRecv[j] = matrix[c.rank*n+j], matrix[j*n+c.rank]
+		}
+		a, err = c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, c.matSend, recv, c.matRecv, matrix)
+	}
+	err = c.end(err)
+	c.observe("alltoallv", a, seq, c.matSend, c.matRecv, start, err)
+	return err
 }
 
 // checkCounts validates a counts vector against a buffer of length n (n < 0: no buffer).

@@ -35,15 +35,17 @@ import (
 // the group calls the same ones in the same order. A Comm runs one operation at
 // a time; concurrent calls are serialised.
 type Comm struct {
-	cfg    Config
-	log    *slog.Logger
-	algo   algo.Algo
-	nc     *nats.Conn
-	member *control.Member
-	tr     transport.Transport
-	eng    *engine
-	rank   int
-	size   int
+	cfg  Config
+	log  *slog.Logger
+	algo algo.Algo
+	// allReduceAlgo is forced by A2A_ALGO_ALLREDUCE, or auto.
+	allReduceAlgo algo.Algo
+	nc            *nats.Conn
+	member        *control.Member
+	tr            transport.Transport
+	eng           *engine
+	rank          int
+	size          int
 
 	mu       sync.Mutex // one operation at a time; guards everything below
 	seq      uint64
@@ -53,6 +55,17 @@ type Comm struct {
 	// scratch for AllToAll counts and the in-band counts exchange
 	equalSend, equalRecv []int
 	countsOut, countsIn  []byte
+	matSend, matRecv     []int // AllToAllVMatrix's row and column
+	// in-band matrix gathering for staged without a caller-supplied matrix
+	matrix          []int
+	rowsOut, rowsIn []byte
+	rowCounts       []int
+	unevenOnce      sync.Once
+
+	sendSeq, recvSeq []uint64      // point-to-point sequence numbers by peer
+	ringCheck        algo.Schedule // rooted collectives' agreement round
+	hosts            []int         // host ordinal of every rank (same on all ranks)
+	numHosts         int
 
 	cause   atomic.Pointer[error] // first abort cause; nil while healthy
 	closed  atomic.Bool
@@ -75,7 +88,8 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 		defer cancel()
 	}
 	a, _ := parseAlgo(cfg.Algo)
-	c := &Comm{cfg: cfg, log: cfg.Logger, algo: a}
+	ar, _ := parseAllReduceAlgo(cfg.AlgoAllReduce)
+	c := &Comm{cfg: cfg, log: cfg.Logger, algo: a, allReduceAlgo: ar}
 	if err := c.join(ctx); err != nil {
 		c.teardown()
 		return nil, err
@@ -164,7 +178,31 @@ func (c *Comm) join(ctx context.Context) error {
 	c.equalRecv = make([]int, c.size)
 	c.countsOut = make([]byte, 8*c.size)
 	c.countsIn = make([]byte, 8*c.size)
+	c.matSend, c.matRecv = make([]int, c.size), make([]int, c.size)
+	c.sendSeq, c.recvSeq = make([]uint64, c.size), make([]uint64, c.size)
+	c.ringCheck.Reset(algo.AlgoRing)
+	if c.size > 1 {
+		c.ringCheck.Add(algo.Step{Kind: algo.StepSend, Peer: (c.rank + 1) % c.size, Last: true})
+		c.ringCheck.Add(algo.Step{Kind: algo.StepRecv, Peer: (c.rank - 1 + c.size) % c.size, Last: true})
+		c.ringCheck.EndRound()
+	}
+	c.hosts, c.numHosts = hostOrdinals(m.Nodes())
 	return nil
+}
+
+// hostOrdinals numbers the hosts in order of first appearance by rank.
+func hostOrdinals(nodes []control.NodeInfo) ([]int, int) {
+	ids := map[string]int{}
+	out := make([]int, len(nodes))
+	for r, n := range nodes {
+		ord, ok := ids[n.Host]
+		if !ok {
+			ord = len(ids)
+			ids[n.Host] = ord
+		}
+		out[r] = ord
+	}
+	return out, len(ids)
 }
 
 // HostIdentity names the machine this process runs on, as ranks report it at
@@ -349,8 +387,8 @@ func parseAlgo(name string) (algo.Algo, error) {
 		return a, fault.Wrap(fault.ErrInvalidArgument, -1, err, "A2A_ALGO")
 	}
 	switch a {
-	case algo.AlgoAuto, algo.AlgoPairwise, algo.AlgoFullmesh:
+	case algo.AlgoAuto, algo.AlgoPairwise, algo.AlgoFullmesh, algo.AlgoStaged:
 		return a, nil
 	}
-	return a, fault.New(fault.ErrInvalidArgument, -1, "algorithm %q is not available for AllToAllV (auto, pairwise, fullmesh)", name)
+	return a, fault.New(fault.ErrInvalidArgument, -1, "algorithm %q is not available for AllToAllV (auto, pairwise, fullmesh, staged)", name)
 }

@@ -13,19 +13,20 @@ import (
 // Config says how a rank joins its group. ConfigFromEnv reads it from the
 // A2A_* variables that `a2ad run` sets.
 type Config struct {
-	NATSURL   string        // A2A_NATS_URL   control plane (default nats://127.0.0.1:4222)
-	Group     string        // A2A_GROUP      job name; ranks of one job share it (default "a2a")
-	Rank      int           // A2A_RANK       -1: assigned at join
-	WorldSize int           // A2A_WORLD_SIZE number of ranks in the group
-	Secret    string        // A2A_SECRET     data-plane authentication
-	Algo      string        // A2A_ALGO       "" = auto | pairwise | fullmesh
-	Streams   int           // A2A_STREAMS    connections per peer pair (default 1)
-	Window    int           // A2A_WINDOW     peers in flight at once for fullmesh (default 4)
-	Timeout   time.Duration // A2A_TIMEOUT    per-operation deadline when ctx has none (default 60s)
-	Listen    string        // A2A_LISTEN     data-plane listen address (default 127.0.0.1:0)
-	Host      string        // A2A_HOST       host identity; ranks with equal ones share memory (default HostIdentity())
-	Spin      time.Duration // A2A_SPIN       busy-poll time before yielding the core (0: 50us, or none when this host runs more ranks than cores; negative: none)
-	Yield     time.Duration // A2A_YIELD      sched_yield time before parking (default 1ms)
+	NATSURL       string        // A2A_NATS_URL   control plane (default nats://127.0.0.1:4222)
+	Group         string        // A2A_GROUP      job name; ranks of one job share it (default "a2a")
+	Rank          int           // A2A_RANK       -1: assigned at join
+	WorldSize     int           // A2A_WORLD_SIZE number of ranks in the group
+	Secret        string        // A2A_SECRET     data-plane authentication
+	Algo          string        // A2A_ALGO       "" = auto | pairwise | fullmesh | staged (AllToAllV)
+	AlgoAllReduce string        // A2A_ALGO_ALLREDUCE "" = auto | ring | recdoubling | hierarchical
+	Streams       int           // A2A_STREAMS    connections per peer pair (default 1)
+	Window        int           // A2A_WINDOW     peers in flight at once for fullmesh (default 4)
+	Timeout       time.Duration // A2A_TIMEOUT    per-operation deadline when ctx has none (default 60s)
+	Listen        string        // A2A_LISTEN     data-plane listen address (default 127.0.0.1:0)
+	Host          string        // A2A_HOST       host identity; ranks with equal ones share memory (default HostIdentity())
+	Spin          time.Duration // A2A_SPIN       busy-poll time before yielding the core (0: 50us, or none when this host runs more ranks than cores; negative: none)
+	Yield         time.Duration // A2A_YIELD      sched_yield time before parking (default 1ms)
 
 	// HeartbeatInterval and PeerTimeout tune failure detection (defaults
 	// 250ms and 1.5s: a dead rank is noticed by everyone within 3s).
@@ -39,13 +40,14 @@ type Config struct {
 // ConfigFromEnv reads a Config from the A2A_* environment variables.
 func ConfigFromEnv() (Config, error) {
 	cfg := Config{
-		NATSURL: os.Getenv("A2A_NATS_URL"),
-		Group:   os.Getenv("A2A_GROUP"),
-		Rank:    -1,
-		Secret:  os.Getenv("A2A_SECRET"),
-		Algo:    os.Getenv("A2A_ALGO"),
-		Listen:  os.Getenv("A2A_LISTEN"),
-		Host:    os.Getenv("A2A_HOST"),
+		NATSURL:       os.Getenv("A2A_NATS_URL"),
+		Group:         os.Getenv("A2A_GROUP"),
+		Rank:          -1,
+		Secret:        os.Getenv("A2A_SECRET"),
+		Algo:          os.Getenv("A2A_ALGO"),
+		AlgoAllReduce: os.Getenv("A2A_ALGO_ALLREDUCE"),
+		Listen:        os.Getenv("A2A_LISTEN"),
+		Host:          os.Getenv("A2A_HOST"),
 	}
 	ints := []struct {
 		name string
@@ -115,6 +117,9 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fault.New(fault.ErrInvalidArgument, -1, "negative duration in config")
 	}
 	if _, err := parseAlgo(cfg.Algo); err != nil {
+		return cfg, err
+	}
+	if _, err := parseAllReduceAlgo(cfg.AlgoAllReduce); err != nil {
 		return cfg, err
 	}
 	return cfg, nil

@@ -10,6 +10,7 @@ import (
 
 	"a2a/a2a/algo"
 	"a2a/a2a/internal/fault"
+	"a2a/a2a/reduce"
 	"a2a/a2a/transport"
 )
 
@@ -33,21 +34,31 @@ type engine struct {
 	yield   time.Duration
 	stopped func() error // abort cause or nil, checked while waiting
 
-	sendOps    []transport.SendOp
-	recvOps    []transport.RecvOp
-	active     []activeOp
-	copies     []localCopy // copies of the current round, done while the network is idle
-	copied     int         // copies[:copied] are done
-	sendFrames []uint32    // frames sent this op, by peer*streams+stream
-	recvFrames []uint32
+	sendOps []transport.SendOp
+	recvOps []transport.RecvOp
+	active  []activeOp
+	copies  []localCopy // copies of the current round, done while the network is idle
+	copied  int         // copies[:copied] are done
+	scratch []byte      // BufScratch, grown to the largest ScratchBytes seen
+	dtype   reduce.DType
+	op      reduce.Op
+	aux     uint64 // collective signature carried in every frame
+
+	// Bytes the last operation sent to and received from other ranks.
+	sent, received int64
+	sendFrames     []uint32 // frames sent this op, by peer*streams+stream
+	recvFrames     []uint32
 
 	// Wait attribution for the last op: the peer whose data arrived last.
 	lastPeer int
 	lastWait time.Duration
 }
 
-// localCopy is a copy step still to do; it shrinks as chunks are copied.
-type localCopy struct{ dst, src []byte }
+// localCopy is a copy or reduce step still to do; it shrinks as chunks are done.
+type localCopy struct {
+	dst, src []byte
+	reduce   bool
+}
 
 // copyChunk bounds the local copying done between two passes over the
 // network operations, so that copying never delays reading a socket for long.
@@ -55,6 +66,7 @@ const copyChunk = 256 << 10
 
 type activeOp struct {
 	send   bool
+	into   []byte // RecvReduce: reduce the landed frame into this span
 	done   bool
 	peer   int
 	stream int
@@ -84,10 +96,16 @@ func (b *opBuffers) span(s algo.Span) ([]byte, error) {
 
 // run executes s for the operation (kind, seq) and returns when every step of
 // every round is done, or at the first error.
-func (e *engine) run(ctx context.Context, kind transport.OpKind, seq uint64, s *algo.Schedule, bufs *opBuffers, deadline time.Time) error {
+func (e *engine) run(ctx context.Context, kind transport.OpKind, seq, aux uint64, s *algo.Schedule, bufs *opBuffers, deadline time.Time) error {
 	clear(e.sendFrames)
 	clear(e.recvFrames)
 	e.lastPeer, e.lastWait = -1, 0
+	e.sent, e.received = 0, 0
+	e.dtype, e.op, e.aux = reduce.DType(s.DType), reduce.Op(s.Op), aux
+	if cap(e.scratch) < s.ScratchBytes {
+		e.scratch = make([]byte, s.ScratchBytes)
+	}
+	bufs[algo.BufScratch] = e.scratch[:s.ScratchBytes]
 	start := time.Now()
 	for r := 0; r < s.NumRounds(); r++ {
 		if err := e.post(kind, seq, s.Algo, s.Round(r), bufs); err != nil {
@@ -117,14 +135,27 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 			if err != nil {
 				return err
 			}
-			if len(dst) > 0 {
+			if len(dst) > 0 && &dst[0] != &src[0] { // in-place collectives copy a buffer onto itself
 				e.copies = append(e.copies, localCopy{dst: dst, src: src})
 			}
-		case algo.StepSend, algo.StepRecv:
+		case algo.StepReduce:
+			src, err := bufs.span(st.Src)
+			if err != nil {
+				return err
+			}
+			dst, err := bufs.span(st.Dst)
+			if err != nil {
+				return err
+			}
+			if len(dst) != len(src) {
+				return fault.New(fault.ErrInvalidArgument, -1, "schedule reduces %d bytes into %d", len(src), len(dst))
+			}
+			e.copies = append(e.copies, localCopy{dst: dst, src: src, reduce: true})
+		case algo.StepSend, algo.StepRecv, algo.StepRecvReduce:
 			if st.Peer < 0 || st.Peer >= e.size || st.Peer == e.rank || st.Stream < 0 || st.Stream >= e.streams {
 				return fault.New(fault.ErrInvalidArgument, st.Peer, "schedule step %s to peer %d stream %d", st.Kind, st.Peer, st.Stream)
 			}
-			h := transport.Header{Kind: kind, Algo: uint8(a), Stream: uint16(st.Stream), Epoch: e.epoch, Seq: seq}
+			h := transport.Header{Kind: kind, Algo: uint8(a), Stream: uint16(st.Stream), Epoch: e.epoch, Seq: seq, Aux: e.aux}
 			if st.Last {
 				h.Flags = transport.FlagLast
 			}
@@ -141,13 +172,28 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 					e.sendOps = append(e.sendOps, transport.SendOp{})
 				}
 				e.sendOps[nSend].Reset(h, data)
+				e.sent += int64(len(data))
 				e.active = append(e.active, activeOp{send: true, peer: st.Peer, stream: st.Stream, idx: nSend, conn: e.tr.Conn(st.Peer, st.Stream)})
 				nSend++
 			} else {
-				dst, err := bufs.span(st.Dst)
+				landing := st.Dst
+				if st.Kind == algo.StepRecvReduce {
+					landing = st.Src
+				}
+				dst, err := bufs.span(landing)
 				if err != nil {
 					return err
 				}
+				var into []byte
+				if st.Kind == algo.StepRecvReduce {
+					if into, err = bufs.span(st.Dst); err != nil {
+						return err
+					}
+					if len(into) != len(dst) {
+						return fault.New(fault.ErrInvalidArgument, -1, "schedule reduces a %d-byte frame into %d bytes", len(dst), len(into))
+					}
+				}
+				e.received += int64(len(dst))
 				h.Src = uint32(st.Peer)
 				h.Round = e.recvFrames[slot]
 				e.recvFrames[slot]++
@@ -155,7 +201,7 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 					e.recvOps = append(e.recvOps, transport.RecvOp{})
 				}
 				e.recvOps[nRecv].Reset(h, dst, false)
-				e.active = append(e.active, activeOp{peer: st.Peer, stream: st.Stream, idx: nRecv, conn: e.tr.Conn(st.Peer, st.Stream)})
+				e.active = append(e.active, activeOp{peer: st.Peer, stream: st.Stream, idx: nRecv, into: into, conn: e.tr.Conn(st.Peer, st.Stream)})
 				nRecv++
 			}
 		default:
@@ -194,6 +240,12 @@ func (e *engine) progress(ctx context.Context, deadline, opStart time.Time) erro
 			}
 			if done {
 				a.done, moved = true, true
+				if a.into != nil {
+					// Reduce at once: the next round may forward this result.
+					if err := reduce.Reduce(e.dtype, e.op, a.into, e.recvOps[a.idx].Dst); err != nil {
+						return fault.Wrap(fault.ErrInvalidArgument, -1, err, "reduction")
+					}
+				}
 				if !a.send {
 					if w := time.Since(opStart); w >= e.lastWait {
 						e.lastPeer, e.lastWait = a.peer, w
@@ -207,11 +259,21 @@ func (e *engine) progress(ctx context.Context, deadline, opStart time.Time) erro
 			pending++
 		}
 		if pending == 0 {
-			for e.copySome() {
+			for {
+				did, err := e.copySome()
+				if err != nil {
+					return err
+				}
+				if !did {
+					return nil
+				}
 			}
-			return nil
 		}
-		if moved || e.copySome() {
+		did, err := e.copySome()
+		if err != nil {
+			return err
+		}
+		if moved || did {
 			idleStart = time.Time{}
 			continue
 		}
@@ -243,17 +305,57 @@ func (e *engine) progress(ctx context.Context, deadline, opStart time.Time) erro
 // copySome does up to copyChunk bytes of the round's local copies and
 // reports whether there was anything to copy. The engine calls it when the
 // network has nothing for it, so local copies fill the gaps of the transfers.
-func (e *engine) copySome() bool {
+func (e *engine) copySome() (bool, error) {
 	if e.copied == len(e.copies) {
-		return false
+		return false, nil
 	}
 	c := &e.copies[e.copied]
-	n := copy(c.dst[:min(len(c.dst), copyChunk)], c.src)
+	n := min(len(c.dst), copyChunk) // copyChunk is a multiple of every element size
+	if c.reduce {
+		if err := reduce.Reduce(e.dtype, e.op, c.dst[:n], c.src[:n]); err != nil {
+			return false, fault.Wrap(fault.ErrInvalidArgument, -1, err, "reduction")
+		}
+	} else {
+		copy(c.dst[:n], c.src)
+	}
 	c.dst, c.src = c.dst[n:], c.src[n:]
 	if len(c.dst) == 0 {
 		e.copied++
 	}
-	return true
+	return true, nil
+}
+
+// p2p runs one point-to-point transfer: a send of buf to peer, or a receive
+// from peer of at most len(buf) bytes (the count is returned). Its frame
+// carries the tag and a per-pair sequence number instead of the collective one.
+func (e *engine) p2p(ctx context.Context, send bool, peer, tag int, seq uint64, buf []byte, deadline time.Time) (int, error) {
+	e.active, e.copies, e.copied = e.active[:0], e.copies[:0], 0
+	e.lastPeer, e.lastWait = -1, 0
+	e.sent, e.received = 0, 0
+	h := transport.Header{Kind: transport.OpSendRecv, Flags: transport.FlagLast, Epoch: e.epoch, Seq: seq, Aux: uint64(uint32(tag))}
+	if len(e.sendOps) == 0 {
+		e.sendOps = append(e.sendOps, transport.SendOp{})
+	}
+	if len(e.recvOps) == 0 {
+		e.recvOps = append(e.recvOps, transport.RecvOp{})
+	}
+	if send {
+		h.Src = uint32(e.rank)
+		e.sendOps[0].Reset(h, buf)
+		e.sent = int64(len(buf))
+	} else {
+		h.Src = uint32(peer)
+		e.recvOps[0].Reset(h, buf, true)
+	}
+	e.active = append(e.active, activeOp{send: send, peer: peer, conn: e.tr.Conn(peer, 0)})
+	if err := e.progress(ctx, deadline, time.Now()); err != nil {
+		return 0, err
+	}
+	if send {
+		return len(buf), nil
+	}
+	e.received = int64(e.recvOps[0].N)
+	return e.recvOps[0].N, nil
 }
 
 // schedYield gives the core to another runnable thread of any process; Go's

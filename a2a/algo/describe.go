@@ -17,26 +17,30 @@ func (st Step) String() string {
 		return fmt.Sprintf("send %v[%d:%d] to %d stream %d%s", st.Src.Buf, st.Src.Off, st.Src.End(), st.Peer, st.Stream, last)
 	case StepRecv:
 		return fmt.Sprintf("recv %v[%d:%d] from %d stream %d%s", st.Dst.Buf, st.Dst.Off, st.Dst.End(), st.Peer, st.Stream, last)
+	case StepRecvReduce:
+		return fmt.Sprintf("recvreduce %v[%d:%d] from %d stream %d into %v[%d:%d]%s", st.Src.Buf, st.Src.Off, st.Src.End(), st.Peer, st.Stream, st.Dst.Buf, st.Dst.Off, st.Dst.End(), last)
 	default:
 		return fmt.Sprintf("%v %v[%d:%d] -> %v[%d:%d]", st.Kind, st.Src.Buf, st.Src.Off, st.Src.End(), st.Dst.Buf, st.Dst.Off, st.Dst.End())
 	}
 }
 
 // Describe writes a human-readable summary of the schedule (for `a2ad plan`):
-// a header, then per round the bytes sent, received and copied, and the
-// messages of the round, consecutive frames of one message folded into one
-// line.
+// a header, then per round the bytes sent, received, copied and reduced (a
+// RecvReduce counts as received and reduced), and the messages of the round,
+// consecutive frames of one message folded into one line.
 func (s *Schedule) Describe(w io.Writer) error {
 	ew := &errWriter{w: w}
 	ew.printf("%v: %s, %s, scratch %d B\n", s.Algo, plural(s.NumRounds(), "round"), plural(len(s.Steps), "step"), s.ScratchBytes)
 	for i := 0; i < s.NumRounds(); i++ {
 		steps := s.Round(i)
-		var tot [4]int
+		var tot [StepRecvReduce + 1]int
 		for _, st := range steps {
 			if int(st.Kind) < len(tot) {
 				tot[st.Kind] += stepBytes(st)
 			}
 		}
+		tot[StepRecv] += tot[StepRecvReduce]
+		tot[StepReduce] += tot[StepRecvReduce]
 		ew.printf("round %d: send %d B, recv %d B, copy %d B", i, tot[StepSend], tot[StepRecv], tot[StepCopy])
 		if tot[StepReduce] > 0 {
 			ew.printf(", reduce %d B", tot[StepReduce])
@@ -57,6 +61,8 @@ func (s *Schedule) Describe(w io.Writer) error {
 				ew.printf("  send -> %d: %d B in %s\n", st.Peer, bytes, frames)
 			case StepRecv:
 				ew.printf("  recv <- %d: %d B in %s\n", st.Peer, bytes, frames)
+			case StepRecvReduce:
+				ew.printf("  recvreduce <- %d: %d B in %s into %v\n", st.Peer, bytes, frames, st.Dst.Buf)
 			default:
 				ew.printf("  %v %v -> %v: %d B\n", st.Kind, st.Src.Buf, st.Dst.Buf, bytes)
 				k = j + 1
@@ -75,7 +81,7 @@ func (s *Schedule) String() string {
 }
 
 func stepBytes(st Step) int {
-	if st.Kind == StepSend {
+	if st.Kind == StepSend || st.Kind == StepRecvReduce {
 		return st.Src.Len
 	}
 	return st.Dst.Len

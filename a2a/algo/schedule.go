@@ -40,7 +40,13 @@ const (
 	StepSend   StepKind = iota // send Src to Peer on Stream
 	StepRecv                   // receive from Peer on Stream into Dst
 	StepCopy                   // copy Src to Dst locally
-	StepReduce                 // Dst = Dst (op) Src, elementwise (collectives issue)
+	StepReduce                 // Dst = Dst (op) Src, elementwise, locally
+	// StepRecvReduce receives a frame from Peer on Stream into the landing
+	// span Src (normally scratch) and, once it has arrived, computes
+	// Dst = Dst (op) Src. The reduction runs as soon as that frame is in,
+	// overlapping the other transfers of the round; the round ends when it
+	// is done. Src and Dst have equal lengths, a multiple of ElemSize.
+	StepRecvReduce
 )
 
 func (k StepKind) String() string {
@@ -53,6 +59,8 @@ func (k StepKind) String() string {
 		return "copy"
 	case StepReduce:
 		return "reduce"
+	case StepRecvReduce:
+		return "recvreduce"
 	}
 	return fmt.Sprintf("step(%d)", uint8(k))
 }
@@ -68,8 +76,9 @@ type Span struct {
 func (s Span) End() int { return s.Off + s.Len }
 
 // Step is one action of a round. Send uses Src; Recv uses Dst (Dst.Len is the
-// exact length expected); Copy and Reduce use both. A message larger than a
-// block travels as several frames (one Send/Recv step each); Last marks the
+// exact length expected); Copy and Reduce use both; RecvReduce receives into
+// Src (its exact length) and reduces it into Dst. A message larger than a
+// block travels as several frames (one Send, Recv or RecvReduce step each); Last marks the
 // final frame of each message, and every message has at least one frame, even
 // an empty one, so that the receiver validates every pair's length.
 type Step struct {
@@ -91,6 +100,16 @@ type Schedule struct {
 	RoundEnds    []int // round i is Steps[RoundEnds[i-1]:RoundEnds[i]] (RoundEnds[-1] = 0)
 	ScratchBytes int
 
+	// DType and Op are the element type and operator of the schedule's
+	// reduce steps. They are opaque here: the values of package reduce's
+	// DType and Op, copied from the planner's arguments (0 when the
+	// operation reduces nothing).
+	DType, Op uint8
+	// ElemSize is the size of one element in bytes. Every reduce step's
+	// length and every chunk boundary of a reducing operation is a multiple
+	// of it; 0 for operations that only move bytes (AllToAllV).
+	ElemSize int
+
 	// work is planner scratch (displacements) kept with the schedule so that
 	// re-planning into the same Schedule allocates nothing.
 	work []int
@@ -102,6 +121,7 @@ func (s *Schedule) Reset(a Algo) {
 	s.Steps = s.Steps[:0]
 	s.RoundEnds = s.RoundEnds[:0]
 	s.ScratchBytes = 0
+	s.DType, s.Op, s.ElemSize = 0, 0, 0
 }
 
 // Add appends a step to the current round.
@@ -134,7 +154,8 @@ func (s *Schedule) Round(i int) []Step {
 // running different algorithms detect it.
 type Algo uint8
 
-// Algorithms. Later issues add Staged and LL; the ids are part of the wire format.
+// Algorithms. The ids are part of the wire format: new ones go at the end.
+// Staged and LL are reserved for later AllToAllV algorithms.
 const (
 	AlgoAuto Algo = iota
 	AlgoPairwise
@@ -146,9 +167,11 @@ const (
 	AlgoTree
 	AlgoDissemination
 	AlgoDirect
+	AlgoHierarchical     // two-level: intra-host ring, inter-host ring, intra-host ring
+	AlgoScatterAllGather // broadcast as a scatter from the root and a ring allgather
 )
 
-var algoNames = [...]string{"auto", "pairwise", "fullmesh", "staged", "ll", "ring", "recdoubling", "tree", "dissemination", "direct"}
+var algoNames = [...]string{"auto", "pairwise", "fullmesh", "staged", "ll", "ring", "recdoubling", "tree", "dissemination", "direct", "hierarchical", "scatterallgather"}
 
 func (a Algo) String() string {
 	if int(a) < len(algoNames) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unsafe"
 )
 
 // Errors Simulate wraps, so tests can tell a hang from corrupted data.
@@ -20,9 +21,22 @@ var (
 	ErrBadSchedule = errors.New("algo: malformed schedule")
 )
 
-// Simulate executes the schedules of all ranks (scheds[r] is rank r's) in
+// Reducer computes dst = dst op src elementwise for the schedule's opaque
+// DType and Op (package reduce's values). The simulator takes it as a
+// function so that this package imports nothing of ours; tests build one on
+// reduce.Reduce.
+type Reducer func(dtype, op uint8, dst, src []byte) error
+
+// Simulate is SimulateWith without a Reducer: schedules with reduce steps are
+// rejected as malformed.
+func Simulate(scheds []*Schedule, send, recv [][]byte) error {
+	return SimulateWith(scheds, send, recv, nil)
+}
+
+// SimulateWith executes the schedules of all ranks (scheds[r] is rank r's) in
 // memory, on the given send and receive buffers, and reports the first way the
-// schedules would fail on a real transport.
+// schedules would fail on a real transport. Reduce and RecvReduce steps call
+// reduce with the schedule's DType and Op.
 //
 // Semantics are the strictest a transport may have, so that a schedule that
 // passes here cannot deadlock anywhere:
@@ -31,17 +45,22 @@ var (
 //   - sends and receives are matched first-to-first per (src, dst, stream);
 //   - each rank runs its rounds in order; all steps of a round are in flight
 //     together, so no step of a round may write bytes another step of that
-//     round reads or writes; Copy steps complete when their round starts;
+//     round reads or writes (a RecvReduce writes both its landing Src and its
+//     Dst); Copy and Reduce steps complete when their round starts, a
+//     RecvReduce's reduction when its frame arrives;
+//   - conflicts are found on memory, not on buffer names: a caller may pass
+//     aliased send and receive buffers (in-place collectives), and a step of
+//     one buffer then conflicts with a step of the other on the same bytes.
+//     A Copy whose source and destination are the same bytes is a no-op
+//     (the engine skips it too) and touches nothing;
 //   - the caller's send buffer is read-only; scratch buffers of
 //     Schedule.ScratchBytes are allocated per rank.
-//
-// StepReduce is not supported yet.
-func Simulate(scheds []*Schedule, send, recv [][]byte) error {
+func SimulateWith(scheds []*Schedule, send, recv [][]byte, reduce Reducer) error {
 	p := len(scheds)
 	if len(send) != p || len(recv) != p {
 		return fmt.Errorf("%w: %d schedules, %d send buffers, %d recv buffers", ErrBadSchedule, p, len(send), len(recv))
 	}
-	sim := &simulator{ranks: make([]simRank, p), chanIdx: make(map[simKey]int)}
+	sim := &simulator{ranks: make([]simRank, p), chanIdx: make(map[simKey]int), reduce: reduce}
 	for r, s := range scheds {
 		if s == nil {
 			return fmt.Errorf("%w: rank %d has no schedule", ErrBadSchedule, r)
@@ -49,11 +68,18 @@ func Simulate(scheds []*Schedule, send, recv [][]byte) error {
 		if s.Algo != scheds[0].Algo {
 			return fmt.Errorf("%w: rank %d runs %v, rank 0 runs %v", ErrMismatch, r, s.Algo, scheds[0].Algo)
 		}
+		if s0 := scheds[0]; s.DType != s0.DType || s.Op != s0.Op || s.ElemSize != s0.ElemSize {
+			return fmt.Errorf("%w: rank %d reduces dtype %d op %d elem %d, rank 0 dtype %d op %d elem %d",
+				ErrMismatch, r, s.DType, s.Op, s.ElemSize, s0.DType, s0.Op, s0.ElemSize)
+		}
 		if s.ScratchBytes < 0 {
 			return fmt.Errorf("%w: rank %d: scratch %d bytes", ErrBadSchedule, r, s.ScratchBytes)
 		}
 		sim.ranks[r].s = s
 		sim.ranks[r].bufs = [3][]byte{BufSend: send[r], BufRecv: recv[r], BufScratch: make([]byte, s.ScratchBytes)}
+		for b, buf := range sim.ranks[r].bufs {
+			sim.ranks[r].base[b] = uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+		}
 	}
 	for r := range sim.ranks {
 		if err := sim.load(r); err != nil {
@@ -77,22 +103,44 @@ type simChan struct {
 type simRank struct {
 	s       *Schedule
 	bufs    [3][]byte
-	round   int   // current round; NumRounds() once finished
-	pending int   // unmatched sends and receives of the current round
-	roundOf []int // step -> round
-	chanOf  []int // step -> channel (sends and receives only)
-	seqOf   []int // step -> index among its channel's sends or receives
+	base    [3]uintptr // address of each buffer, to find conflicts between aliased buffers
+	round   int        // current round; NumRounds() once finished
+	pending int        // unmatched sends and receives of the current round
+	roundOf []int      // step -> round
+	chanOf  []int      // step -> channel (sends and receives only)
+	seqOf   []int      // step -> index among its channel's sends or receives
 }
 
 func (rk *simRank) finished() bool { return rk.round >= rk.s.NumRounds() }
 
 func (rk *simRank) bytes(sp Span) []byte { return rk.bufs[sp.Buf][sp.Off:sp.End()] }
 
+// addr is where sp starts in memory.
+func (rk *simRank) addr(sp Span) uintptr { return rk.base[sp.Buf] + uintptr(sp.Off) }
+
+// noop reports whether st is a copy of some bytes onto themselves: what an
+// in-place collective's Send-to-Recv copy becomes when the caller passes one
+// buffer as both.
+func (rk *simRank) noop(st *Step) bool {
+	return st.Kind == StepCopy && st.Src.Len == st.Dst.Len && rk.addr(st.Src) == rk.addr(st.Dst)
+}
+
+// recvSpan is where a receiving step lands its frame.
+func recvSpan(st *Step) Span {
+	if st.Kind == StepRecvReduce {
+		return st.Src
+	}
+	return st.Dst
+}
+
+func isRecv(k StepKind) bool { return k == StepRecv || k == StepRecvReduce }
+
+// simSpan is one memory range a step touches, for the hazard check.
 type simSpan struct {
-	buf      Buf
-	off, end int
-	write    bool
-	step     int
+	buf    Buf
+	lo, hi uintptr
+	write  bool
+	step   int
 }
 
 type simulator struct {
@@ -101,6 +149,7 @@ type simulator struct {
 	chanIdx map[simKey]int
 	queue   []int
 	spans   []simSpan // per-round hazard check scratch
+	reduce  Reducer
 }
 
 // load checks rank r's schedule on its own and registers its sends and
@@ -133,7 +182,7 @@ func (sim *simulator) load(r int) error {
 			return fmt.Errorf("%w: rank %d round %d step %d (%v): %s", ErrBadSchedule, r, round, i, st, fmt.Sprintf(format, args...))
 		}
 		switch st.Kind {
-		case StepSend, StepRecv:
+		case StepSend, StepRecv, StepRecvReduce:
 			if st.Peer < 0 || st.Peer >= p {
 				return bad("peer %d out of range [0, %d)", st.Peer, p)
 			}
@@ -141,11 +190,16 @@ func (sim *simulator) load(r int) error {
 				return bad("negative stream")
 			}
 			sp, key := st.Src, simKey{src: r, dst: st.Peer, stream: st.Stream}
-			if st.Kind == StepRecv {
-				sp, key = st.Dst, simKey{src: st.Peer, dst: r, stream: st.Stream}
+			if isRecv(st.Kind) {
+				sp, key = recvSpan(st), simKey{src: st.Peer, dst: r, stream: st.Stream}
 			}
-			if err := rk.checkSpan(sp, st.Kind == StepRecv); err != "" {
+			if err := rk.checkSpan(sp, isRecv(st.Kind)); err != "" {
 				return bad("%s", err)
+			}
+			if st.Kind == StepRecvReduce {
+				if err := sim.checkReduce(rk, st); err != "" {
+					return bad("%s", err)
+				}
 			}
 			ci, ok := sim.chanIdx[key]
 			if !ok {
@@ -173,12 +227,35 @@ func (sim *simulator) load(r int) error {
 				return bad("copies %d bytes into %d", st.Src.Len, st.Dst.Len)
 			}
 		case StepReduce:
-			return bad("reduce steps are not supported by the simulator yet")
+			if err := rk.checkSpan(st.Src, false); err != "" {
+				return bad("source: %s", err)
+			}
+			if err := sim.checkReduce(rk, st); err != "" {
+				return bad("%s", err)
+			}
 		default:
 			return bad("unknown step kind")
 		}
 	}
 	return nil
+}
+
+// checkReduce returns why the reduction of a Reduce or RecvReduce step cannot
+// run, or "": its destination, the lengths and the element size.
+func (sim *simulator) checkReduce(rk *simRank, st *Step) string {
+	if sim.reduce == nil {
+		return "reduce steps are not supported without a Reducer (SimulateWith)"
+	}
+	if err := rk.checkSpan(st.Dst, true); err != "" {
+		return "destination: " + err
+	}
+	if st.Src.Len != st.Dst.Len {
+		return fmt.Sprintf("reduces %d bytes into %d", st.Src.Len, st.Dst.Len)
+	}
+	if e := rk.s.ElemSize; e > 0 && st.Dst.Len%e != 0 {
+		return fmt.Sprintf("reduces %d bytes, not a multiple of the %d-byte element", st.Dst.Len, e)
+	}
+	return ""
 }
 
 // checkSpan returns why sp is not a valid span of rank rk's buffers, or "".
@@ -241,7 +318,11 @@ func (sim *simulator) enter(r int) error {
 			switch st.Kind {
 			case StepCopy:
 				copy(rk.bytes(st.Dst), rk.bytes(st.Src))
-			case StepSend, StepRecv:
+			case StepReduce:
+				if err := sim.doReduce(r, st); err != nil {
+					return err
+				}
+			case StepSend, StepRecv, StepRecvReduce:
 				rk.pending++
 				ci := rk.chanOf[sim.stepIndex(rk, i)]
 				if !sim.chans[ci].queued {
@@ -254,6 +335,15 @@ func (sim *simulator) enter(r int) error {
 			return nil
 		}
 		rk.round++
+	}
+	return nil
+}
+
+// doReduce applies the reduction of a Reduce or RecvReduce step of rank r.
+func (sim *simulator) doReduce(r int, st *Step) error {
+	rk := &sim.ranks[r]
+	if err := sim.reduce(rk.s.DType, rk.s.Op, rk.bytes(st.Dst), rk.bytes(st.Src)); err != nil {
+		return fmt.Errorf("%w: rank %d round %d: %v: %w", ErrBadSchedule, r, rk.round, st, err)
 	}
 	return nil
 }
@@ -277,11 +367,17 @@ func (sim *simulator) match(ci int) error {
 			return nil
 		}
 		ss, rs := &src.s.Steps[si], &dst.s.Steps[ri]
-		if ss.Src.Len != rs.Dst.Len || ss.Last != rs.Last {
+		land := recvSpan(rs)
+		if ss.Src.Len != land.Len || ss.Last != rs.Last {
 			return fmt.Errorf("%w: frame %d from rank %d to rank %d on stream %d: sender (round %d) sends %d bytes last=%t, receiver (round %d) expects %d bytes last=%t",
-				ErrMismatch, c.next, c.src, c.dst, c.stream, src.round, ss.Src.Len, ss.Last, dst.round, rs.Dst.Len, rs.Last)
+				ErrMismatch, c.next, c.src, c.dst, c.stream, src.round, ss.Src.Len, ss.Last, dst.round, land.Len, rs.Last)
 		}
-		copy(dst.bytes(rs.Dst), src.bytes(ss.Src))
+		copy(dst.bytes(land), src.bytes(ss.Src))
+		if rs.Kind == StepRecvReduce {
+			if err := sim.doReduce(c.dst, rs); err != nil {
+				return err
+			}
+		}
 		c.next++
 		src.pending--
 		dst.pending--
@@ -303,12 +399,15 @@ func (sim *simulator) match(ci int) error {
 
 // checkHazards rejects a round in which one step writes bytes that another
 // step of the same round reads or writes: the steps run concurrently on a real
-// transport, so the outcome would depend on timing.
+// transport, so the outcome would depend on timing. It compares memory, so
+// aliased send and receive buffers are checked too.
 func (sim *simulator) checkHazards(r int, steps []Step) error {
+	rk := &sim.ranks[r]
 	sp := sim.spans[:0]
 	add := func(s Span, write bool, i int) {
 		if s.Len > 0 {
-			sp = append(sp, simSpan{buf: s.Buf, off: s.Off, end: s.End(), write: write, step: i})
+			a := rk.addr(s)
+			sp = append(sp, simSpan{buf: s.Buf, lo: a, hi: a + uintptr(s.Len), write: write, step: i})
 		}
 	}
 	for i := range steps {
@@ -319,42 +418,55 @@ func (sim *simulator) checkHazards(r int, steps []Step) error {
 		case StepRecv:
 			add(st.Dst, true, i)
 		case StepCopy:
+			if !rk.noop(st) {
+				add(st.Src, false, i)
+				add(st.Dst, true, i)
+			}
+		case StepReduce:
 			add(st.Src, false, i)
+			add(st.Dst, true, i)
+		case StepRecvReduce:
+			add(st.Src, true, i)
 			add(st.Dst, true, i)
 		}
 	}
 	sim.spans = sp
 	slices.SortFunc(sp, func(a, b simSpan) int {
-		if a.buf != b.buf {
-			return int(a.buf) - int(b.buf)
+		switch {
+		case a.lo < b.lo:
+			return -1
+		case a.lo > b.lo:
+			return 1
 		}
-		return a.off - b.off
+		return 0
 	})
 	// Sorted by start, an earlier span overlaps the current one iff it ends
 	// after the current one starts; tracking the furthest-reaching earlier
-	// span (and earlier write) finds every conflicting pair class.
+	// span (and earlier write) finds every conflicting pair class. Distinct
+	// buffers never share memory unless the caller aliased them, so one pass
+	// over all spans covers both cases.
 	var far, farWrite *simSpan
 	for i := range sp {
 		x := &sp[i]
-		if i > 0 && sp[i-1].buf != x.buf {
-			far, farWrite = nil, nil
-		}
 		var other *simSpan
 		switch {
-		case farWrite != nil && farWrite.end > x.off:
+		case farWrite != nil && farWrite.hi > x.lo:
 			other = farWrite
-		case x.write && far != nil && far.end > x.off:
+		case x.write && far != nil && far.hi > x.lo:
 			other = far
 		}
 		if other != nil {
-			rk := &sim.ranks[r]
-			return fmt.Errorf("%w: rank %d round %d: step %v and step %v access overlapping bytes of the %v buffer concurrently",
-				ErrBadSchedule, r, rk.round, steps[other.step], steps[x.step], x.buf)
+			where := fmt.Sprintf("the %v buffer", x.buf)
+			if other.buf != x.buf {
+				where = fmt.Sprintf("the %v and %v buffers (aliased)", other.buf, x.buf)
+			}
+			return fmt.Errorf("%w: rank %d round %d: step %v and step %v access overlapping bytes of %s concurrently",
+				ErrBadSchedule, r, rk.round, steps[other.step], steps[x.step], where)
 		}
-		if far == nil || x.end > far.end {
+		if far == nil || x.hi > far.hi {
 			far = x
 		}
-		if x.write && (farWrite == nil || x.end > farWrite.end) {
+		if x.write && (farWrite == nil || x.hi > farWrite.hi) {
 			farWrite = x
 		}
 	}
@@ -382,7 +494,7 @@ func (sim *simulator) deadlock() error {
 		shown, waiting := 0, 0
 		base := sim.stepIndex(rk, 0)
 		for i, st := range rk.s.Round(rk.round) {
-			if st.Kind != StepSend && st.Kind != StepRecv {
+			if st.Kind != StepSend && !isRecv(st.Kind) {
 				continue
 			}
 			si := base + i
@@ -413,7 +525,7 @@ func (sim *simulator) why(r, si int, c *simChan) string {
 	st := &rk.s.Steps[si]
 	q := rk.seqOf[si]
 	what, other, peerKind := fmt.Sprintf("send of frame %d to %d on stream %d", q, st.Peer, st.Stream), c.recvs, "receive"
-	if st.Kind == StepRecv {
+	if isRecv(st.Kind) {
 		what, other, peerKind = fmt.Sprintf("receive of frame %d from %d on stream %d", q, st.Peer, st.Stream), c.sends, "send"
 	}
 	pr := &sim.ranks[st.Peer]

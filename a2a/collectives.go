@@ -1,0 +1,325 @@
+package a2a
+
+import (
+	"context"
+	"time"
+
+	"a2a/a2a/algo"
+	"a2a/a2a/internal/fault"
+	"a2a/a2a/reduce"
+	"a2a/a2a/transport"
+)
+
+// DType is the element type of reduction collectives.
+type DType = reduce.DType
+
+// Element types.
+const (
+	Float32  = reduce.Float32
+	Float64  = reduce.Float64
+	BFloat16 = reduce.BFloat16
+	Float16  = reduce.Float16
+	Int32    = reduce.Int32
+	Int64    = reduce.Int64
+	Uint8    = reduce.Uint8
+)
+
+// Op is a reduction operation. Integer ops are exact (wrapping); bfloat16 and
+// float16 reduce in float32 and round to nearest-even; Avg is Sum divided by
+// the number of ranks at the end (integer division truncates toward zero).
+type Op = reduce.Op
+
+// Reduction operations.
+const (
+	Sum  = reduce.Sum
+	Prod = reduce.Prod
+	Max  = reduce.Max
+	Min  = reduce.Min
+	Avg  = reduce.Avg
+)
+
+// coll describes one collective call for validation, planning and reporting.
+type coll struct {
+	name      string
+	kind      transport.OpKind
+	send      []byte
+	recv      []byte
+	counts    []int // V variants
+	dt        DType
+	op        Op
+	root      int
+	rooted    bool
+	reduction bool
+	bytes     int // the planner's CollArgs.Bytes
+	sent      int64
+	received  int64
+}
+
+// signature is carried in every frame of the collective (header Aux) so that
+// ranks passing different roots, ops, dtypes or sizes fail with ErrMismatch.
+func (k *coll) signature() uint64 {
+	sig := uint64(uint16(k.root)) | uint64(k.op)<<16 | uint64(k.dt)<<24
+	if k.counts == nil {
+		sig |= uint64(uint32(k.bytes)) << 32
+	}
+	return sig
+}
+
+func (c *Comm) checkRoot(root int) error {
+	if root < 0 || root >= c.size {
+		return fault.New(fault.ErrInvalidArgument, c.rank, "root %d outside [0,%d)", root, c.size)
+	}
+	return nil
+}
+
+func (c *Comm) checkReduction(k *coll, n int) error {
+	if !k.dt.Valid() {
+		return fault.New(fault.ErrInvalidArgument, c.rank, "%s: invalid dtype %d", k.name, k.dt)
+	}
+	if !k.op.Valid() {
+		return fault.New(fault.ErrInvalidArgument, c.rank, "%s: invalid op %d", k.name, k.op)
+	}
+	if n%k.dt.Size() != 0 {
+		return fault.New(fault.ErrInvalidArgument, c.rank, "%s: %d bytes is not a whole number of %s elements", k.name, n, k.dt)
+	}
+	return nil
+}
+
+func lenErr(c *Comm, name, what string, got, want int) error {
+	return fault.New(fault.ErrInvalidArgument, c.rank, "%s: len(%s)=%d, want %d", name, what, got, want)
+}
+
+// AllReduce reduces send elementwise across all ranks with op and leaves the
+// result in recv on every rank (len(recv) == len(send); send and recv may be
+// the same slice). Every rank gets bit-identical results.
+func (c *Comm) AllReduce(ctx context.Context, send, recv []byte, dt DType, op Op) error {
+	k := &coll{name: "allreduce", kind: transport.OpAllReduce, send: send, recv: recv, dt: dt, op: op, reduction: true, bytes: len(send)}
+	return c.collective(ctx, k, func() error {
+		if err := c.checkReduction(k, len(send)); err != nil {
+			return err
+		}
+		if len(recv) != len(send) {
+			return lenErr(c, k.name, "recv", len(recv), len(send))
+		}
+		return nil
+	})
+}
+
+// ReduceScatter reduces send (Size blocks of len(recv) bytes) across ranks
+// and leaves block r of the result in rank r's recv.
+func (c *Comm) ReduceScatter(ctx context.Context, send, recv []byte, dt DType, op Op) error {
+	k := &coll{name: "reducescatter", kind: transport.OpReduceScatter, send: send, recv: recv, dt: dt, op: op, reduction: true, bytes: len(recv)}
+	return c.collective(ctx, k, func() error {
+		if err := c.checkReduction(k, len(recv)); err != nil {
+			return err
+		}
+		if len(send) != len(recv)*c.size {
+			return lenErr(c, k.name, "send", len(send), len(recv)*c.size)
+		}
+		return nil
+	})
+}
+
+// AllGather concatenates every rank's send (equal lengths) into recv in rank
+// order on every rank (len(recv) == Size*len(send)).
+func (c *Comm) AllGather(ctx context.Context, send, recv []byte) error {
+	k := &coll{name: "allgather", kind: transport.OpAllGather, send: send, recv: recv, dt: Uint8, bytes: len(send)}
+	return c.collective(ctx, k, func() error {
+		if len(recv) != len(send)*c.size {
+			return lenErr(c, k.name, "recv", len(recv), len(send)*c.size)
+		}
+		return nil
+	})
+}
+
+// AllGatherV concatenates every rank's send into recv, rank i's block being
+// recvCounts[i] bytes at the prefix-sum offset (recvCounts[Rank] == len(send)).
+func (c *Comm) AllGatherV(ctx context.Context, send, recv []byte, recvCounts []int) error {
+	k := &coll{name: "allgatherv", kind: transport.OpAllGather, send: send, recv: recv, counts: recvCounts, dt: Uint8}
+	return c.collective(ctx, k, func() error {
+		if err := c.checkCounts("recv", recvCounts, len(recv)); err != nil {
+			return err
+		}
+		if recvCounts[c.rank] != len(send) {
+			return fault.New(fault.ErrInvalidArgument, c.rank, "allgatherv: recvCounts[%d]=%d but len(send)=%d", c.rank, recvCounts[c.rank], len(send))
+		}
+		return nil
+	})
+}
+
+// Broadcast copies root's buf into buf on every rank (equal lengths).
+func (c *Comm) Broadcast(ctx context.Context, buf []byte, root int) error {
+	k := &coll{name: "broadcast", rooted: true, kind: transport.OpBroadcast, recv: buf, root: root, dt: Uint8, bytes: len(buf)}
+	return c.collective(ctx, k, func() error { return c.checkRoot(root) })
+}
+
+// Reduce reduces send across ranks into root's recv (len(recv) == len(send)
+// at the root; other ranks' recv is not used and may be nil).
+func (c *Comm) Reduce(ctx context.Context, send, recv []byte, dt DType, op Op, root int) error {
+	k := &coll{name: "reduce", rooted: true, kind: transport.OpReduce, send: send, recv: recv, dt: dt, op: op, root: root, reduction: true, bytes: len(send)}
+	return c.collective(ctx, k, func() error {
+		if err := c.checkRoot(root); err != nil {
+			return err
+		}
+		if err := c.checkReduction(k, len(send)); err != nil {
+			return err
+		}
+		if c.rank == root && len(recv) != len(send) {
+			return lenErr(c, k.name, "recv", len(recv), len(send))
+		}
+		if c.rank != root {
+			k.recv = nil
+		}
+		return nil
+	})
+}
+
+// Gather concatenates every rank's send (equal lengths) into root's recv in
+// rank order (len(recv) == Size*len(send) at the root).
+func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
+	k := &coll{name: "gather", rooted: true, kind: transport.OpGather, send: send, recv: recv, root: root, dt: Uint8, bytes: len(send)}
+	return c.collective(ctx, k, func() error {
+		if err := c.checkRoot(root); err != nil {
+			return err
+		}
+		if c.rank == root && len(recv) != len(send)*c.size {
+			return lenErr(c, k.name, "recv", len(recv), len(send)*c.size)
+		}
+		if c.rank != root {
+			k.recv = nil
+		}
+		return nil
+	})
+}
+
+// GatherV concatenates every rank's send into root's recv, rank i's block
+// being recvCounts[i] bytes at the prefix-sum offset. recvCounts is read at the
+// root only.
+func (c *Comm) GatherV(ctx context.Context, send, recv []byte, recvCounts []int, root int) error {
+	k := &coll{name: "gatherv", rooted: true, kind: transport.OpGather, send: send, recv: recv, counts: recvCounts, root: root, dt: Uint8}
+	return c.collective(ctx, k, func() error {
+		if err := c.checkRoot(root); err != nil {
+			return err
+		}
+		if c.rank != root {
+			k.recv, k.counts = nil, c.vCounts(len(send))
+			return nil
+		}
+		if err := c.checkCounts("recv", recvCounts, len(recv)); err != nil {
+			return err
+		}
+		if recvCounts[root] != len(send) {
+			return fault.New(fault.ErrInvalidArgument, c.rank, "gatherv: recvCounts[root]=%d but len(send)=%d", recvCounts[root], len(send))
+		}
+		return nil
+	})
+}
+
+// Scatter sends block i of root's send (Size blocks of len(recv) bytes) to
+// rank i's recv.
+func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
+	k := &coll{name: "scatter", rooted: true, kind: transport.OpScatter, send: send, recv: recv, root: root, dt: Uint8, bytes: len(recv)}
+	return c.collective(ctx, k, func() error {
+		if err := c.checkRoot(root); err != nil {
+			return err
+		}
+		if c.rank == root && len(send) != len(recv)*c.size {
+			return lenErr(c, k.name, "send", len(send), len(recv)*c.size)
+		}
+		if c.rank != root {
+			k.send = nil
+		}
+		return nil
+	})
+}
+
+// ScatterV sends root's send[displ(i):displ(i)+sendCounts[i]] to rank i's recv
+// (displacements are prefix sums). sendCounts is read at the root only; every
+// rank's len(recv) is what it receives.
+func (c *Comm) ScatterV(ctx context.Context, send []byte, sendCounts []int, recv []byte, root int) error {
+	k := &coll{name: "scatterv", rooted: true, kind: transport.OpScatter, send: send, recv: recv, counts: sendCounts, root: root, dt: Uint8}
+	return c.collective(ctx, k, func() error {
+		if err := c.checkRoot(root); err != nil {
+			return err
+		}
+		if c.rank != root {
+			k.send, k.counts = nil, c.vCounts(len(recv))
+			return nil
+		}
+		if err := c.checkCounts("send", sendCounts, len(send)); err != nil {
+			return err
+		}
+		if sendCounts[root] != len(recv) {
+			return fault.New(fault.ErrInvalidArgument, c.rank, "scatterv: sendCounts[root]=%d but len(recv)=%d", sendCounts[root], len(recv))
+		}
+		return nil
+	})
+}
+
+// Barrier returns once every rank has entered it.
+func (c *Comm) Barrier(ctx context.Context) error {
+	k := &coll{name: "barrier", kind: transport.OpBarrier, dt: Uint8}
+	return c.collective(ctx, k, func() error { return nil })
+}
+
+// vCounts gives a non-root rank of a V collective the counts vector its
+// planner needs: only its own entry is known (n), the others are unused.
+func (c *Comm) vCounts(n int) []int {
+	clear(c.equalSend)
+	c.equalSend[c.rank] = n
+	return c.equalSend
+}
+
+// collective runs one collective: validation (a failure aborts the group so
+// no rank waits for this one), planning, execution, Avg's division, report.
+func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) error {
+	start := time.Now()
+	seq, deadline, err := c.begin(ctx)
+	if err != nil {
+		return err
+	}
+	var a algo.Algo
+	if err = validate(); err == nil {
+		a, err = c.runCollective(ctx, k, seq, deadline)
+	}
+	err = c.end(err)
+	if o := c.cfg.Observer; o != nil {
+		ev := OpEvent{Op: k.name, Algo: a.String(), Rank: c.rank, Size: c.size, Seq: seq, Duration: time.Since(start), Err: err,
+			BytesSent: k.sent, BytesReceived: k.received, LastPeer: c.eng.lastPeer, LastWait: c.eng.lastWait}
+		o.OpDone(ev)
+	}
+	return err
+}
+
+func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64, deadline time.Time) (algo.Algo, error) {
+	op := k.op
+	if op == Avg {
+		op = Sum // divided once at the end
+	}
+	args := algo.CollArgs{Rank: c.rank, World: c.size, Bytes: k.bytes, Counts: k.counts, ElemSize: k.dt.Size(),
+		DType: uint8(k.dt), Op: uint8(op), Root: k.root, Streams: c.cfg.Streams, Hosts: c.hosts}
+	a, err := c.planCollective(k, &args)
+	if err != nil {
+		return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", k.name)
+	}
+	if k.rooted && c.size > 1 {
+		// In a rooted collective a rank that believes it is the root may
+		// never receive anything, so a disagreement on the root could go
+		// unseen. One ring round of empty frames carrying the signature
+		// compares every rank with its neighbour: if any two ranks differ,
+		// some neighbours differ, and the receiver reports ErrMismatch.
+		if err := c.eng.run(ctx, k.kind, seq, k.signature(), &c.ringCheck, &c.bufs, deadline); err != nil {
+			return a, err
+		}
+	}
+	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = k.send, k.recv
+	err = c.eng.run(ctx, k.kind, seq, k.signature(), &c.sched, &c.bufs, deadline)
+	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
+	k.sent, k.received = c.eng.sent, c.eng.received
+	if err == nil && k.op == Avg && len(k.recv) > 0 {
+		if err = reduce.Finish(k.dt, reduce.Avg, k.recv, c.size); err != nil {
+			err = fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "%s", k.name)
+		}
+	}
+	return a, err
+}
