@@ -303,7 +303,7 @@ func (c *Comm) Size() int { return c.size }
 // Epoch is the membership epoch the group agreed on at join.
 func (c *Comm) Epoch() uint32 { return c.member.Epoch() }
 
-// LastAlgo names the algorithm the last AllToAllV-shaped operation ran.
+// LastAlgo names the algorithm the last collective ran.
 func (c *Comm) LastAlgo() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()

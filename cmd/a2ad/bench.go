@@ -38,7 +38,7 @@ type benchFlags struct {
 }
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.op, "op", "alltoallv", "operation: alltoallv | alltoall")
+	fs.StringVar(&f.op, "op", "alltoallv", "operation: alltoallv | alltoall | allreduce | reducescatter | allgather | broadcast | reduce | gather | scatter | barrier")
 	fs.IntVar(&f.n, "n", 2, "ranks")
 	fs.StringVar(&f.algo, "algo", "", "algorithm: pairwise | fullmesh (default: auto)")
 	fs.StringVar(&f.sizes, "sizes", "8:1M", "per-peer bytes: MIN:MAX (x2 steps) or a comma list")
@@ -87,14 +87,14 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	if err != nil {
 		return usageError{err}
 	}
-	if f.op != "alltoallv" && f.op != "alltoall" {
-		return usagef("unknown --op %q (alltoallv, alltoall)", f.op)
+	if !benchOps[f.op] {
+		return usagef("unknown --op %q", f.op)
 	}
 	if f.counts != "known" && f.counts != "nats" && f.counts != "inband" {
 		return usagef("--counts %q: known, nats or inband", f.counts)
 	}
-	if f.op == "alltoall" && d.kind != "uniform" {
-		return usagef("--op alltoall sends equal blocks: --dist must be uniform")
+	if f.op != "alltoallv" && d.kind != "uniform" {
+		return usagef("--op %s moves equal blocks: --dist must be uniform", f.op)
 	}
 	if f.worker {
 		return benchWorker(ctx, log, f, sizes, d)
@@ -223,7 +223,26 @@ func (b *bench) agreeMin(ctx context.Context, v int) (int, error) {
 }
 
 func (b *bench) point(ctx context.Context, size int, d dist) (benchRow, error) {
-	c, n, rank := b.c, b.c.Size(), b.c.Rank()
+	n, rank := b.c.Size(), b.c.Rank()
+	row := benchRow{Op: b.f.op, Ranks: n, Size: size, Counts: n * size, Check: "skip"}
+	op := collective{algBytes: n * size, busFactor: float64(n-1) / float64(n)}
+	if b.f.op == "alltoallv" || b.f.op == "alltoall" {
+		b.setupAllToAll(size, d)
+		op.call = b.call
+		op.verify = func() bool { return verifyRecv(b.recv, rank, b.recvC) < 0 }
+	} else {
+		var err error
+		if op, err = b.collectiveFor(size); err != nil {
+			return row, err
+		}
+		row.Counts = op.algBytes
+	}
+	return b.measure(ctx, row, op)
+}
+
+// setupAllToAll lays out the send and receive buffers of the counts matrix.
+func (b *bench) setupAllToAll(size int, d dist) {
+	n, rank := b.c.Size(), b.c.Rank()
 	m := d.matrix(n, size, b.f.seed)
 	sendTotal, recvTotal := 0, 0
 	for j := range n {
@@ -234,20 +253,26 @@ func (b *bench) point(ctx context.Context, size int, d dist) (benchRow, error) {
 	b.send = grow(b.send, sendTotal)
 	b.recv = grow(b.recv, recvTotal)
 	fillSend(b.send, rank, b.sendC)
-	row := benchRow{Op: b.f.op, Ranks: n, Size: size, Counts: n * size, Check: "skip"}
+}
+
+// measure times op: a verified first call with --check, warm-up, then timed
+// iterations each after a barrier; rank 0 gathers every rank's times and
+// reports the slowest rank of each iteration.
+func (b *bench) measure(ctx context.Context, row benchRow, op collective) (benchRow, error) {
+	c, n, rank := b.c, b.c.Size(), b.c.Rank()
 	ok := true
 	if b.f.check {
 		for i := range b.recv {
 			b.recv[i] = 0xEE
 		}
-		if err := b.call(ctx); err != nil {
+		if err := op.call(ctx); err != nil {
 			return row, err
 		}
-		ok = verifyRecv(b.recv, rank, b.recvC) < 0
+		ok = op.verify()
 	}
 	t0 := time.Now()
 	for range b.f.warmup {
-		if err := b.call(ctx); err != nil {
+		if err := op.call(ctx); err != nil {
 			return row, err
 		}
 	}
@@ -268,14 +293,14 @@ func (b *bench) point(ctx context.Context, size int, d dist) (benchRow, error) {
 			return row, err
 		}
 		start := time.Now()
-		if err := b.call(ctx); err != nil {
+		if err := op.call(ctx); err != nil {
 			return row, err
 		}
 		b.times = append(b.times, float64(time.Since(start).Nanoseconds())/1e3)
 	}
 	row.Algo = c.LastAlgo()
 	if b.f.check && ok {
-		ok = verifyRecv(b.recv, rank, b.recvC) < 0
+		ok = op.verify()
 	}
 	// Gather every rank's per-iteration times (and its check result) on rank 0.
 	per := 8*iters + 1
@@ -314,8 +339,8 @@ func (b *bench) point(ctx context.Context, size int, d dist) (benchRow, error) {
 	row.P50 = percentile(slowest, 0.50)
 	row.P99 = percentile(slowest, 0.99)
 	if row.P50 > 0 {
-		row.AlgBW = float64(n*size) / (row.P50 * 1e3) // bytes per ns = GB/s
-		row.BusBW = row.AlgBW * float64(n-1) / float64(n)
+		row.AlgBW = float64(op.algBytes) / (row.P50 * 1e3) // bytes per ns = GB/s
+		row.BusBW = row.AlgBW * op.busFactor
 	}
 	if b.f.check {
 		row.Check = "ok"
