@@ -312,3 +312,27 @@ func TestPlan(t *testing.T) {
 		t.Error("unknown algorithm accepted")
 	}
 }
+
+func TestBenchCollectives(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	for _, op := range []string{"allreduce", "reducescatter", "allgather", "broadcast", "reduce", "gather", "scatter", "barrier"} {
+		out, err := a2ad(t, ctx, "bench", "--op", op, "-n", "3", "--sizes", "12,4K", "--iters", "20", "--warmup", "2", "--check", "--json").Output()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", op, err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if len(lines) != 2 {
+			t.Fatalf("%s: %d rows:\n%s", op, len(lines), out)
+		}
+		for _, line := range lines {
+			var row map[string]any
+			if err := json.Unmarshal([]byte(line), &row); err != nil {
+				t.Fatalf("%s row %q: %v", op, line, err)
+			}
+			if row["check"] != "ok" || row["op"] != op {
+				t.Errorf("%s row %q", op, line)
+			}
+		}
+	}
+}
