@@ -102,3 +102,31 @@ func mustAllB(b *testing.B, errs []error) {
 		}
 	}
 }
+// TestCollectiveAllocations: warmed-up reductions and rooted collectives
+// allocate nothing either.
+func TestCollectiveAllocations(t *testing.T) {
+	url := startNATS(t)
+	comms := group(t, url, 2, func(c *Config) { c.HeartbeatInterval, c.PeerTimeout = 10*time.Second, 30*time.Second })
+	run := func(iters int) {
+		mustAll(t, onAll(comms, func(c *Comm) error {
+			s, r := make([]byte, 4096), make([]byte, 4096)
+			for range iters {
+				if err := c.AllReduce(context.Background(), s, r, Float32, Sum); err != nil {
+					return err
+				}
+				if err := c.Broadcast(context.Background(), r, 0); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+	}
+	run(20)
+	var a, b runtime.MemStats
+	runtime.ReadMemStats(&a)
+	run(1000)
+	runtime.ReadMemStats(&b)
+	if perOp := (float64(b.Mallocs-a.Mallocs) - 64) / 4000; perOp > 0.2 {
+		t.Errorf("%.2f allocations per collective, want 0", perOp)
+	}
+}
