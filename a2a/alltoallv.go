@@ -148,12 +148,20 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 	}
 	a := c.algo // forced, or chosen at join from inputs every rank shares
 	switch {
-	case kind == transport.OpCounts && a == algo.AlgoStaged:
-		a = algo.AlgoFullmesh // the small counts exchanges that staged itself relies on
+	case kind == transport.OpCounts && (a == algo.AlgoStaged || a == algo.AlgoSkew):
+		a = algo.AlgoFullmesh // the small counts exchanges that staged and skew rely on
 	case matrix != nil && c.cfg.Algo == "":
 		a = c.chooseForMatrix(matrix)
 	}
 	var err error
+	if (a == algo.AlgoStaged || a == algo.AlgoSkew) && matrix == nil {
+		if matrix, err = c.gatherMatrix(ctx, seq, deadline, sendCounts); err != nil {
+			return a, err
+		}
+	}
+	if a == algo.AlgoSkew {
+		err = algo.PlanSkew(&c.sched, algo.SkewArgs{Rank: c.rank, World: c.size, Matrix: matrix, Streams: c.cfg.Streams, Window: 1})
+	}
 	if a == algo.AlgoStaged {
 		if matrix == nil {
 			if matrix, err = c.gatherMatrix(ctx, seq, deadline, sendCounts); err != nil {
@@ -185,25 +193,10 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 	return a, err
 }
 
-// stagedMaxPairBytes: with the whole matrix known, auto selection prefers the
-// staged algorithm across several hosts while the mean message is at most this
-// big, where the exchange is bound by per-message latency on the inter-host
-// links (staged sends H-1 network messages per rank instead of (H-1)L).
-const stagedMaxPairBytes = 64 << 10
-
 // chooseForMatrix picks an algorithm from the global matrix; every rank holds
 // the same matrix and hosts, so every rank picks the same one.
 func (c *Comm) chooseForMatrix(matrix []int) algo.Algo {
-	if c.numHosts > 1 && c.numHosts < c.size {
-		total := 0
-		for _, v := range matrix {
-			total += v
-		}
-		if total/len(matrix) <= stagedMaxPairBytes {
-			return algo.AlgoStaged
-		}
-	}
-	return algo.ChooseAllToAllV(c.size, c.cfg.Streams, c.cfg.Window, matrix, algo.DefaultLink())
+	return algo.ChooseAllToAllVMatrix(c.size, c.numHosts, c.cfg.Streams, c.cfg.Window, matrix, algo.DefaultLink())
 }
 
 // gatherMatrix builds the global traffic matrix on the data plane: every rank

@@ -102,6 +102,7 @@ func mustAllB(b *testing.B, errs []error) {
 		}
 	}
 }
+
 // TestCollectiveAllocations: warmed-up reductions and rooted collectives
 // allocate nothing either.
 func TestCollectiveAllocations(t *testing.T) {

@@ -387,8 +387,8 @@ func parseAlgo(name string) (algo.Algo, error) {
 		return a, fault.Wrap(fault.ErrInvalidArgument, -1, err, "A2A_ALGO")
 	}
 	switch a {
-	case algo.AlgoAuto, algo.AlgoPairwise, algo.AlgoFullmesh, algo.AlgoStaged:
+	case algo.AlgoAuto, algo.AlgoPairwise, algo.AlgoFullmesh, algo.AlgoStaged, algo.AlgoSkew:
 		return a, nil
 	}
-	return a, fault.New(fault.ErrInvalidArgument, -1, "algorithm %q is not available for AllToAllV (auto, pairwise, fullmesh, staged)", name)
+	return a, fault.New(fault.ErrInvalidArgument, -1, "algorithm %q is not available for AllToAllV (auto, pairwise, fullmesh, staged, skew)", name)
 }

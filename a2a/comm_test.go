@@ -184,7 +184,7 @@ func TestAllToAllV(t *testing.T) {
 		streams int
 	}{
 		{1, "", 1}, {2, "pairwise", 1}, {2, "fullmesh", 2}, {3, "", 1}, {4, "fullmesh", 1},
-		{4, "pairwise", 2}, {5, "fullmesh", 3}, {7, "", 1},
+		{4, "pairwise", 2}, {5, "fullmesh", 3}, {7, "", 1}, {4, "skew", 1}, {5, "skew", 2},
 	}
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("n%d-%s-s%d", tc.n, tc.algo, tc.streams), func(t *testing.T) {

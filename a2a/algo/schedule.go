@@ -169,9 +169,10 @@ const (
 	AlgoDirect
 	AlgoHierarchical     // two-level: intra-host ring, inter-host ring, intra-host ring
 	AlgoScatterAllGather // broadcast as a scatter from the root and a ring allgather
+	AlgoSkew             // alltoallv in load-ordered matchings from the global matrix
 )
 
-var algoNames = [...]string{"auto", "pairwise", "fullmesh", "staged", "ll", "ring", "recdoubling", "tree", "dissemination", "direct", "hierarchical", "scatterallgather"}
+var algoNames = [...]string{"auto", "pairwise", "fullmesh", "staged", "ll", "ring", "recdoubling", "tree", "dissemination", "direct", "hierarchical", "scatterallgather", "skew"}
 
 func (a Algo) String() string {
 	if int(a) < len(algoNames) {

@@ -53,7 +53,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.streams, "streams", 0, "connections per peer pair (default: A2A_STREAMS or 1)")
 	fs.IntVar(&f.window, "window", 0, "fullmesh peers in flight (default: A2A_WINDOW or 4)")
 	fs.BoolVar(&f.worker, "worker", false, "internal: run as one rank of the benchmark")
-	fs.StringVar(&f.counts, "counts", "known", "alltoallv receive counts: known (given), nats (ExchangeCounts each call) or inband (AllToAllVInBand)")
+	fs.StringVar(&f.counts, "counts", "known", "alltoallv receive counts: known (given), matrix (AllToAllVMatrix with the global matrix: staged/skew-aware choice), nats (ExchangeCountsMatrix each call) or inband (AllToAllVInBand)")
 	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (unless oversubscribed); none")
 }
 
@@ -90,8 +90,8 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	if !benchOps[f.op] {
 		return usagef("unknown --op %q", f.op)
 	}
-	if f.counts != "known" && f.counts != "nats" && f.counts != "inband" {
-		return usagef("--counts %q: known, nats or inband", f.counts)
+	if f.counts != "known" && f.counts != "matrix" && f.counts != "nats" && f.counts != "inband" {
+		return usagef("--counts %q: known, matrix, nats or inband", f.counts)
 	}
 	if f.op != "alltoallv" && d.kind != "uniform" {
 		return usagef("--op %s moves equal blocks: --dist must be uniform", f.op)
@@ -176,6 +176,7 @@ type bench struct {
 	sendC, recvC []int
 	learned      []int // receive counts learned by --counts nats|inband
 	matrix       []int
+	known        []int // the traffic matrix of the current size
 }
 
 func newBench(c *a2a.Comm, f benchFlags) *bench {
@@ -203,6 +204,8 @@ func (b *bench) call(ctx context.Context) error {
 		return b.c.AllToAllV(ctx, b.send, b.sendC, b.recv, b.learned)
 	case "inband":
 		return b.c.AllToAllVInBand(ctx, b.send, b.sendC, b.recv, b.learned)
+	case "matrix":
+		return b.c.AllToAllVMatrix(ctx, b.send, b.recv, b.known)
 	}
 	return b.c.AllToAllV(ctx, b.send, b.sendC, b.recv, b.recvC)
 }
@@ -244,6 +247,7 @@ func (b *bench) point(ctx context.Context, size int, d dist) (benchRow, error) {
 func (b *bench) setupAllToAll(size int, d dist) {
 	n, rank := b.c.Size(), b.c.Rank()
 	m := d.matrix(n, size, b.f.seed)
+	b.known = m
 	sendTotal, recvTotal := 0, 0
 	for j := range n {
 		b.sendC[j], b.recvC[j] = m[rank*n+j], m[j*n+rank]

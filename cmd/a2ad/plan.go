@@ -16,7 +16,7 @@ import (
 // the cost model, and the one auto selection picks.
 func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
-	algos := fs.String("algo", "all", "candidates: all, or a comma list of pairwise, fullmesh")
+	algos := fs.String("algo", "all", "candidates: all, or a comma list of pairwise, fullmesh, skew, staged")
 	n := fs.Int("n", 8, "ranks")
 	sizes := fs.String("sizes", "64K", "per-peer bytes: MIN:MAX (x2 steps) or a comma list")
 	distFlag := fs.String("dist", "uniform", "traffic: uniform | zipf:S | lognormal:SIGMA | hot:F")
@@ -25,7 +25,7 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	window := fs.Int("window", algo.DefaultWindow, "fullmesh peers in flight")
 	rank := fs.Int("rank", 0, "rank whose schedule is printed")
 	rounds := fs.Int("rounds", 6, "rounds of the schedule printed (0: none, -1: all)")
-	hosts := fs.Int("hosts", 1, "hosts the ranks are spread over (staged comes with the hierarchy issue)")
+	hosts := fs.Int("hosts", 1, "hosts the ranks are spread over (consecutive ranks per host)")
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
 	}
@@ -44,16 +44,26 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	for _, name := range strings.Split(*algos, ",") {
 		if name == "all" {
 			cands = append(cands, algo.AlgoPairwise, algo.AlgoFullmesh)
+			if *n <= algo.SkewMaxWorld {
+				cands = append(cands, algo.AlgoSkew)
+			}
+			if *hosts > 1 {
+				cands = append(cands, algo.AlgoStaged)
+			}
 			continue
 		}
 		a, err := algo.ParseAlgo(name)
-		if err != nil || (a != algo.AlgoPairwise && a != algo.AlgoFullmesh) {
-			return usagef("--algo %q: pairwise or fullmesh", name)
+		if err != nil || (a != algo.AlgoPairwise && a != algo.AlgoFullmesh && a != algo.AlgoSkew && a != algo.AlgoStaged) {
+			return usagef("--algo %q: pairwise, fullmesh, skew or staged", name)
 		}
 		cands = append(cands, a)
 	}
 	link := algo.DefaultLink()
 	var s algo.Schedule
+	hostOf := make([]int, *n)
+	for r := range hostOf {
+		hostOf[r] = r * *hosts / *n
+	}
 	for _, size := range szs {
 		start := time.Now()
 		m := d.matrix(*n, size, *seed)
@@ -61,20 +71,31 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 		for j := range *n {
 			send[j], recv[j] = m[*rank**n+j], m[j**n+*rank]
 		}
-		chosen := algo.ChooseAllToAllV(*n, *streams, *window, m, link)
+		chosen := algo.ChooseAllToAllVMatrix(*n, *hosts, *streams, *window, m, link)
 		fmt.Printf("# plan n=%d size=%d dist=%s streams=%d window=%d hosts=%d link alpha=%.1fus beta=%.2fGB/s: auto picks %s\n",
 			*n, size, d, *streams, *window, *hosts, link.Alpha*1e6, 1/link.Beta/1e9, chosen)
 		for _, a := range cands {
-			est := algo.EstimateAllToAllV(a, m, *n, *streams, *window, link)
 			args := algo.AllToAllVArgs{Rank: *rank, World: *n, SendCounts: send, RecvCounts: recv, Streams: *streams, Window: *window}
-			plan := algo.PlanPairwise
-			if a == algo.AlgoFullmesh {
-				plan = algo.PlanFullmesh
+			est := "         -" // staged needs per-link-class costs (not modelled yet)
+			var err error
+			switch a {
+			case algo.AlgoPairwise:
+				err = algo.PlanPairwise(&s, args)
+			case algo.AlgoFullmesh:
+				err = algo.PlanFullmesh(&s, args)
+			case algo.AlgoSkew:
+				err = algo.PlanSkew(&s, algo.SkewArgs{Rank: *rank, World: *n, Matrix: m, Streams: *streams, Window: 1})
+				est = fmt.Sprintf("%10.1f", algo.EstimateSkew(m, *n, 1, link)*1e6)
+			case algo.AlgoStaged:
+				err = algo.PlanStaged(&s, algo.StagedArgs{Rank: *rank, World: *n, Matrix: m, Hosts: hostOf, Streams: *streams})
 			}
-			if err := plan(&s, args); err != nil {
+			if err != nil {
 				return err
 			}
-			fmt.Printf("%-9s estimated %10.1f us, %d rounds, %d steps on rank %d\n", a, est*1e6, s.NumRounds(), len(s.Steps), *rank)
+			if a == algo.AlgoPairwise || a == algo.AlgoFullmesh {
+				est = fmt.Sprintf("%10.1f", algo.EstimateAllToAllV(a, m, *n, *streams, *window, link)*1e6)
+			}
+			fmt.Printf("%-9s estimated %s us, %d rounds, %d steps on rank %d\n", a, est, s.NumRounds(), len(s.Steps), *rank)
 			if *rounds != 0 {
 				printRounds(s.String(), *rounds)
 			}

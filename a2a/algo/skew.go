@@ -1,0 +1,199 @@
+package algo
+
+import (
+	"fmt"
+	"slices"
+)
+
+// SkewMaxWorld bounds the skew-aware planner: it decides every pair of the
+// world (O(p^2 log p) per operation), which pays off for the tens of ranks of
+// an expert-parallel group, not for thousands.
+const SkewMaxWorld = 256
+
+// SkewArgs describes a skew-aware AllToAllV: every rank passes the same
+// global Matrix, so all ranks derive the same rounds.
+type SkewArgs struct {
+	Rank, World int
+	Matrix      []int // World*World, row-major
+	Streams     int
+	Window      int // matchings merged into one round (0 = 1)
+	BlockSize   int
+}
+
+// PlanSkew plans an AllToAllV from the global traffic matrix so that heavy
+// transfers do not wait behind light ones. Pairwise exchange spends
+// sum_k max_i n[i][i+k]: a round is as slow as its heaviest pair, and cyclic
+// shifts scatter the heavy pairs of a skewed (MoE) matrix over many rounds.
+// Here the rounds are matchings (each rank sends to at most one rank and
+// receives from at most one per matching) built greedily in the spirit of a
+// Birkhoff-von Neumann decomposition: pairs are taken heaviest first and each
+// joins the first matching where its sender and receiver are both free, so
+// heavy pairs share rounds and the light ones fill the rest. Window matchings
+// are merged into one round. All ranks compute the same matchings from the
+// same matrix, and both ends of a pair sit in the same round, so the schedule
+// is deadlock-free under rendezvous. Empty pairs still exchange one empty
+// frame (the framing rule), in the last matchings.
+func PlanSkew(s *Schedule, a SkewArgs) error {
+	p := a.World
+	switch {
+	case p < 1 || a.Rank < 0 || a.Rank >= p:
+		return fmt.Errorf("skew: rank %d of world %d", a.Rank, p)
+	case p > SkewMaxWorld:
+		return fmt.Errorf("skew: world %d above %d", p, SkewMaxWorld)
+	case len(a.Matrix) != p*p:
+		return fmt.Errorf("skew: matrix has %d entries, want %d", len(a.Matrix), p*p)
+	case a.Streams < 1 || a.Window < 0 || a.BlockSize < 0:
+		return fmt.Errorf("skew: streams %d, window %d, block size %d", a.Streams, a.Window, a.BlockSize)
+	}
+	for i, v := range a.Matrix {
+		if v < 0 {
+			return fmt.Errorf("skew: matrix[%d][%d] = %d is negative", i/p, i%p, v)
+		}
+	}
+	s.Reset(AlgoSkew)
+	block := a.BlockSize
+	if block == 0 {
+		block = DefaultBlockSize
+	}
+	window := max(a.Window, 1)
+	// Work storage: pairs (p*p), round of each pair (p*p), and per matching
+	// the busy flags of senders and receivers (2p-1 matchings suffice for a
+	// greedy edge colouring of a bipartite graph of degree p-1).
+	maxM := max(2*p-1, 1)
+	need := 2*p*p + 2*maxM*p + 2*p
+	if cap(s.work) < need {
+		s.work = make([]int, need)
+	}
+	w := s.work[:need]
+	pairs, round := w[:p*p:p*p], w[p*p:2*p*p:2*p*p]
+	busy := w[2*p*p : 2*p*p+2*maxM*p]
+	sd, rd := w[2*p*p+2*maxM*p:2*p*p+2*maxM*p+p], w[2*p*p+2*maxM*p+p:]
+	clear(busy)
+	n := 0
+	for i := range p {
+		for j := range p {
+			if i != j {
+				pairs[n] = i*p + j
+				n++
+			}
+		}
+	}
+	pairs = pairs[:n]
+	slices.SortFunc(pairs, func(x, y int) int {
+		if a.Matrix[x] != a.Matrix[y] {
+			return a.Matrix[y] - a.Matrix[x] // heaviest first
+		}
+		return x - y
+	})
+	matchings := 0
+	for _, pr := range pairs {
+		i, j := pr/p, pr%p
+		for m := 0; m < maxM; m++ {
+			sendBusy, recvBusy := &busy[m*2*p+i], &busy[m*2*p+p+j]
+			if *sendBusy == 0 && *recvBusy == 0 {
+				*sendBusy, *recvBusy = 1, 1
+				round[pr] = m
+				matchings = max(matchings, m+1)
+				break
+			}
+		}
+	}
+	me := a.Rank
+	so, ro := 0, 0
+	for j := range p {
+		sd[j], rd[j] = so, ro
+		so += a.Matrix[me*p+j]
+		ro += a.Matrix[j*p+me]
+	}
+	if v := a.Matrix[me*p+me]; v > 0 {
+		s.Add(Step{Kind: StepCopy, Peer: me, Src: Span{Buf: BufSend, Off: sd[me], Len: v}, Dst: Span{Buf: BufRecv, Off: rd[me], Len: v}})
+	}
+	for m := 0; m < matchings; m++ {
+		for j := range p {
+			if j != me && round[me*p+j] == m {
+				s.addMessage(StepSend, j, Span{Buf: BufSend, Off: sd[j], Len: a.Matrix[me*p+j]}, a.Streams, block)
+			}
+		}
+		for i := range p {
+			if i != me && round[i*p+me] == m {
+				s.addMessage(StepRecv, i, Span{Buf: BufRecv, Off: rd[i], Len: a.Matrix[i*p+me]}, a.Streams, block)
+			}
+		}
+		if (m+1)%window == 0 {
+			s.EndRound()
+		}
+	}
+	s.EndRound()
+	return nil
+}
+
+// EstimateSkew prices PlanSkew's rounds like the fullmesh estimate: per round
+// alpha plus the busiest rank's bytes (sent or received) over the bandwidth.
+// It allocates; selection on the hot path uses cheaper signals.
+func EstimateSkew(matrix []int, world, window int, link Link) float64 {
+	var s Schedule
+	if PlanSkew(&s, SkewArgs{Rank: 0, World: world, Matrix: matrix, Streams: 1, Window: window}) != nil {
+		return 0
+	}
+	p := world
+	round := slices.Clone(s.work[p*p : 2*p*p]) // the matchings every rank shares
+	window = max(window, 1)
+	rounds := 0
+	for i := range p {
+		for j := range p {
+			if i != j {
+				rounds = max(rounds, round[i*p+j]/window+1)
+			}
+		}
+	}
+	sent, recvd := make([]int, rounds*p), make([]int, rounds*p)
+	for i := range p {
+		for j := range p {
+			if i != j {
+				r := round[i*p+j] / window
+				sent[r*p+i] += matrix[i*p+j]
+				recvd[r*p+j] += matrix[i*p+j]
+			}
+		}
+	}
+	total := 0.0
+	for r := range rounds {
+		busiest := 0
+		for i := range p {
+			busiest = max(busiest, sent[r*p+i], recvd[r*p+i])
+		}
+		total += link.Alpha + link.Beta*float64(busiest)
+	}
+	return total
+}
+
+// StagedMaxPairBytes: with the whole matrix known, ChooseAllToAllVMatrix
+// prefers the staged algorithm across several hosts while the mean message is
+// at most this big, where the exchange is bound by per-message latency on the
+// inter-host links (staged sends H-1 network messages per rank, not (H-1)L).
+const StagedMaxPairBytes = 64 << 10
+
+// SkewRatio: a matrix whose heaviest pair carries this many times the mean
+// pair is skewed enough for PlanSkew's matchings.
+const SkewRatio = 4
+
+// ChooseAllToAllVMatrix picks an AllToAllV algorithm when every rank holds
+// the global matrix (and the host count): staged across several multi-rank
+// hosts for small messages, skew-aware matchings for skewed matrices, else
+// ChooseAllToAllV's cost-model choice. It reads only shared inputs, so all
+// ranks agree, and allocates nothing.
+func ChooseAllToAllVMatrix(world, hosts, streams, window int, matrix []int, link Link) Algo {
+	total, heaviest := 0, 0
+	for _, v := range matrix {
+		total += v
+		heaviest = max(heaviest, v)
+	}
+	mean := total / max(len(matrix), 1)
+	switch {
+	case hosts > 1 && hosts < world && world%hosts == 0 && mean <= StagedMaxPairBytes:
+		return AlgoStaged
+	case world > 2 && world <= SkewMaxWorld && heaviest >= SkewRatio*max(mean, 1):
+		return AlgoSkew
+	}
+	return ChooseAllToAllV(world, streams, window, matrix, link)
+}
