@@ -3,7 +3,7 @@ GO       ?= go
 BIN      := bin
 A2AD     := $(BIN)/a2ad
 # Packages whose tests run under the race detector within the time budget.
-RACE_PKGS := ./a2a/... ./internal/... ./routing/...
+RACE_PKGS := ./a2a/... ./internal/... ./routing/... ./dispatch/... ./examples/...
 PKGS      := ./...
 
 .PHONY: all build demo test deps fmt-check vet unit bench bench-go bench-a2ad clean test-hosts test-hosts-if-root
@@ -13,9 +13,12 @@ all: build
 build:
 	$(GO) build $(PKGS)
 	$(GO) build -o $(A2AD) ./cmd/a2ad
+	$(GO) build -o $(BIN)/moe ./examples/moe
 
+# The main job: the MoE expert-routing demo on 4 local ranks (route, dispatch,
+# expert FFNs, combine, verified against a single-process reference).
 demo: build
-	$(A2AD) demo -n 4
+	$(BIN)/moe -n 4
 
 deps:
 	./scripts/deps.sh
@@ -48,6 +51,7 @@ bench: bench-go bench-a2ad
 
 bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x ./a2a/...
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 20x ./dispatch/
 
 bench-a2ad: build
 	$(A2AD) bench -n 2 --sizes 8:1M --check

@@ -294,6 +294,18 @@ func (c *Comm) fail(err error) error {
 	return c.stopped()
 }
 
+// Abort aborts the communicator because of err, as a failing collective does:
+// every rank's pending and future calls fail with ErrAborted wrapping err's
+// kind. Libraries built on a Comm (package dispatch) use it to release the
+// other ranks when they reject a call locally. It returns the error callers
+// of this rank will see.
+func (c *Comm) Abort(err error) error {
+	if err == nil {
+		err = fault.New(fault.ErrAborted, c.rank, "Abort called")
+	}
+	return c.fail(err)
+}
+
 // Rank is this rank's index in the group.
 func (c *Comm) Rank() int { return c.rank }
 

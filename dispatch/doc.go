@@ -1,5 +1,129 @@
-// Package dispatch will hold MoE dispatch and combine built on a2a.Comm: pack
-// tokens by destination (package routing), exchange counts, AllToAllV the
-// tokens to the ranks owning their experts, and run the reverse exchange with
-// gate-weighted un-permutation. See docs/ARCHITECTURE.md; filled by the MoE issue.
+// Package dispatch is the MoE dispatch and combine layer on top of an
+// [a2a.Comm]: it sends every token row to the ranks that host the experts the
+// router chose for it, hands each local expert its rows, and brings the expert
+// outputs back, summed with the gate weights in the original token order.
+//
+// One layer step on every rank of the group:
+//
+//	h, err := d.Dispatch(ctx, tokens, &decision) // route -> pack -> counts -> AllToAllV
+//	for l := range h.LocalExperts() {
+//		for _, seg := range h.Segments(l) {           // rows of local expert l, by source rank
+//			in := h.Recv()[seg.Offset : seg.Offset+seg.Rows*rowBytes]
+//			out := h.Output()[seg.Offset : seg.Offset+seg.Rows*rowBytes]
+//			expert(h.Expert(l), in, out)
+//		}
+//	}
+//	err = d.Combine(ctx, h, h.Output(), combined) // reverse AllToAllV -> weighted sum
+//	h.Release()
+//
+// # What Dispatch does
+//
+// [Dispatcher.Dispatch] copies the caller's [routing.Decision], enforces the
+// capacity factor on the copy ([routing.Capacity]: each rank keeps at most
+// ceil(T*k/E*factor) of its own T tokens' assignments per expert, dropping the
+// lowest gate weights), builds the permutation ([routing.Plan]: rows grouped by
+// destination rank, then expert, then token), gathers the token rows into that
+// order, tells every rank how many rows it will get for each of its local
+// experts, and runs one AllToAllV of the rows. Rows for this rank's own
+// experts stay out of the collective: they are copied once, straight from the
+// tokens to the front of the receive buffer, instead of being packed and then
+// copied again by the engine.
+//
+// # Learning the receive counts
+//
+// A receiver needs more than the byte count of each incoming block: it must
+// know how many rows of the block belong to each of its local experts. Two
+// modes, chosen by [Config.Counts]:
+//
+//   - [CountsInBand] (default): one fixed-size [a2a.Comm.AllToAll] carries, for
+//     every (destination rank, local expert), the row count as a uint32 — a
+//     block of 4*maxLocalExperts bytes per peer. Byte counts follow from row
+//     counts, so this single small exchange replaces the per-rank counts
+//     exchange entirely, and the data blocks carry rows only, so a rank's
+//     received buffer is nothing but rows. It runs on the data plane: at 2
+//     ranks an in-band counts exchange costs about 9 us, a NATS round trip
+//     between processes about 160 us, and MoE steps are latency-bound at small
+//     batch sizes.
+//   - [CountsNATS]: byte counts through the control plane
+//     ([a2a.Comm.ExchangeCountsMatrix]), and the per-expert row counts as a
+//     header at the front of each block (4 bytes per local expert of the
+//     destination, padded to [HeaderAlign] bytes so rows stay aligned). Every
+//     rank also learns the whole traffic matrix. It allocates (NATS messages)
+//     and is slower; it exists for deployments that want the control plane to
+//     see every step's traffic.
+//
+// In both modes [Handle.Segments] gives the byte offsets of each (local expert,
+// source rank) run of rows, so callers need not know the layout.
+//
+// # Combine
+//
+// [Dispatcher.Combine] runs the reverse AllToAllV with the dispatch counts
+// swapped — no second counts exchange — into the dispatch's own send buffer,
+// which then holds the other ranks' expert outputs in the packed order (the
+// outputs for this rank's own rows are read where the experts wrote them),
+// and forms, for every token t, out[t] = sum over its kept slots s (in slot
+// order) of weight[t,s] * output[row(t,s)] in float32, rounded once to the
+// layer's element type. Each product and partial sum is rounded to float32
+// (no fused multiply-add), so results are the same on every architecture; on
+// amd64 with AVX2 the top-1 and top-2 cases run in vector kernels (build tag
+// purego disables them). A dropped assignment contributes nothing, and a
+// token whose assignments were all dropped gets a zero row: the caller's
+// residual connection carries it (the usual MoE convention; weights are not
+// renormalised after drops). The expert outputs must be laid out like
+// [Handle.Recv]; computing them in place into Recv is allowed.
+//
+// # Asynchronous steps
+//
+// A Comm runs one collective at a time, so overlap comes from the caller:
+// [Dispatcher.DispatchAsync] and [Dispatcher.CombineAsync] validate and plan
+// on the calling goroutine, hand the packing and the exchange to the
+// dispatcher's single worker goroutine and return at once; [Handle.Wait]
+// blocks until that step is done. The expert compute of one micro-batch then
+// runs while the next one is in flight:
+//
+//	h0, _ := d.Dispatch(ctx, tok0, &dec0)
+//	h1, _ := d.DispatchAsync(ctx, tok1, &dec1) // exchange of micro-batch 1 ...
+//	compute(h0)                                // ... overlaps compute of 0
+//	h1.Wait()
+//	d.CombineAsync(ctx, h0, h0.Output(), out0) // combine of 0 ...
+//	compute(h1)                                // ... overlaps compute of 1
+//	h0.Wait()
+//	d.Combine(ctx, h1, h1.Output(), out1)
+//
+// The worker runs operations in submission order, which is what keeps the
+// ranks' collectives in the same order. The synchronous forms run on the
+// calling goroutine when nothing is queued, and behind the queued operations
+// otherwise.
+//
+// # Steady state
+//
+// Handles come from a per-dispatcher free list ([Handle.Release] returns
+// them) and keep their buffers, which only grow; the worker and its
+// completion channels are created once. Once the buffers have reached the
+// step's size, a step allocates nothing in [CountsInBand] mode (the package's
+// tests check it with runtime.MemStats, as the a2a package does).
+//
+// # Performance
+//
+// Beyond the two AllToAllV of the rows, a step costs one rank: the gate's
+// top-k (the caller's), copying the decision and planning (O(tokens*k)), one
+// copy of every kept row (pack, or straight into the receive buffer for local
+// experts), one in-band counts exchange, and the weighted sum, which reads
+// every expert output once and writes every token once. BenchmarkLocalCost
+// measures these alone for 4096 tokens of 1024 bf16 elements, 16 experts,
+// top-2; BenchmarkOverhead compares whole steps with two plain AllToAllV of
+// the same bytes. Over loopback TCP the exchanges are themselves memory
+// copies done by the kernel, so the layer's extra passes over the data weigh
+// more than they would on a real network.
+//
+// # Errors
+//
+// Arguments are checked before the Comm is touched and reported with errors
+// matching [a2a.ErrInvalidArgument] (wrong buffer sizes, expert ids out of
+// range, a decision whose shape does not match the layer, ...); the Comm stays
+// usable. The peers, which did not fail, wait in their next collective until
+// this rank either retries or closes its Comm (they then see ErrPeerLost or
+// ErrAborted), or until their deadline. Failures of the exchanges are the
+// Comm's errors (see package a2a); ranks whose layer configurations differ
+// fail [New] with [a2a.ErrMismatch].
 package dispatch

@@ -1,0 +1,108 @@
+package dispatch
+
+import (
+	"context"
+	"runtime"
+	"testing"
+	"time"
+
+	"a2a/a2a"
+	"a2a/a2a/reduce"
+	"a2a/routing"
+)
+
+// TestSteadyStateAllocations: once warm, a dispatch + combine step allocates
+// nothing, in the synchronous form and in the pipelined asynchronous one
+// (CountsInBand; the NATS mode allocates in the control plane). As in the a2a
+// package's test, heartbeats are slowed down because their messages are the
+// only other allocations the process-wide counter sees.
+func TestSteadyStateAllocations(t *testing.T) {
+	const ranks = 3
+	url := startNATS(t)
+	comms := group(t, url, ranks, func(c *a2a.Config) { c.HeartbeatInterval, c.PeerTimeout = 10*time.Second, 30*time.Second })
+	l := layer{experts: 6, k: 2, hidden: 16, tokens: 64, dtype: reduce.BFloat16, capacity: 1.25, skew: 1, seed: 5}
+	ds := newDispatchers(t, comms, Config{Experts: 6, K: 2, Hidden: 16, DType: reduce.BFloat16, CapacityFactor: 1.25, Logger: discard})
+	// Inputs for two alternating steps, made before measuring.
+	type input struct {
+		tok [2][]byte
+		out [2][]byte
+		dec [2]*routing.Decision
+	}
+	in := make([]input, ranks)
+	for r := range in {
+		for s := range 2 {
+			in[r].tok[s] = l.tokenRows(r, s)
+			in[r].out[s] = make([]byte, len(in[r].tok[s]))
+			in[r].dec[s] = l.decision(r, s)
+		}
+	}
+	ctx := context.Background()
+	sync := func(r, i int) error {
+		d, s := ds[r], i%2
+		h, err := d.Dispatch(ctx, in[r].tok[s], in[r].dec[s])
+		if err != nil {
+			return err
+		}
+		if err := d.Combine(ctx, h, h.Recv(), in[r].out[s]); err != nil {
+			return err
+		}
+		h.Release()
+		return nil
+	}
+	async := func(r, i int) error {
+		d := ds[r]
+		h0, err := d.Dispatch(ctx, in[r].tok[0], in[r].dec[0])
+		if err != nil {
+			return err
+		}
+		h1, err := d.DispatchAsync(ctx, in[r].tok[1], in[r].dec[1])
+		if err != nil {
+			return err
+		}
+		if err := h1.Wait(); err != nil {
+			return err
+		}
+		if err := d.CombineAsync(ctx, h0, h0.Recv(), in[r].out[0]); err != nil {
+			return err
+		}
+		if err := h0.Wait(); err != nil {
+			return err
+		}
+		if err := d.Combine(ctx, h1, h1.Recv(), in[r].out[1]); err != nil {
+			return err
+		}
+		h0.Release()
+		h1.Release()
+		return nil
+	}
+	for _, tc := range []struct {
+		name string
+		step func(r, i int) error
+	}{{"sync", sync}, {"async", async}} {
+		t.Run(tc.name, func(t *testing.T) {
+			run := func(iters int) {
+				mustAll(t, onAll(ranks, func(r int) error {
+					for i := range iters {
+						if err := tc.step(r, i); err != nil {
+							return err
+						}
+					}
+					return nil
+				}))
+			}
+			run(30)
+			const iters = 300
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			run(iters)
+			runtime.ReadMemStats(&after)
+			// onAll's goroutines and closures cost a handful per run.
+			perStep := (float64(after.Mallocs-before.Mallocs) - 64) / float64(ranks*iters)
+			t.Logf("%.3f allocations per step", perStep)
+			if perStep > 0.2 {
+				t.Errorf("%.2f allocations per step, want 0", perStep)
+			}
+		})
+	}
+}

@@ -1,0 +1,96 @@
+package dispatch
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"a2a/a2a/reduce"
+)
+
+// TestKernelsMatchReference checks the fused one- and two-row kernels
+// against the plain float32 formula rounded once, element by element and
+// bit for bit, including the tails of rows that are not a multiple of the
+// 64-bit lane width and the special values (NaN, ±Inf, ±0, subnormals,
+// values that round up to Inf).
+func TestKernelsMatchReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	specials := []float32{0, float32(math.Copysign(0, -1)), float32(math.Inf(1)), float32(math.Inf(-1)),
+		float32(math.NaN()), 1e-40, -3e-39, math.MaxFloat32, 3.3895e38, 1, -1}
+	for _, dt := range []reduce.DType{reduce.Float32, reduce.BFloat16} {
+		for _, hidden := range []int{1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33, 64, 1027} {
+			rb := hidden * dt.Size()
+			a, b, got := make([]byte, rb), make([]byte, rb), make([]byte, rb)
+			for trial := range 50 {
+				for j := range hidden {
+					va, vb := float32(rng.NormFloat64()*10), float32(rng.NormFloat64())
+					if trial%5 == 0 {
+						va = specials[rng.IntN(len(specials))]
+					}
+					putElem(dt, a, j, va)
+					putElem(dt, b, j, vb)
+				}
+				wa, wb := float32(rng.Float64()), float32(rng.Float64())
+				if trial%7 == 0 {
+					wa = 0
+				}
+				if dt == reduce.BFloat16 && trial%3 == 1 {
+					// Exact ties: b is half a unit in the last place of a, so
+					// a+b sits halfway between two bfloat16 values.
+					wa, wb = 1, 1
+					for j := range hidden {
+						h := uint16(rng.Uint32())&0x807f | uint16(9+rng.IntN(200))<<7
+						binary.LittleEndian.PutUint16(a[2*j:], h)
+						binary.LittleEndian.PutUint16(b[2*j:], h&0x8000|(h>>7&0xff-8)<<7)
+					}
+				}
+				axpbyRow(dt, got, a, b, wa, wb)
+				for j := range hidden {
+					want := float32(wa*getElem(dt, a, j)) + float32(wb*getElem(dt, b, j))
+					if !sameBits(dt, got, j, want) {
+						t.Fatalf("%v hidden %d axpby element %d: got %v, want %v (a %v b %v wa %v wb %v)",
+							dt, hidden, j, getElem(dt, got, j), roundTo(dt, want), getElem(dt, a, j), getElem(dt, b, j), wa, wb)
+					}
+				}
+				scaleRow(dt, got, a, wa)
+				for j := range hidden {
+					if want := wa * getElem(dt, a, j); !sameBits(dt, got, j, want) {
+						t.Fatalf("%v hidden %d scale element %d: got %v, want %v", dt, hidden, j, getElem(dt, got, j), roundTo(dt, want))
+					}
+				}
+			}
+		}
+	}
+}
+
+// sameBits reports whether element j of buf is want encoded in dt.
+func sameBits(dt reduce.DType, buf []byte, j int, want float32) bool {
+	enc := make([]byte, 4)
+	putElem(dt, enc, 0, want)
+	n := dt.Size()
+	return string(buf[j*n:(j+1)*n]) == string(enc[:n])
+}
+
+// TestWidenNarrow round-trips every bfloat16 and float16 bit pattern except
+// NaNs (whose payloads the float32 trip may quieten).
+func TestWidenNarrow(t *testing.T) {
+	for _, dt := range []reduce.DType{reduce.BFloat16, reduce.Float16} {
+		src := make([]byte, 2<<16)
+		for i := range 1 << 16 {
+			binary.LittleEndian.PutUint16(src[2*i:], uint16(i))
+		}
+		f := make([]float32, 1<<16)
+		widen(dt, f, src)
+		dst := make([]byte, len(src))
+		narrow(dt, dst, f)
+		for i := range 1 << 16 {
+			if v := f[i]; v != v {
+				continue
+			}
+			if got := binary.LittleEndian.Uint16(dst[2*i:]); got != uint16(i) {
+				t.Fatalf("%v: 0x%04x came back as 0x%04x", dt, i, got)
+			}
+		}
+	}
+}

@@ -1,0 +1,532 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"a2a/a2a"
+	"a2a/a2a/reduce"
+	"a2a/routing"
+)
+
+// CountsMode says how a rank learns how many rows it will receive for each of
+// its local experts. See the package documentation for the trade-off.
+type CountsMode uint8
+
+const (
+	// CountsInBand exchanges per-(rank, local expert) row counts with one
+	// fixed-size AllToAll on the data plane. The default.
+	CountsInBand CountsMode = iota
+	// CountsNATS exchanges byte counts over the control plane and prefixes
+	// every block with its per-expert row counts.
+	CountsNATS
+)
+
+// String returns "inband" or "nats".
+func (m CountsMode) String() string {
+	switch m {
+	case CountsInBand:
+		return "inband"
+	case CountsNATS:
+		return "nats"
+	}
+	return fmt.Sprintf("CountsMode(%d)", uint8(m))
+}
+
+// ParseCountsMode parses "inband" (or "in-band") and "nats".
+func ParseCountsMode(s string) (CountsMode, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "inband", "in-band":
+		return CountsInBand, nil
+	case "nats":
+		return CountsNATS, nil
+	}
+	return 0, fmt.Errorf("%w: counts mode %q: want inband or nats", a2a.ErrInvalidArgument, s)
+}
+
+// HeaderAlign is the alignment, in bytes, of the per-block row-count header of
+// [CountsNATS] mode, so that the rows after it keep the alignment of the
+// buffer for any element type.
+const HeaderAlign = 16
+
+// Observer receives one event per dispatch and per combine.
+// *metrics.Observer implements it. Methods run on the goroutine that ran the
+// step (the caller's or the dispatcher's worker): keep them fast.
+type Observer interface {
+	// ObserveDispatch reports a finished dispatch: its duration (packing,
+	// counts, exchange), this rank's rows per global expert, the assignments
+	// it dropped over capacity, and the max/mean of its rows per destination
+	// rank.
+	ObserveDispatch(d time.Duration, tokensPerExpert []int, dropped int, imbalance float64)
+	// ObserveCombine reports the duration of a finished combine (reverse
+	// exchange and weighted sum).
+	ObserveCombine(d time.Duration)
+}
+
+// Config describes one MoE layer. Every rank of the group must use the same
+// values (New checks).
+type Config struct {
+	// Experts is the number of experts E of the layer.
+	Experts int
+	// K is the number of experts per token (top-k), 1 <= K <= Experts.
+	K int
+	// Hidden is the number of elements in a token row.
+	Hidden int
+	// DType is the element type of token rows and expert outputs:
+	// reduce.Float32, reduce.BFloat16 or reduce.Float16 (0 means Float32).
+	// Dispatch moves rows as bytes; Combine computes in float32 and rounds
+	// once to DType.
+	DType reduce.DType
+	// CapacityFactor limits each expert to ceil(T*K/Experts*CapacityFactor)
+	// of a rank's T tokens per step (see routing.Capacity); <= 0: no limit.
+	CapacityFactor float64
+	// Placement says which rank hosts each expert; nil places them
+	// contiguously (routing.Contiguous). Its Ranks must equal the Comm's size.
+	Placement *routing.Placement
+	// Counts selects how receive counts are learned (default CountsInBand).
+	Counts CountsMode
+	// Observer, if set, is told about every dispatch and combine.
+	Observer Observer
+	// Logger receives debug messages (nil: slog.Default()).
+	Logger *slog.Logger
+}
+
+// Dispatcher runs the dispatch and combine of one MoE layer on one rank. Its
+// methods, and those of the handles it returns, are meant to be called from
+// one goroutine (the layer's step loop); the exchanges of the asynchronous
+// forms run on the dispatcher's own worker goroutine.
+type Dispatcher struct {
+	comm     *a2a.Comm
+	cfg      Config
+	log      *slog.Logger
+	pl       *routing.Placement
+	capacity routing.Capacity
+	rank     int
+	size     int
+	rowBytes int
+	nLocal   int   // experts hosted here
+	maxLocal int   // most experts any rank hosts
+	hdr      []int // CountsNATS: header bytes of the block for rank j (0 in-band)
+	hdrSelf  int   // header bytes of the blocks this rank receives
+
+	jobs       chan *Handle
+	inflight   atomic.Int32 // jobs queued or running on the worker
+	workerDone chan struct{}
+
+	mu     sync.Mutex // guards closed and free
+	closed bool
+	free   []*Handle
+}
+
+// New creates the dispatcher of one MoE layer on c. It is a collective: every
+// rank calls it, and the ranks compare their configurations with one small
+// AllToAll, failing with ErrMismatch if they differ. A bad configuration fails
+// with ErrInvalidArgument before anything is exchanged. Close the dispatcher
+// before the Comm.
+func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
+	if c == nil {
+		return nil, invalidf("nil Comm")
+	}
+	if cfg.DType == 0 {
+		cfg.DType = reduce.Float32
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	switch {
+	case cfg.Experts < 1:
+		return nil, invalidf("experts %d, want >= 1", cfg.Experts)
+	case cfg.K < 1 || cfg.K > cfg.Experts:
+		return nil, invalidf("top-k %d, want 1 <= k <= experts (%d)", cfg.K, cfg.Experts)
+	case cfg.Hidden < 1:
+		return nil, invalidf("hidden size %d, want >= 1", cfg.Hidden)
+	case cfg.DType != reduce.Float32 && cfg.DType != reduce.BFloat16 && cfg.DType != reduce.Float16:
+		return nil, invalidf("dtype %v, want float32, bfloat16 or float16", cfg.DType)
+	case cfg.Counts != CountsInBand && cfg.Counts != CountsNATS:
+		return nil, invalidf("counts mode %v", cfg.Counts)
+	case math.IsNaN(cfg.CapacityFactor) || math.IsInf(cfg.CapacityFactor, 0):
+		return nil, invalidf("capacity factor %v, want finite (<= 0: unlimited)", cfg.CapacityFactor)
+	case cfg.Hidden > math.MaxInt32/cfg.DType.Size():
+		return nil, invalidf("hidden size %d: rows over 2 GiB", cfg.Hidden)
+	}
+	rank, size := c.Rank(), c.Size()
+	pl := cfg.Placement
+	if pl == nil {
+		var err error
+		if pl, err = routing.Contiguous(cfg.Experts, size); err != nil {
+			return nil, wrapInvalid(err, "placement")
+		}
+	} else {
+		if err := pl.Validate(); err != nil {
+			return nil, wrapInvalid(err, "placement")
+		}
+		if pl.Experts != cfg.Experts || pl.Ranks != size {
+			return nil, invalidf("placement of %d experts over %d ranks, want %d experts over the Comm's %d ranks",
+				pl.Experts, pl.Ranks, cfg.Experts, size)
+		}
+	}
+	d := &Dispatcher{
+		comm: c, cfg: cfg, log: cfg.Logger, pl: pl,
+		capacity: routing.Capacity{Factor: cfg.CapacityFactor},
+		rank:     rank, size: size,
+		rowBytes: cfg.Hidden * cfg.DType.Size(),
+		nLocal:   len(pl.PerRank[rank]),
+		hdr:      make([]int, size),
+	}
+	for r, es := range pl.PerRank {
+		d.maxLocal = max(d.maxLocal, len(es))
+		if cfg.Counts == CountsNATS {
+			d.hdr[r] = alignUp(4*len(es), HeaderAlign)
+		}
+	}
+	d.hdrSelf = d.hdr[rank]
+	if err := d.agree(ctx); err != nil {
+		return nil, err
+	}
+	d.jobs = make(chan *Handle, 16)
+	d.workerDone = make(chan struct{})
+	go d.work()
+	d.log.Debug("dispatch: layer ready", "rank", rank, "ranks", size, "experts", cfg.Experts, "k", cfg.K,
+		"hidden", cfg.Hidden, "dtype", cfg.DType, "local_experts", d.nLocal, "counts", cfg.Counts)
+	return d, nil
+}
+
+// agree checks that every rank configured the same layer: each sends every
+// peer a fingerprint of its configuration and compares what it receives.
+func (d *Dispatcher) agree(ctx context.Context) error {
+	h := fnv.New64a()
+	var b [8]byte
+	put := func(v uint64) {
+		binary.LittleEndian.PutUint64(b[:], v)
+		h.Write(b[:])
+	}
+	put(uint64(d.cfg.Experts))
+	put(uint64(d.cfg.K))
+	put(uint64(d.cfg.Hidden))
+	put(uint64(d.cfg.DType))
+	put(uint64(d.cfg.Counts))
+	put(math.Float64bits(max(d.cfg.CapacityFactor, 0)))
+	for _, r := range d.pl.Owner {
+		put(uint64(r))
+	}
+	mine := h.Sum64()
+	send, recv := make([]byte, 8*d.size), make([]byte, 8*d.size)
+	for j := range d.size {
+		binary.LittleEndian.PutUint64(send[8*j:], mine)
+	}
+	if err := d.comm.AllToAll(ctx, send, recv); err != nil {
+		return err
+	}
+	for i := range d.size {
+		if got := binary.LittleEndian.Uint64(recv[8*i:]); got != mine {
+			return fmt.Errorf("%w: dispatch: rank %d configured a different MoE layer than rank %d (experts, k, hidden, dtype, capacity, counts mode or placement differ)",
+				a2a.ErrMismatch, i, d.rank)
+		}
+	}
+	return nil
+}
+
+// Close stops the worker after the operations already queued have run. It
+// does not close the Comm. Close is idempotent; the dispatcher refuses work
+// afterwards with ErrClosed.
+func (d *Dispatcher) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	close(d.jobs)
+	d.mu.Unlock()
+	<-d.workerDone
+	return nil
+}
+
+// Config returns the layer configuration, with defaults filled in.
+func (d *Dispatcher) Config() Config { return d.cfg }
+
+// Placement returns the expert placement in use.
+func (d *Dispatcher) Placement() *routing.Placement { return d.pl }
+
+// RowBytes is the size of one token row: Hidden times the element size.
+func (d *Dispatcher) RowBytes() int { return d.rowBytes }
+
+// LocalExperts lists the global ids of the experts this rank hosts, ascending
+// (local index l is position l). Treat it as read-only.
+func (d *Dispatcher) LocalExperts() []int { return d.pl.PerRank[d.rank] }
+
+// Dispatch sends every kept (token, expert) assignment of decision to the rank
+// hosting the expert, and returns once this rank has received the rows for its
+// own experts. tokens holds decision.Tokens rows of RowBytes bytes. The
+// decision is copied (capacity is enforced on the copy), so the caller may
+// reuse it and tokens as soon as Dispatch returns. On success, the caller
+// owns the returned handle until it calls Release; on failure there is no
+// handle.
+func (d *Dispatcher) Dispatch(ctx context.Context, tokens []byte, decision *routing.Decision) (*Handle, error) {
+	h, err := d.prepare(ctx, tokens, decision)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.submit(h, true); err != nil {
+		h.Release()
+		return nil, err
+	}
+	return h, nil
+}
+
+// DispatchAsync is Dispatch that returns as soon as the step is planned: the
+// packing and the exchanges run on the dispatcher's worker. Call Wait on the
+// handle before reading it; tokens must stay unchanged until then (decision
+// may be reused at once). Argument errors are returned here, exchange errors
+// by Wait.
+func (d *Dispatcher) DispatchAsync(ctx context.Context, tokens []byte, decision *routing.Decision) (*Handle, error) {
+	h, err := d.prepare(ctx, tokens, decision)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.submit(h, false); err != nil {
+		h.Release()
+		return nil, err
+	}
+	return h, nil
+}
+
+// Combine sends the expert outputs back to the ranks their tokens came from
+// and writes into out, in the original token order, the gate-weighted sum of
+// each token's expert outputs. expertOutputs has the layout and length of
+// h.Recv() (h.Output() or h.Recv() itself, computed in place); out holds the
+// dispatched number of token rows (h.Tokens() * RowBytes bytes) and may be
+// the dispatched tokens buffer. The handle stays valid (its statistics
+// readable) until Release.
+func (d *Dispatcher) Combine(ctx context.Context, h *Handle, expertOutputs, out []byte) error {
+	if err := d.prepareCombine(ctx, h, expertOutputs, out); err != nil {
+		return err
+	}
+	return d.submit(h, true)
+}
+
+// CombineAsync is Combine that returns once the arguments are checked: the
+// reverse exchange and the weighted sum run on the dispatcher's worker, and
+// h.Wait returns when out is ready. expertOutputs must stay unchanged until
+// then.
+func (d *Dispatcher) CombineAsync(ctx context.Context, h *Handle, expertOutputs, out []byte) error {
+	if err := d.prepareCombine(ctx, h, expertOutputs, out); err != nil {
+		return err
+	}
+	return d.submit(h, false)
+}
+
+// submit runs h's operation: inline when sync and nothing is queued (the
+// worker is idle, so the order of collectives is kept), otherwise on the
+// worker, waiting for it when sync.
+func (d *Dispatcher) submit(h *Handle, sync bool) error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		if h.state == stateCombining {
+			h.state = stateDispatched
+		}
+		return fmt.Errorf("%w: dispatch: dispatcher closed", a2a.ErrClosed)
+	}
+	if sync && d.inflight.Load() == 0 {
+		d.mu.Unlock()
+		return h.exec()
+	}
+	d.inflight.Add(1)
+	h.pending = true
+	d.jobs <- h // under mu: Close cannot close the channel meanwhile
+	d.mu.Unlock()
+	if sync {
+		return h.Wait()
+	}
+	return nil
+}
+
+// work runs queued operations in submission order.
+func (d *Dispatcher) work() {
+	defer close(d.workerDone)
+	for h := range d.jobs {
+		err := h.exec()
+		// Counted down before the completion is visible, so that a caller
+		// returning from Wait sees an idle worker and may run inline.
+		d.inflight.Add(-1)
+		h.done <- err
+	}
+}
+
+// handle takes a handle from the free list, or makes one.
+func (d *Dispatcher) handle() *Handle {
+	d.mu.Lock()
+	if n := len(d.free); n > 0 {
+		h := d.free[n-1]
+		d.free = d.free[:n-1]
+		d.mu.Unlock()
+		return h
+	}
+	d.mu.Unlock()
+	P := d.size
+	return &Handle{
+		d:          d,
+		done:       make(chan error, 1),
+		sendCounts: make([]int, P),
+		sendDispl:  make([]int, P),
+		recvCounts: make([]int, P),
+		recvDispl:  make([]int, P),
+		rowsFrom:   make([]int, P*d.nLocal),
+		expertRows: make([]int, d.nLocal),
+		segs:       make([]Segment, P*d.nLocal),
+		hdrOut:     make([]byte, 4*d.maxLocal*P),
+		hdrIn:      make([]byte, 4*d.maxLocal*P),
+		offs:       make([]int, d.cfg.K),
+		ws:         make([]float32, d.cfg.K),
+	}
+}
+
+func (d *Dispatcher) recycle(h *Handle) {
+	h.ctx, h.tokens, h.expertOut, h.out = nil, nil, nil, nil
+	h.state = stateIdle
+	d.mu.Lock()
+	d.free = append(d.free, h)
+	d.mu.Unlock()
+}
+
+// prepare validates a dispatch, copies the decision, enforces capacity and
+// plans the permutation, on the caller's goroutine.
+func (d *Dispatcher) prepare(ctx context.Context, tokens []byte, dec *routing.Decision) (*Handle, error) {
+	if ctx == nil {
+		return nil, invalidf("nil context")
+	}
+	if dec == nil {
+		return nil, invalidf("nil routing decision")
+	}
+	rb := d.rowBytes
+	if len(tokens)%rb != 0 {
+		return nil, invalidf("token buffer of %d bytes is not a multiple of the row size %d (hidden %d x %d-byte %v)",
+			len(tokens), rb, d.cfg.Hidden, d.cfg.DType.Size(), d.cfg.DType)
+	}
+	T := len(tokens) / rb
+	if dec.K != d.cfg.K {
+		return nil, invalidf("decision has k=%d slots per token, the layer's top-k is %d", dec.K, d.cfg.K)
+	}
+	if dec.Tokens != T {
+		return nil, invalidf("decision routes %d tokens, the token buffer holds %d rows", dec.Tokens, T)
+	}
+	if T > math.MaxInt32/d.cfg.K {
+		return nil, invalidf("%d tokens x k %d is more than %d assignments", T, d.cfg.K, math.MaxInt32)
+	}
+	n := T * d.cfg.K
+	if len(dec.Expert) != n || len(dec.Weight) != n {
+		return nil, invalidf("decision has %d expert ids and %d weights, want %d each (%d tokens x k %d)",
+			len(dec.Expert), len(dec.Weight), n, T, d.cfg.K)
+	}
+	if err := checkAssignments(dec, d.cfg.Experts); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("%w: dispatch: dispatcher closed", a2a.ErrClosed)
+	}
+	h := d.handle()
+	h.dec.Tokens, h.dec.K = T, d.cfg.K
+	h.dec.Expert = append(h.dec.Expert[:0], dec.Expert...)
+	h.dec.Weight = append(h.dec.Weight[:0], dec.Weight...)
+	for i, e := range h.dec.Expert {
+		if e == routing.Dropped {
+			h.dec.Weight[i] = 0
+		}
+	}
+	dropped, err := d.capacity.Apply(&h.dec, d.cfg.Experts, &h.capScratch)
+	if err == nil {
+		err = h.plan.Build(&h.dec, d.pl)
+	}
+	if err != nil {
+		d.recycle(h)
+		return nil, wrapInvalid(err, "routing")
+	}
+	h.ctx, h.tokens, h.T, h.dropped = ctx, tokens, T, dropped
+	h.state = stateDispatching
+	return h, nil
+}
+
+// checkAssignments reports the first expert id out of range, expert named
+// twice by one token, or non-finite weight.
+func checkAssignments(dec *routing.Decision, experts int) error {
+	K := dec.K
+	for t := range dec.Tokens {
+		ids := dec.Expert[t*K : (t+1)*K]
+		for s, e := range ids {
+			if e == routing.Dropped {
+				continue
+			}
+			if e < 0 || int(e) >= experts {
+				return invalidf("token %d slot %d: expert id %d out of range [0, %d)", t, s, e, experts)
+			}
+			for p := range s {
+				if ids[p] == e {
+					return invalidf("token %d: expert %d in both slot %d and slot %d", t, e, p, s)
+				}
+			}
+			if w := dec.Weight[t*K+s]; w != w || math.IsInf(float64(w), 0) {
+				return invalidf("token %d slot %d: gate weight %v, want a finite number", t, s, w)
+			}
+		}
+	}
+	return nil
+}
+
+// prepareCombine validates a combine on the caller's goroutine.
+func (d *Dispatcher) prepareCombine(ctx context.Context, h *Handle, expertOutputs, out []byte) error {
+	switch {
+	case ctx == nil:
+		return invalidf("nil context")
+	case h == nil:
+		return invalidf("nil handle")
+	case h.d != d:
+		return invalidf("handle belongs to another dispatcher")
+	case h.pending:
+		return invalidf("handle has an operation in flight: call Wait first")
+	case h.state == stateIdle:
+		return invalidf("handle was released")
+	case h.state == stateCombined:
+		return invalidf("handle already combined")
+	case h.state != stateDispatched:
+		return invalidf("handle's dispatch did not succeed")
+	case len(expertOutputs) != len(h.recv):
+		return invalidf("expert outputs hold %d bytes, want %d (the length of Recv: %d rows of %d bytes, plus %d header bytes)",
+			len(expertOutputs), len(h.recv), h.Rows(), d.rowBytes, len(h.recv)-h.Rows()*d.rowBytes)
+	case len(out) != h.T*d.rowBytes:
+		return invalidf("combine output holds %d bytes, want %d (%d tokens x %d)", len(out), h.T*d.rowBytes, h.T, d.rowBytes)
+	}
+	h.ctx, h.expertOut, h.out = ctx, expertOutputs, out
+	h.state = stateCombining
+	return nil
+}
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: dispatch: "+format, append([]any{a2a.ErrInvalidArgument}, args...)...)
+}
+
+// wrapInvalid makes a routing error match both routing.ErrInvalid and
+// a2a.ErrInvalidArgument.
+func wrapInvalid(err error, what string) error {
+	return fmt.Errorf("%w: dispatch: %s: %w", a2a.ErrInvalidArgument, what, err)
+}
+
+func alignUp(n, a int) int { return (n + a - 1) / a * a }
+
+func grow(b []byte, n int) []byte {
+	if cap(b) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}

@@ -1,0 +1,398 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"a2a/a2a"
+	"a2a/routing"
+)
+
+type handleState uint8
+
+const (
+	stateIdle        handleState = iota // on the free list
+	stateDispatching                    // dispatch planned, exchange queued or running
+	stateDispatched                     // rows received: expert compute may run
+	stateCombining                      // combine queued or running
+	stateCombined                       // outputs delivered
+	stateFailed                         // an exchange failed
+)
+
+// Segment is a run of received rows: the rows one source rank sent for one
+// local expert, in that rank's token order.
+type Segment struct {
+	// Source is the rank the rows came from.
+	Source int
+	// Offset is the byte offset of the first row in Handle.Recv, and where
+	// the expert outputs for these rows go in the buffer given to Combine.
+	Offset int
+	// Rows is the number of rows (possibly 0).
+	Rows int
+}
+
+// Stats describes one step of one rank.
+type Stats struct {
+	// Tokens is the number of tokens this rank dispatched.
+	Tokens int
+	// Kept is the number of (token, expert) rows this rank sent, itself included.
+	Kept int
+	// Dropped is the number of assignments dropped over capacity.
+	Dropped int
+	// Received is the number of rows this rank received for its experts.
+	Received int
+	// Imbalance is max/mean of the rows this rank sent per destination rank
+	// (1 is even; see routing.Imbalance).
+	Imbalance float64
+	// SentBytes and ReceivedBytes are the dispatch payload exchanged with
+	// other ranks (the local block and count exchanges are not counted);
+	// combine moves the same amounts the other way.
+	SentBytes, ReceivedBytes int64
+	// DispatchTime runs from the start of packing to the end of the
+	// exchange; CombineTime from the start of the reverse exchange to the end
+	// of the weighted sum.
+	DispatchTime, CombineTime time.Duration
+}
+
+// Handle is one dispatched step: the rows this rank's experts must process and
+// what Combine needs to send their outputs back. Get one from
+// Dispatcher.Dispatch or DispatchAsync, and give it back with Release. Its
+// slices are owned by the handle and reused by later steps: do not keep them
+// past Release.
+type Handle struct {
+	d       *Dispatcher
+	state   handleState
+	pending bool       // an operation was queued on the worker and not yet waited for
+	done    chan error // the worker's completion of that operation
+	err     error
+
+	// Arguments of the queued operation, dropped once it ran.
+	ctx                    context.Context
+	tokens, expertOut, out []byte
+
+	T, dropped int
+	selfBytes  int // bytes of the rows this rank keeps for its own experts, at the front of recv
+	dec        routing.Decision
+	capScratch routing.CapacityScratch
+	plan       routing.Plan
+
+	send, recv, output []byte
+	sendCounts         []int // bytes to each rank (0 to itself)
+	sendDispl          []int
+	recvCounts         []int // bytes from each rank (0 from itself)
+	recvDispl          []int
+	matrix             []int  // CountsNATS: the traffic matrix
+	hdrOut, hdrIn      []byte // CountsInBand: per-(rank, local expert) row counts
+	rowsFrom           []int  // rowsFrom[src*nLocal+l]: rows from src for local expert l
+	expertRows         []int  // rows per local expert
+	segs               []Segment
+	slotOff            []int // offset of each (token, slot)'s output: send offset, selfOffset, or -1 if dropped
+	offs               []int // combine scratch: the kept slots of one token
+	ws                 []float32
+	acc, tmp           []float32
+
+	dispatchTime, combineTime time.Duration
+	sentBytes, recvBytes      int64
+}
+
+// Wait blocks until the operation started by DispatchAsync or CombineAsync is
+// done and returns its error; without one in flight it returns the last
+// operation's error at once. After an error the handle can only be released.
+func (h *Handle) Wait() error {
+	if h.pending {
+		h.err = <-h.done
+		h.pending = false
+	}
+	return h.err
+}
+
+// Release gives the handle and its buffers back to the dispatcher for a later
+// step, waiting first for an operation still in flight. The handle and every
+// slice obtained from it must not be used afterwards. Releasing twice is a
+// no-op until the handle is handed out again.
+func (h *Handle) Release() {
+	if h == nil || h.state == stateIdle {
+		return
+	}
+	h.Wait()
+	h.d.recycle(h)
+}
+
+// Tokens is the number of tokens this rank dispatched.
+func (h *Handle) Tokens() int { return h.T }
+
+// Rows is the number of rows received for all local experts.
+func (h *Handle) Rows() int {
+	n := 0
+	for _, r := range h.expertRows {
+		n += r
+	}
+	return n
+}
+
+// Recv is the received buffer: the rows of this rank's own tokens first, then
+// the other ranks' in rank order; within a rank, rows by local expert, then by
+// token (Segments gives the offsets).
+func (h *Handle) Recv() []byte { return h.recv }
+
+// Output is a buffer of the length and layout of Recv, owned by the handle,
+// for the expert outputs. Its previous contents are unspecified: write every
+// row of every segment.
+func (h *Handle) Output() []byte {
+	h.output = grow(h.output, len(h.recv))
+	return h.output
+}
+
+// LocalExperts is the number of experts this rank hosts.
+func (h *Handle) LocalExperts() int { return h.d.nLocal }
+
+// Expert is the global id of local expert l.
+func (h *Handle) Expert(l int) int { return h.d.pl.PerRank[h.d.rank][l] }
+
+// ExpertRows is the number of rows received for local expert l.
+func (h *Handle) ExpertRows(l int) int { return h.expertRows[l] }
+
+// Segments lists where local expert l's rows are in Recv: one segment per
+// source rank, indexed by rank (empty ones included).
+func (h *Handle) Segments(l int) []Segment {
+	P := h.d.size
+	return h.segs[l*P : (l+1)*P]
+}
+
+// Decision is the routing of this rank's tokens as dispatched: the caller's
+// decision with the assignments dropped over capacity marked routing.Dropped.
+func (h *Handle) Decision() *routing.Decision { return &h.dec }
+
+// ExpertLoad is the number of rows this rank sent to each global expert.
+func (h *Handle) ExpertLoad() []int { return h.plan.ExpertRows }
+
+// Stats returns the step's statistics (CombineTime once combined).
+func (h *Handle) Stats() Stats {
+	return Stats{
+		Tokens: h.T, Kept: h.plan.Rows, Dropped: h.dropped, Received: h.Rows(),
+		Imbalance:    routing.Imbalance(h.plan.RankRows),
+		SentBytes:    h.sentBytes,
+		DispatchTime: h.dispatchTime, CombineTime: h.combineTime, ReceivedBytes: h.recvBytes,
+	}
+}
+
+// exec runs the handle's prepared operation on the current goroutine.
+func (h *Handle) exec() error {
+	var err error
+	switch h.state {
+	case stateDispatching:
+		if err = h.runDispatch(); err == nil {
+			h.state = stateDispatched
+		}
+	case stateCombining:
+		if err = h.runCombine(); err == nil {
+			h.state = stateCombined
+		}
+	default:
+		err = fmt.Errorf("%w: dispatch: handle in state %d has nothing to run", a2a.ErrInvalidArgument, h.state)
+	}
+	if err != nil {
+		h.state = stateFailed
+	}
+	h.ctx, h.tokens, h.expertOut, h.out = nil, nil, nil, nil
+	h.err = err
+	return err
+}
+
+// runDispatch packs the rows, learns the receive counts and exchanges the rows.
+//
+// Rows for this rank's own experts never enter the collective: they are
+// gathered straight from the tokens into the front of the receive buffer (one
+// copy instead of a pack plus the engine's local copy), and combine reads
+// their outputs where the experts wrote them.
+func (h *Handle) runDispatch() error {
+	start := time.Now()
+	d, p := h.d, &h.plan
+	P, rb, nLocal, me := d.size, d.rowBytes, d.nLocal, d.rank
+	le := binary.LittleEndian
+
+	off := 0
+	for j := range P {
+		h.sendDispl[j] = off
+		h.sendCounts[j] = 0
+		if j != me {
+			h.sendCounts[j] = d.hdr[j] + p.RankRows[j]*rb
+		}
+		off += h.sendCounts[j]
+	}
+	h.send = grow(h.send, off)
+	h.slotOff = growInts(h.slotOff, len(p.Row))
+	for a, r := range p.Row {
+		if r < 0 {
+			h.slotOff[a] = -1
+		}
+	}
+	K := int32(p.K)
+	for j := range P {
+		if j == me {
+			continue
+		}
+		pos := h.sendDispl[j]
+		if hb := d.hdr[j]; hb > 0 {
+			hdr := h.send[pos : pos+hb]
+			clear(hdr)
+			for l, e := range d.pl.PerRank[j] {
+				le.PutUint32(hdr[4*l:], uint32(p.ExpertRows[e]))
+			}
+			pos += hb
+		}
+		for _, a := range p.Order[p.RankStart[j]:p.RankStart[j+1]] {
+			t := int(a / K)
+			copy(h.send[pos:pos+rb], h.tokens[t*rb:(t+1)*rb])
+			h.slotOff[a] = pos
+			pos += rb
+		}
+	}
+	for l, e := range d.pl.PerRank[me] {
+		h.rowsFrom[me*nLocal+l] = p.ExpertRows[e]
+	}
+
+	if d.cfg.Counts == CountsInBand {
+		clear(h.hdrOut)
+		for j, es := range d.pl.PerRank {
+			if j == me {
+				continue
+			}
+			for l, e := range es {
+				le.PutUint32(h.hdrOut[4*(j*d.maxLocal+l):], uint32(p.ExpertRows[e]))
+			}
+		}
+		if err := d.comm.AllToAll(h.ctx, h.hdrOut, h.hdrIn); err != nil {
+			return err
+		}
+		for i := range P {
+			h.recvCounts[i] = 0
+			if i == me {
+				continue
+			}
+			total := 0
+			for l := range d.maxLocal {
+				n := int(le.Uint32(h.hdrIn[4*(i*d.maxLocal+l):]))
+				if l >= nLocal {
+					if n != 0 {
+						return h.mismatch(i, "sends %d rows for local expert %d of %d", n, l, nLocal)
+					}
+					continue
+				}
+				h.rowsFrom[i*nLocal+l] = n
+				total += n
+			}
+			h.recvCounts[i] = total * rb
+		}
+	} else {
+		h.matrix = growInts(h.matrix, P*P)
+		if err := d.comm.ExchangeCountsMatrix(h.ctx, h.sendCounts, h.recvCounts, h.matrix); err != nil {
+			return err
+		}
+	}
+	// Layout of recv: this rank's own rows, then the other ranks' blocks
+	// in rank order as the AllToAllV delivers them.
+	h.selfBytes = p.RankRows[me] * rb
+	off = h.selfBytes
+	for i := range P {
+		h.recvDispl[i] = off
+		off += h.recvCounts[i]
+	}
+	h.recv = grow(h.recv, off)
+	pos := 0
+	for _, a := range p.Order[p.RankStart[me]:p.RankStart[me+1]] {
+		t := int(a / K)
+		copy(h.recv[pos:pos+rb], h.tokens[t*rb:(t+1)*rb])
+		h.slotOff[a] = selfOffset(pos)
+		pos += rb
+	}
+	if err := d.comm.AllToAllV(h.ctx, h.send, h.sendCounts, h.recv[h.selfBytes:], h.recvCounts); err != nil {
+		return err
+	}
+	if d.hdrSelf > 0 {
+		for i := range P {
+			if i == me {
+				continue
+			}
+			blk := h.recv[h.recvDispl[i] : h.recvDispl[i]+h.recvCounts[i]]
+			if len(blk) < d.hdrSelf {
+				return h.mismatch(i, "sent a %d-byte block, shorter than its %d-byte header", len(blk), d.hdrSelf)
+			}
+			total := 0
+			for l := range nLocal {
+				n := int(le.Uint32(blk[4*l:]))
+				h.rowsFrom[i*nLocal+l] = n
+				total += n
+			}
+			if d.hdrSelf+total*rb != len(blk) {
+				return h.mismatch(i, "sent %d bytes with a header announcing %d rows of %d bytes", len(blk), total, rb)
+			}
+		}
+	}
+
+	clear(h.expertRows)
+	h.sentBytes, h.recvBytes = 0, 0
+	for i := range P {
+		pos := h.recvDispl[i] + d.hdrSelf
+		if i == me {
+			pos = 0
+		}
+		for l := range nLocal {
+			n := h.rowsFrom[i*nLocal+l]
+			h.segs[l*P+i] = Segment{Source: i, Offset: pos, Rows: n}
+			h.expertRows[l] += n
+			pos += n * rb
+		}
+		h.sentBytes += int64(h.sendCounts[i])
+		h.recvBytes += int64(h.recvCounts[i])
+	}
+	h.dispatchTime = time.Since(start)
+	h.combineTime = 0
+	if o := d.cfg.Observer; o != nil {
+		o.ObserveDispatch(h.dispatchTime, p.ExpertRows, h.dropped, routing.Imbalance(p.RankRows))
+	}
+	return nil
+}
+
+// selfOffset encodes the offset of a row this rank keeps for itself (in the
+// expert outputs) apart from offsets in the send buffer (>= 0) and from
+// dropped slots (-1).
+func selfOffset(off int) int { return -2 - off }
+
+func (h *Handle) mismatch(src int, format string, args ...any) error {
+	return fmt.Errorf("%w: dispatch: rank %d "+format, append([]any{a2a.ErrMismatch, src}, args...)...)
+}
+
+// runCombine brings the expert outputs back and sums them per token.
+func (h *Handle) runCombine() error {
+	start := time.Now()
+	d := h.d
+	// The reverse of the dispatch: what came from rank i goes back to it,
+	// landing where this rank's rows for it were packed. The outputs for
+	// this rank's own rows stay where they are.
+	if err := d.comm.AllToAllV(h.ctx, h.expertOut[h.selfBytes:], h.recvCounts, h.send, h.sendCounts); err != nil {
+		return err
+	}
+	h.weightedSum()
+	h.combineTime = time.Since(start)
+	if o := d.cfg.Observer; o != nil {
+		o.ObserveCombine(h.combineTime)
+	}
+	return nil
+}
+
+func growInts(s []int, n int) []int {
+	if cap(s) < n {
+		return make([]int, n)
+	}
+	return s[:n]
+}
+
+func growFloats(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}

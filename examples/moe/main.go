@@ -1,0 +1,201 @@
+// Command moe is the expert-routing demo of a2a: N local ranks run a
+// mixture-of-experts layer step by step — route, dispatch, expert compute,
+// combine — over a real NATS control plane and TCP data plane, and check
+// every output against a reference computed in a single process.
+//
+//	go run ./examples/moe                      # 4 ranks, 16 experts, top-2
+//	go run ./examples/moe -n 2 --skew 1.2 --capacity 1.0 --steps 10
+//
+// Each rank hosts experts/N experts, each a small two-layer feed-forward
+// network whose float32 weights come from the seed. Per step every rank
+// generates its tokens and router logits from (seed, step, rank), gates them
+// (top-k softmax, package routing), drops assignments over capacity,
+// dispatches the rows to the experts' ranks (package dispatch), runs its
+// experts, and combines the outputs back into token order. It then recomputes
+// the same layer for its own tokens without any communication and compares.
+// Rank 0 prints one line per step; every rank serves Prometheus metrics while
+// it runs. The exit status is non-zero if any output differs.
+//
+// The command re-executes itself once per rank with --worker, as `a2ad demo`
+// does; a worker can also be started by `a2ad run -n N -- moe --worker ...`.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"a2a/a2a/control"
+	"a2a/a2a/reduce"
+	"a2a/dispatch"
+	"a2a/internal/launch"
+	"a2a/internal/natsd"
+)
+
+// options are the demo's flags, shared by the launcher and its workers.
+type options struct {
+	ranks        int
+	experts      int
+	k            int
+	tokens       int
+	hidden       int
+	ffn          int
+	steps        int
+	microbatches int
+	skew         float64
+	capacity     float64
+	seed         uint64
+	dtype        reduce.DType
+	counts       dispatch.CountsMode
+	metricsAddr  string
+	metricsPort  int
+	interval     time.Duration
+	hold         time.Duration
+	natsURL      string
+	worker       bool
+	corruptRank  int // testing: this rank perturbs one output before verifying
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	o := options{corruptRank: -1}
+	fs := flag.NewFlagSet("moe", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&o.ranks, "n", 4, "local ranks")
+	fs.IntVar(&o.experts, "experts", 16, "experts E in the layer")
+	fs.IntVar(&o.k, "k", 2, "experts per token (top-k)")
+	fs.IntVar(&o.tokens, "tokens", 256, "tokens per rank per step")
+	fs.IntVar(&o.hidden, "hidden", 64, "hidden size H (elements per token row)")
+	fs.IntVar(&o.ffn, "ffn", 128, "inner size of each expert's feed-forward network")
+	fs.IntVar(&o.steps, "steps", 5, "steps")
+	fs.IntVar(&o.microbatches, "microbatches", 1, "micro-batches per step; with 2 or more, the exchange of one overlaps the expert compute of the previous")
+	skew := fs.String("skew", "0", "router skew: S or zipf:S, the Zipf exponent of the experts' popularity (0: uniform)")
+	fs.Float64Var(&o.capacity, "capacity", 1.25, "capacity factor: each expert takes at most ceil(T*k/E*factor) of a rank's T tokens (<= 0: unlimited)")
+	fs.Uint64Var(&o.seed, "seed", 1, "seed of tokens, router logits and expert weights")
+	dtype := fs.String("dtype", "float32", "element type of token rows: float32 or bfloat16")
+	counts := fs.String("counts", "inband", "how ranks learn receive counts: inband (data plane) or nats (control plane)")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1", "host the /metrics servers listen on")
+	fs.IntVar(&o.metricsPort, "metrics-port", 0, "rank r serves /metrics on port BASE+r (0: any free port)")
+	fs.DurationVar(&o.interval, "interval", 0, "pause between steps")
+	fs.DurationVar(&o.hold, "hold", 0, "keep the ranks and their /metrics up this long after the last step")
+	fs.StringVar(&o.natsURL, "nats", "", "control plane to join (default: embed a NATS server)")
+	fs.BoolVar(&o.worker, "worker", false, "internal: run as one rank (A2A_* environment)")
+	fs.IntVar(&o.corruptRank, "corrupt-rank", -1, "testing: this rank alters one output element, so verification must fail")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var err error
+	if o.skew, err = strconv.ParseFloat(strings.TrimPrefix(*skew, "zipf:"), 64); err != nil || o.skew < 0 {
+		return o, fmt.Errorf("--skew %q: want S or zipf:S with S >= 0", *skew)
+	}
+	if o.dtype, err = reduce.ParseDType(*dtype); err != nil || (o.dtype != reduce.Float32 && o.dtype != reduce.BFloat16) {
+		return o, fmt.Errorf("--dtype %q: float32 or bfloat16", *dtype)
+	}
+	if o.counts, err = dispatch.ParseCountsMode(*counts); err != nil {
+		return o, fmt.Errorf("--counts %q: inband or nats", *counts)
+	}
+	switch {
+	case o.ranks < 1:
+		return o, fmt.Errorf("-n %d: want at least one rank", o.ranks)
+	case o.experts < 1 || o.k < 1 || o.k > o.experts:
+		return o, fmt.Errorf("--experts %d --k %d: want 1 <= k <= experts", o.experts, o.k)
+	case o.tokens < 0 || o.hidden < 1 || o.ffn < 1 || o.steps < 0:
+		return o, fmt.Errorf("--tokens, --hidden, --ffn and --steps must be positive")
+	case o.microbatches < 1 || o.microbatches > max(o.tokens, 1):
+		return o, fmt.Errorf("--microbatches %d: want 1..tokens", o.microbatches)
+	case o.metricsPort < 0 || o.metricsPort > 65535:
+		return o, fmt.Errorf("--metrics-port %d", o.metricsPort)
+	}
+	return o, nil
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "moe:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel()}))
+	if o.worker {
+		return runWorker(ctx, log, o, stdout)
+	}
+	return launchRanks(ctx, log, o, args, stdout, stderr)
+}
+
+// launchRanks starts the control plane (unless --nats names one) and the
+// ranks, each a copy of this program with --worker.
+func launchRanks(ctx context.Context, log *slog.Logger, o options, args []string, stdout, stderr io.Writer) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	url := o.natsURL
+	if url == "" {
+		srv, err := natsd.Start("127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+		url = srv.ClientURL()
+		// The rendezvous and counts service a2ad serve runs; the ranks
+		// would elect a coordinator among themselves without it.
+		nc, err := nats.Connect(url, nats.Name("moe demo control service"))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		svc, err := control.NewService(nc, log)
+		if err != nil {
+			return err
+		}
+		defer svc.Close()
+	}
+	fmt.Fprintf(stdout, "moe: %d local ranks, embedded NATS control plane, TCP data plane\n", o.ranks)
+	return launch.Run(ctx, launch.Spec{
+		N: o.ranks, NATSURL: url, Group: "moe-" + randomHex(6), Secret: randomHex(16),
+		Prog: self, Args: append([]string{"--worker"}, args...),
+		Stdout: stdout, Stderr: stderr,
+	})
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b)
+}
+
+func logLevel() slog.Level {
+	var l slog.Level
+	if s := os.Getenv("A2A_LOG"); s != "" && l.UnmarshalText([]byte(s)) == nil {
+		return l
+	}
+	return slog.LevelWarn
+}

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"a2a/a2a"
+	"a2a/internal/natsd"
+)
+
+// moeBin is the demo built once for the tests that run it as processes.
+var moeBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "moe-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	moeBin = filepath.Join(dir, "moe")
+	build := exec.Command("go", "build", "-o", moeBin, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building the demo:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+var discard = slog.New(slog.DiscardHandler)
+
+// runInProcess runs the demo's ranks as goroutines of the test (embedded
+// NATS, real loopback sockets) and returns rank 0's output and every rank's
+// error.
+func runInProcess(t *testing.T, args ...string) (string, []error) {
+	t.Helper()
+	o, err := parseFlags(append([]string{"--worker"}, args...), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := natsd.Start("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	group := fmt.Sprintf("moe-test-%d", rand.Uint64())
+	var out bytes.Buffer
+	errs := make([]error, o.ranks)
+	var wg sync.WaitGroup
+	for r := range o.ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg := a2a.Config{NATSURL: srv.ClientURL(), Group: group, Rank: r, WorldSize: o.ranks, Secret: "s3cret",
+				HeartbeatInterval: 100 * time.Millisecond, PeerTimeout: 2 * time.Second, Timeout: 15 * time.Second}
+			w := io.Discard
+			if r == 0 {
+				w = &out
+			}
+			errs[r] = runRank(ctx, discard, o, cfg, w)
+		}()
+	}
+	wg.Wait()
+	return out.String(), errs
+}
+
+var stepLine = regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+([\d.]+)\s+\S+\s+\S+\s+\S+\s+verified\s+\[([\d ]+)\]$`)
+
+// checkOutput asserts that rank 0 printed every rank's metrics address, one
+// verified line per step whose per-expert loads add up to the kept count,
+// and the final summary.
+func checkOutput(t *testing.T, out string, ranks, steps int) {
+	t.Helper()
+	for r := range ranks {
+		if !regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d metrics http://127\.0\.0\.1:\d+/metrics$`, r)).MatchString(out) {
+			t.Errorf("no metrics address of rank %d in:\n%s", r, out)
+		}
+	}
+	lines := stepLine.FindAllStringSubmatch(out, -1)
+	if len(lines) != steps {
+		t.Fatalf("%d verified step lines, want %d:\n%s", len(lines), steps, out)
+	}
+	for i, m := range lines {
+		var kept, routed, dropped int
+		fmt.Sscan(m[2], &kept)
+		fmt.Sscan(m[3], &routed)
+		fmt.Sscan(m[4], &dropped)
+		sum := 0
+		for _, f := range strings.Fields(m[6]) {
+			var n int
+			fmt.Sscan(f, &n)
+			sum += n
+		}
+		if m[1] != fmt.Sprint(i) || sum != kept || kept+dropped != routed {
+			t.Errorf("step line %q: loads sum to %d, kept %d, dropped %d, routed %d", m[0], sum, kept, dropped, routed)
+		}
+	}
+	if !strings.Contains(out, fmt.Sprintf("all %d steps verified on %d ranks", steps, ranks)) {
+		t.Errorf("no summary in:\n%s", out)
+	}
+}
+
+// TestDemoInProcess runs the demo's rank logic in-process over several
+// configurations; each step is verified against the single-process
+// reference inside runRank.
+func TestDemoInProcess(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ranks int
+		args  []string
+	}{
+		{"defaults-small", 4, []string{"--tokens", "32", "--hidden", "16", "--ffn", "24", "--steps", "3"}},
+		{"bf16-nats-zipf-drops", 3, []string{"-n", "3", "--tokens", "40", "--hidden", "8", "--ffn", "8", "--steps", "2",
+			"--dtype", "bf16", "--counts", "nats", "--skew", "zipf:1.5", "--capacity", "0.8"}},
+		{"microbatches-k3-uneven", 3, []string{"-n", "3", "--experts", "7", "--k", "3", "--tokens", "33", "--hidden", "12",
+			"--ffn", "8", "--steps", "2", "--microbatches", "3"}},
+		{"one-rank", 1, []string{"-n", "1", "--experts", "4", "--tokens", "10", "--hidden", "4", "--ffn", "4", "--steps", "2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errs := runInProcess(t, tc.args...)
+			for r, err := range errs {
+				if err != nil {
+					t.Fatalf("rank %d: %v\n%s", r, err, out)
+				}
+			}
+			steps := 0
+			for i, a := range tc.args {
+				if a == "--steps" {
+					fmt.Sscan(tc.args[i+1], &steps)
+				}
+			}
+			checkOutput(t, out, tc.ranks, steps)
+		})
+	}
+}
+
+// TestDemoDetectsWrongOutput: one rank alters one output element; every rank
+// fails the step, the altered one with the element's details.
+func TestDemoDetectsWrongOutput(t *testing.T) {
+	out, errs := runInProcess(t, "-n", "3", "--tokens", "16", "--hidden", "8", "--ffn", "8", "--steps", "2", "--corrupt-rank", "2")
+	for r, err := range errs {
+		want := "verification failed on ranks [2]"
+		if r == 2 {
+			want = "1 output elements differ from the reference, first: token 0 element 0"
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("rank %d: %v, want an error mentioning %q", r, err, want)
+		}
+	}
+	if !strings.Contains(out, "FAILED on ranks [2]") || strings.Contains(out, "all 2 steps verified") {
+		t.Errorf("rank 0's output does not report the failure:\n%s", out)
+	}
+}
+
+// TestDemoProcesses runs the built demo as the README does: a launcher
+// process, an embedded control plane and one process per rank. A verified
+// run exits 0; a corrupted one exits non-zero naming the failed rank.
+func TestDemoProcesses(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	small := []string{"-n", "3", "--tokens", "24", "--hidden", "16", "--ffn", "16", "--steps", "2", "--microbatches", "2"}
+	cmd := exec.CommandContext(ctx, moeBin, small...)
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	checkOutput(t, string(out), 3, 2)
+
+	cmd = exec.CommandContext(ctx, moeBin, append(small, "--corrupt-rank", "1")...)
+	cmd.WaitDelay = 5 * time.Second
+	out, err = cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+		t.Fatalf("corrupted demo: %v, want a non-zero exit\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "[rank 1] moe: step 0: verification failed") {
+		t.Errorf("corrupted demo output does not name rank 1:\n%s", out)
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		t.Errorf("demo killed by %v, want a clean exit status", ws.Signal())
+	}
+}
+
+// TestFlags rejects bad command lines with a message naming the flag.
+func TestFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--skew", "zipf:-1"}, "--skew"},
+		{[]string{"--skew", "hot"}, "--skew"},
+		{[]string{"--dtype", "int32"}, "--dtype"},
+		{[]string{"--counts", "carrier-pigeon"}, "--counts"},
+		{[]string{"-n", "0"}, "-n 0"},
+		{[]string{"--k", "17"}, "--k 17"},
+		{[]string{"--microbatches", "0"}, "--microbatches"},
+		{[]string{"--metrics-port", "70000"}, "--metrics-port"},
+		{[]string{"extra"}, "unexpected arguments"},
+	} {
+		if _, err := parseFlags(tc.args, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error mentioning %q", tc.args, err, tc.want)
+		}
+	}
+	o, err := parseFlags([]string{"--skew", "zipf:1.2", "--dtype", "bf16", "--counts", "nats"}, io.Discard)
+	if err != nil || o.skew != 1.2 || o.dtype.String() != "bfloat16" || o.counts.String() != "nats" || o.ranks != 4 || o.experts != 16 || o.k != 2 {
+		t.Errorf("parsed %+v, %v", o, err)
+	}
+}

@@ -1,0 +1,483 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"a2a/a2a"
+	"a2a/a2a/reduce"
+	"a2a/dispatch"
+	"a2a/metrics"
+	"a2a/routing"
+)
+
+// runWorker is one rank started by the launcher (or by a2ad run): it reads
+// its group from the A2A_* environment.
+func runWorker(ctx context.Context, log *slog.Logger, o options, stdout io.Writer) error {
+	cfg, err := a2a.ConfigFromEnv()
+	if err != nil {
+		return err
+	}
+	return runRank(ctx, log, o, cfg, stdout)
+}
+
+// runRank joins the group, serves its metrics, runs the steps and verifies
+// them. Only rank 0 writes to stdout.
+func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, stdout io.Writer) error {
+	reg := prometheus.NewRegistry()
+	obs, err := metrics.New(reg, metrics.Options{Group: cfg.Group, Rank: cfg.Rank})
+	if err != nil {
+		return err
+	}
+	cfg.Observer, cfg.Logger = obs, log
+	c, err := a2a.Join(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	obs.WatchTransport(func() uint64 { return c.Stats().Rejected })
+	rank, size := c.Rank(), c.Size()
+
+	port := 0
+	if o.metricsPort > 0 {
+		port = o.metricsPort + rank
+	}
+	sctx, stopServer := context.WithCancel(ctx)
+	defer stopServer()
+	addr, err := metrics.Serve(sctx, net.JoinHostPort(o.metricsAddr, strconv.Itoa(port)), reg)
+	if err != nil {
+		return err
+	}
+	urls, err := gatherStrings(ctx, c, "http://"+addr+"/metrics")
+	if err != nil {
+		return err
+	}
+
+	d, err := dispatch.New(ctx, c, dispatch.Config{
+		Experts: o.experts, K: o.k, Hidden: o.hidden, DType: o.dtype,
+		CapacityFactor: o.capacity, Counts: o.counts, Observer: obs, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+
+	out := io.Discard
+	if rank == 0 {
+		out = stdout
+		printHeader(out, o, size, d.Placement(), urls)
+	}
+	r := newRankState(o, d, rank)
+	agg := newAggregate(o, size)
+	for step := range o.steps {
+		res, err := r.step(ctx, step)
+		if err != nil {
+			return fmt.Errorf("step %d: %w", step, err)
+		}
+		if err := agg.gather(ctx, c, res); err != nil {
+			return fmt.Errorf("step %d: gathering results: %w", step, err)
+		}
+		agg.print(out, step)
+		if bad := agg.failed(); len(bad) > 0 {
+			if res.mismatches > 0 {
+				return fmt.Errorf("step %d: verification failed: %d output elements differ from the reference, first: %s", step, res.mismatches, res.first)
+			}
+			return fmt.Errorf("step %d: verification failed on ranks %v", step, bad)
+		}
+		if o.interval > 0 && step+1 < o.steps {
+			if !sleep(ctx, o.interval) {
+				return ctx.Err()
+			}
+		}
+	}
+	fmt.Fprintf(out, "all %d steps verified on %d ranks\n", o.steps, size)
+	if o.hold > 0 {
+		fmt.Fprintf(out, "holding for %v (metrics stay up)\n", o.hold)
+		sleep(ctx, o.hold) // interrupted is fine: the work is done
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func printHeader(w io.Writer, o options, size int, pl *routing.Placement, urls []string) {
+	mb := "1 micro-batch"
+	if o.microbatches > 1 {
+		mb = fmt.Sprintf("%d micro-batches (exchange overlaps expert compute)", o.microbatches)
+	}
+	fmt.Fprintf(w, "moe: %d ranks, %d experts (%s), top-%d, %d tokens per rank, hidden %d, ffn %d, %v, capacity %g, skew %g, counts %v, %s\n",
+		size, o.experts, expertsPerRank(pl), o.k, o.tokens, o.hidden, o.ffn, o.dtype, o.capacity, o.skew, o.counts, mb)
+	for r, u := range urls {
+		fmt.Fprintf(w, "rank %d metrics %s\n", r, u)
+	}
+	fmt.Fprintf(w, "%4s %13s %8s %9s %9s %9s %9s  %-8s  %s\n",
+		"step", "kept/routed", "dropped", "imbalance", "dispatch", "combine", "moved", "result", "tokens per expert")
+}
+
+func expertsPerRank(pl *routing.Placement) string {
+	lo, hi := pl.Experts, 0
+	for _, es := range pl.PerRank {
+		lo, hi = min(lo, len(es)), max(hi, len(es))
+	}
+	if lo == hi {
+		return fmt.Sprintf("%d per rank", lo)
+	}
+	return fmt.Sprintf("%d-%d per rank", lo, hi)
+}
+
+// stepResult is what one rank reports about one step.
+type stepResult struct {
+	ok                bool
+	mismatches        int
+	first             string // first mismatch, for the error message
+	routed, kept      int    // assignments this rank's tokens made / sent
+	dropped           int
+	received          int // rows this rank's experts processed
+	dispatch, combine time.Duration
+	moved             int64 // bytes sent to other ranks, dispatch and combine
+	load              []int // kept rows per global expert
+}
+
+// rankState is one rank's reusable step state.
+type rankState struct {
+	o      options
+	m      *model
+	d      *dispatch.Dispatcher
+	rank   int
+	gate   routing.Gate
+	cap    routing.Capacity
+	tokens []byte
+	logits []float32
+	decs   []routing.Decision // per micro-batch, as routed
+	refDec routing.Decision
+	out    []byte
+	ref    []byte
+	hs     []*dispatch.Handle
+	act    []float32
+	acc    []float32
+	row    []byte
+	res    stepResult
+}
+
+func newRankState(o options, d *dispatch.Dispatcher, rank int) *rankState {
+	rb := d.RowBytes()
+	return &rankState{
+		o: o, m: newModel(o), d: d, rank: rank,
+		gate:   routing.Gate{Experts: o.experts, K: o.k},
+		cap:    routing.Capacity{Factor: o.capacity},
+		tokens: make([]byte, o.tokens*rb), logits: make([]float32, o.tokens*o.experts),
+		decs: make([]routing.Decision, o.microbatches),
+		out:  make([]byte, o.tokens*rb), ref: make([]byte, o.tokens*rb),
+		hs:  make([]*dispatch.Handle, o.microbatches),
+		act: make([]float32, o.hidden+o.ffn), acc: make([]float32, o.hidden), row: make([]byte, rb),
+		res: stepResult{load: make([]int, o.experts)},
+	}
+}
+
+// span is micro-batch i's token range.
+func (r *rankState) span(i int) (lo, hi int) {
+	T, M := r.o.tokens, r.o.microbatches
+	return i * T / M, (i + 1) * T / M
+}
+
+// step runs one step: route, dispatch, experts, combine, verify.
+func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
+	o, rb := r.o, r.d.RowBytes()
+	r.m.tokens(step, r.rank, r.tokens)
+	if err := r.m.logits(step, r.rank, r.logits); err != nil {
+		return nil, err
+	}
+	for i := range r.decs {
+		lo, hi := r.span(i)
+		if err := r.gate.Route(r.logits[lo*o.experts:hi*o.experts], hi-lo, &r.decs[i]); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.pipeline(ctx); err != nil {
+		return nil, err
+	}
+
+	res := &r.res
+	*res = stepResult{ok: true, load: res.load}
+	clear(res.load)
+	for i, h := range r.hs {
+		st := h.Stats()
+		res.routed += r.decs[i].Kept()
+		res.kept += st.Kept
+		res.dropped += st.Dropped
+		res.received += st.Received
+		res.dispatch += st.DispatchTime
+		res.combine += st.CombineTime
+		res.moved += st.SentBytes + st.ReceivedBytes // combine sends back what dispatch received
+		for e, n := range h.ExpertLoad() {
+			res.load[e] += n
+		}
+		h.Release()
+		r.hs[i] = nil
+	}
+	if r.rank == o.corruptRank && len(r.out) > 0 {
+		encodeOne(o.dtype, r.out, 0, decodeOne(o.dtype, r.out, 0)+1)
+	}
+
+	// The reference: the same micro-batches routed and capped
+	// independently, every expert computed here, summed in slot order.
+	for i := range r.decs {
+		lo, hi := r.span(i)
+		dec := &r.refDec
+		dec.Tokens, dec.K = r.decs[i].Tokens, r.decs[i].K
+		dec.Expert = append(dec.Expert[:0], r.decs[i].Expert...)
+		dec.Weight = append(dec.Weight[:0], r.decs[i].Weight...)
+		if _, err := r.cap.Apply(dec, o.experts, nil); err != nil {
+			return nil, err
+		}
+		r.m.reference(r.tokens[lo*rb:hi*rb], dec, r.ref[lo*rb:hi*rb], r.act, r.acc, r.row)
+	}
+	n := len(r.out) / o.dtype.Size()
+	for i := range n {
+		got, want := decodeOne(o.dtype, r.out, i), decodeOne(o.dtype, r.ref, i)
+		if !matches(o.dtype, got, want) {
+			if res.mismatches == 0 {
+				res.first = fmt.Sprintf("token %d element %d: got %v, want %v", i/o.hidden, i%o.hidden, got, want)
+			}
+			res.mismatches++
+		}
+	}
+	res.ok = res.mismatches == 0
+	return res, nil
+}
+
+// matches reports whether got matches the reference want. The reference does
+// the same float32 operations in the same order (expert outputs, products
+// rounded to float32, slot-order sum, one rounding to the dtype), so on
+// amd64 the two agree bit for bit; the tolerance, float32 rounding (relative
+// 1e-5) or one bfloat16 unit in the last place, covers compilers that fuse
+// multiply-adds where the two paths do not.
+func matches(dt reduce.DType, got, want float32) bool {
+	if got == want || (got != got && want != want) {
+		return true
+	}
+	tol := 1e-5 * max(1, math.Abs(float64(want)))
+	if dt == reduce.BFloat16 {
+		tol = max(math.Abs(float64(want)), 1e-3) / 128
+	}
+	return math.Abs(float64(got-want)) <= tol
+}
+
+// pipeline dispatches, computes and combines the step's micro-batches. With
+// one micro-batch it is the plain synchronous step. With more, micro-batch
+// i+1 is dispatched asynchronously before the experts compute micro-batch i,
+// and micro-batch i's combine runs asynchronously while the experts compute
+// i+1: the exchanges overlap the compute. Every rank submits the same
+// sequence (D0 D1 C0 D2 C1 ... ), which is what keeps the collectives
+// matched.
+func (r *rankState) pipeline(ctx context.Context) error {
+	rb := r.d.RowBytes()
+	M := len(r.hs)
+	lo, hi := r.span(0)
+	var err error
+	if r.hs[0], err = r.d.Dispatch(ctx, r.tokens[lo*rb:hi*rb], &r.decs[0]); err != nil {
+		return err
+	}
+	for i := range M {
+		if i+1 < M {
+			lo, hi := r.span(i + 1)
+			if r.hs[i+1], err = r.d.DispatchAsync(ctx, r.tokens[lo*rb:hi*rb], &r.decs[i+1]); err != nil {
+				return err
+			}
+		}
+		r.experts(r.hs[i])
+		if i+1 < M {
+			if err := r.hs[i+1].Wait(); err != nil {
+				return err
+			}
+		}
+		lo, hi := r.span(i)
+		if err := r.d.CombineAsync(ctx, r.hs[i], r.hs[i].Output(), r.out[lo*rb:hi*rb]); err != nil {
+			return err
+		}
+	}
+	for _, h := range r.hs {
+		if err := h.Wait(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// experts runs every local expert on its received rows.
+func (r *rankState) experts(h *dispatch.Handle) {
+	rb := r.d.RowBytes()
+	in, out := h.Recv(), h.Output()
+	for l := range h.LocalExperts() {
+		e := h.Expert(l)
+		for _, seg := range h.Segments(l) {
+			for i := range seg.Rows {
+				off := seg.Offset + i*rb
+				r.m.forward(e, in[off:off+rb], out[off:off+rb], r.act)
+			}
+		}
+	}
+}
+
+// aggregate collects every rank's stepResult on every rank (a small
+// AllToAll), so that all ranks know whether the step verified and rank 0 can
+// print the totals.
+type aggregate struct {
+	o          options
+	size       int
+	send, recv []byte
+	all        []stepResult
+}
+
+func newAggregate(o options, size int) *aggregate {
+	a := &aggregate{o: o, size: size, all: make([]stepResult, size)}
+	a.send, a.recv = make([]byte, size*a.recordBytes()), make([]byte, size*a.recordBytes())
+	for i := range a.all {
+		a.all[i].load = make([]int, o.experts)
+	}
+	return a
+}
+
+const recordFields = 9 // ok, mismatches, routed, kept, dropped, received, dispatch, combine, moved
+
+func (a *aggregate) recordBytes() int { return 8 * (recordFields + a.o.experts) }
+
+func (a *aggregate) gather(ctx context.Context, c *a2a.Comm, res *stepResult) error {
+	le := binary.LittleEndian
+	rec := a.send[:a.recordBytes()]
+	ok := uint64(0)
+	if res.ok {
+		ok = 1
+	}
+	for i, v := range []uint64{ok, uint64(res.mismatches), uint64(res.routed), uint64(res.kept), uint64(res.dropped),
+		uint64(res.received), uint64(res.dispatch), uint64(res.combine), uint64(res.moved)} {
+		le.PutUint64(rec[8*i:], v)
+	}
+	for e, n := range res.load {
+		le.PutUint64(rec[8*(recordFields+e):], uint64(n))
+	}
+	for j := 1; j < a.size; j++ {
+		copy(a.send[j*len(rec):], rec)
+	}
+	if err := c.AllToAll(ctx, a.send, a.recv); err != nil {
+		return err
+	}
+	for r := range a.size {
+		b := a.recv[r*len(rec):]
+		f := func(i int) uint64 { return le.Uint64(b[8*i:]) }
+		s := &a.all[r]
+		s.ok, s.mismatches = f(0) == 1, int(f(1))
+		s.routed, s.kept, s.dropped, s.received = int(f(2)), int(f(3)), int(f(4)), int(f(5))
+		s.dispatch, s.combine, s.moved = time.Duration(f(6)), time.Duration(f(7)), int64(f(8))
+		for e := range s.load {
+			s.load[e] = int(f(recordFields + e))
+		}
+	}
+	return nil
+}
+
+// failed lists the ranks whose outputs differed.
+func (a *aggregate) failed() []int {
+	var bad []int
+	for r, s := range a.all {
+		if !s.ok {
+			bad = append(bad, r)
+		}
+	}
+	return bad
+}
+
+// print writes the step's line: totals over ranks, the slowest rank's
+// dispatch and combine time, and the imbalance of rows processed per rank.
+func (a *aggregate) print(w io.Writer, step int) {
+	var routed, kept, dropped int
+	var moved int64
+	var disp, comb time.Duration
+	load := make([]int, a.o.experts)
+	perRank := make([]int, a.size)
+	for r, s := range a.all {
+		routed += s.routed
+		kept += s.kept
+		dropped += s.dropped
+		moved += s.moved
+		disp, comb = max(disp, s.dispatch), max(comb, s.combine)
+		perRank[r] = s.received
+		for e, n := range s.load {
+			load[e] += n
+		}
+	}
+	result := "verified"
+	if bad := a.failed(); len(bad) > 0 {
+		result = fmt.Sprintf("FAILED on ranks %v", bad)
+	}
+	loads := make([]string, len(load))
+	for e, n := range load {
+		loads[e] = strconv.Itoa(n)
+	}
+	fmt.Fprintf(w, "%4d %13s %8d %9.2f %9s %9s %9s  %-8s  [%s]\n",
+		step, fmt.Sprintf("%d/%d", kept, routed), dropped, routing.Imbalance(perRank),
+		round(disp), round(comb), bytesString(moved), result, strings.Join(loads, " "))
+}
+
+func round(d time.Duration) string {
+	switch {
+	case d >= 10*time.Millisecond:
+		return d.Round(100 * time.Microsecond).String()
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond).String()
+	}
+	return d.Round(time.Microsecond).String()
+}
+
+func bytesString(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1fKiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+// gatherStrings gives every rank the string s of every rank (each at most
+// 255 bytes), with one AllToAll of fixed-size blocks.
+func gatherStrings(ctx context.Context, c *a2a.Comm, s string) ([]string, error) {
+	const block = 256
+	if len(s) >= block {
+		return nil, fmt.Errorf("%q longer than %d bytes", s, block-1)
+	}
+	n := c.Size()
+	send, recv := make([]byte, n*block), make([]byte, n*block)
+	for j := range n {
+		send[j*block] = byte(len(s))
+		copy(send[j*block+1:], s)
+	}
+	if err := c.AllToAll(ctx, send, recv); err != nil {
+		return nil, err
+	}
+	out := make([]string, n)
+	for i := range n {
+		b := recv[i*block:]
+		out[i] = string(b[1 : 1+int(b[0])])
+	}
+	return out, nil
+}
