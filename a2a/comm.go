@@ -28,6 +28,7 @@ import (
 	"a2a/a2a/control"
 	"a2a/a2a/internal/fault"
 	"a2a/a2a/transport"
+	"a2a/a2a/transport/shm"
 	"a2a/a2a/transport/tcp"
 )
 
@@ -166,14 +167,19 @@ func (c *Comm) join(ctx context.Context) error {
 		m.Abort(err)
 		return err
 	}
-	c.tr = tr
+	c.hosts, c.numHosts = hostOrdinals(m.Nodes())
+	if c.tr, err = c.routeTransports(ctx, tr); err != nil {
+		tr.Close()
+		m.Abort(err)
+		return err
+	}
 	if c.algo == algo.AlgoAuto {
 		// Auto selection uses only what every rank holds identically (world
 		// size and config), so all ranks pick the same algorithm; it is fixed
 		// for the communicator's life until a counts matrix is available.
 		c.algo = algo.ChooseAllToAllV(c.size, cfg.Streams, cfg.Window, nil, algo.DefaultLink())
 	}
-	c.eng = newEngine(tr, c.rank, c.size, cfg.Streams, m.Epoch(), spinFor(cfg.Spin, m.Nodes(), c.rank), cfg.Yield, c.stopped)
+	c.eng = newEngine(c.tr, c.rank, c.size, cfg.Streams, m.Epoch(), spinFor(cfg.Spin, m.Nodes(), c.rank), cfg.Yield, c.stopped)
 	c.equalSend = make([]int, c.size)
 	c.equalRecv = make([]int, c.size)
 	c.countsOut = make([]byte, 8*c.size)
@@ -188,6 +194,48 @@ func (c *Comm) join(ctx context.Context) error {
 	}
 	c.hosts, c.numHosts = hostOrdinals(m.Nodes())
 	return nil
+}
+
+// routeTransports picks the transport of every peer (Config.Transport): by
+// default shared memory for the ranks of this host and TCP for the others;
+// "tcp" forces TCP everywhere (so it stays measurable on one host), "shm"
+// requires every rank to be local. The TCP mesh is always connected, so ranks
+// whose settings differ fail to open shm within the deadline instead of
+// hanging in each other's TCP connect.
+func (c *Comm) routeTransports(ctx context.Context, tcpTr transport.Transport) (transport.Transport, error) {
+	var local []int
+	for r, h := range c.hosts {
+		if h == c.hosts[c.rank] {
+			local = append(local, r)
+		}
+	}
+	switch c.cfg.Transport {
+	case "tcp":
+		return tcpTr, nil
+	case "shm":
+		if len(local) != c.size {
+			return nil, fault.New(fault.ErrInvalidArgument, c.rank, "A2A_TRANSPORT=shm but only %d of %d ranks share this host", len(local), c.size)
+		}
+	}
+	if len(local) < 2 {
+		return tcpTr, nil
+	}
+	shmTr, err := shm.Open(ctx, shm.Config{Group: c.cfg.Group, Epoch: c.member.Epoch(), Rank: c.rank, Size: c.size,
+		Local: local, Streams: c.cfg.Streams, Logger: c.log})
+	if err != nil {
+		return nil, err
+	}
+	mixed := &mixedTransport{byPeer: make([]transport.Transport, c.size), parts: []transport.Transport{tcpTr, shmTr}}
+	for r := range c.size {
+		mixed.byPeer[r] = tcpTr
+	}
+	for _, r := range local {
+		mixed.byPeer[r] = shmTr
+	}
+	if len(local) == c.size {
+		mixed.parts = []transport.Transport{shmTr, tcpTr} // park on the futex: every peer is local
+	}
+	return mixed, nil
 }
 
 // hostOrdinals numbers the hosts in order of first appearance by rank.
@@ -324,6 +372,10 @@ func (c *Comm) LastAlgo() string {
 
 // Err returns the reason the communicator was aborted, or nil.
 func (c *Comm) Err() error { return c.stopped() }
+
+// TransportName names the data plane in use: "tcp", or "tcp+shm" when the
+// ranks of this host talk through shared memory.
+func (c *Comm) TransportName() string { return c.tr.Name() }
 
 // Stats returns the data-plane transport's counters (bytes per peer, rejected connections).
 func (c *Comm) Stats() transport.Stats { return c.tr.Stats() }

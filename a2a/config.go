@@ -25,6 +25,7 @@ type Config struct {
 	Timeout       time.Duration // A2A_TIMEOUT    per-operation deadline when ctx has none (default 60s)
 	Listen        string        // A2A_LISTEN     data-plane listen address (default 127.0.0.1:0)
 	Host          string        // A2A_HOST       host identity; ranks with equal ones share memory (default HostIdentity())
+	Transport     string        // A2A_TRANSPORT  auto (shm on this host, TCP to others) | tcp | shm
 	Spin          time.Duration // A2A_SPIN       busy-poll time before yielding the core (0: 50us, or none when this host runs more ranks than cores; negative: none)
 	Yield         time.Duration // A2A_YIELD      sched_yield time before parking (default 1ms)
 
@@ -48,6 +49,7 @@ func ConfigFromEnv() (Config, error) {
 		AlgoAllReduce: os.Getenv("A2A_ALGO_ALLREDUCE"),
 		Listen:        os.Getenv("A2A_LISTEN"),
 		Host:          os.Getenv("A2A_HOST"),
+		Transport:     os.Getenv("A2A_TRANSPORT"),
 	}
 	ints := []struct {
 		name string
@@ -115,6 +117,11 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fault.New(fault.ErrInvalidArgument, -1, "window %d: must be >= 1", cfg.Window)
 	case cfg.Timeout < 0 || cfg.Yield < 0:
 		return cfg, fault.New(fault.ErrInvalidArgument, -1, "negative duration in config")
+	}
+	switch cfg.Transport {
+	case "", "auto", "tcp", "shm":
+	default:
+		return cfg, fault.New(fault.ErrInvalidArgument, -1, "transport %q: auto, tcp or shm (A2A_TRANSPORT)", cfg.Transport)
 	}
 	if _, err := parseAlgo(cfg.Algo); err != nil {
 		return cfg, err

@@ -35,6 +35,7 @@ type benchFlags struct {
 	worker  bool
 	bind    string
 	counts  string
+	trans   string
 }
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
@@ -54,6 +55,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.window, "window", 0, "fullmesh peers in flight (default: A2A_WINDOW or 4)")
 	fs.BoolVar(&f.worker, "worker", false, "internal: run as one rank of the benchmark")
 	fs.StringVar(&f.counts, "counts", "known", "alltoallv receive counts: known (given), matrix (AllToAllVMatrix with the global matrix: staged/skew-aware choice), nats (ExchangeCountsMatrix each call) or inband (AllToAllVInBand)")
+	fs.StringVar(&f.trans, "transport", "", "data plane: auto (shm on one host) | tcp | shm (default: A2A_TRANSPORT or auto)")
 	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (unless oversubscribed); none")
 }
 
@@ -109,8 +111,12 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	if f.bind != "core" && f.bind != "none" {
 		return usagef("--bind %q: core or none", f.bind)
 	}
+	var env []string
+	if f.trans != "" {
+		env = append(env, "A2A_TRANSPORT="+f.trans)
+	}
 	return launchRanks(ctx, log, launch.Spec{
-		N: f.n, NATSURL: f.nats, Prog: self, BindVia: bindVia(f.bind),
+		N: f.n, NATSURL: f.nats, Prog: self, BindVia: bindVia(f.bind), Env: env,
 		Args: append([]string{"bench", "--worker"}, args...),
 	})
 }
@@ -137,7 +143,7 @@ func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []in
 	defer c.Close()
 	rank, n := c.Rank(), c.Size()
 	if rank == 0 && !f.json {
-		fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s counts=%s streams=%d seed=%d transport=tcp\n", f.op, n, d, f.counts, max(cfg.Streams, 1), f.seed)
+		fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s counts=%s streams=%d seed=%d transport=%s\n", f.op, n, d, f.counts, max(cfg.Streams, 1), f.seed, c.TransportName())
 		fmt.Printf("# %10s %12s %-9s %10s %10s %11s %11s %6s\n", "size", "count", "algo", "p50_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "check")
 	}
 	b := newBench(c, f)

@@ -1,0 +1,88 @@
+package a2a
+
+import (
+	"errors"
+	"time"
+
+	"a2a/a2a/transport"
+)
+
+// mixedTransport routes every peer to the transport of its link class: shared
+// memory for ranks on this host, TCP for the others. The engine sees one
+// transport.
+type mixedTransport struct {
+	byPeer []transport.Transport // nil for self
+	parts  []transport.Transport
+}
+
+// mixedPark bounds each park on one part while the other may be the one that
+// becomes ready: shm parks on a futex and TCP on epoll, which one thread
+// cannot wait on together. The engine only parks after spinning and yielding,
+// so this costs at most this much extra latency on an otherwise idle rank.
+const mixedPark = 100 * time.Microsecond
+
+func (m *mixedTransport) Name() string {
+	name := ""
+	for i, p := range m.parts {
+		if i > 0 {
+			name += "+"
+		}
+		name += p.Name()
+	}
+	return name
+}
+
+func (m *mixedTransport) Streams() int { return m.parts[0].Streams() }
+
+func (m *mixedTransport) Conn(peer, stream int) transport.Conn {
+	return m.byPeer[peer].Conn(peer, stream)
+}
+
+func (m *mixedTransport) Wait(timeout time.Duration) error {
+	if len(m.parts) == 1 {
+		return m.parts[0].Wait(timeout)
+	}
+	for i, p := range m.parts {
+		d := time.Duration(0)
+		if i == 0 {
+			d = min(timeout, mixedPark)
+		}
+		if err := p.Wait(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *mixedTransport) Wake() {
+	for _, p := range m.parts {
+		p.Wake()
+	}
+}
+
+func (m *mixedTransport) Stats() transport.Stats {
+	var s transport.Stats
+	for _, p := range m.parts {
+		ps := p.Stats()
+		s.Rejected += ps.Rejected
+		if s.BytesSent == nil {
+			s.BytesSent = make([]uint64, len(ps.BytesSent))
+			s.BytesReceived = make([]uint64, len(ps.BytesReceived))
+		}
+		for i := range min(len(s.BytesSent), len(ps.BytesSent)) {
+			s.BytesSent[i] += ps.BytesSent[i]
+		}
+		for i := range min(len(s.BytesReceived), len(ps.BytesReceived)) {
+			s.BytesReceived[i] += ps.BytesReceived[i]
+		}
+	}
+	return s
+}
+
+func (m *mixedTransport) Close() error {
+	var errs []error
+	for _, p := range m.parts {
+		errs = append(errs, p.Close())
+	}
+	return errors.Join(errs...)
+}

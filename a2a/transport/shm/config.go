@@ -1,0 +1,199 @@
+// Package shm is the shared-memory data plane of a2a for ranks on one host.
+//
+// Layout: every local rank creates its own segment, a file in Config.Dir
+// (/dev/shm) named after the group, epoch and its world rank, holding the
+// rings it receives on (one single-producer single-consumer ring per local
+// source and stream) and its doorbell (a futex word). It then maps the segment
+// of every other local rank, whose rings it sends on. The owner of a ring
+// reads it and its source writes it, so every word of a ring has one writer:
+// the sender publishes fragments with stamps, the receiver frees space by
+// advancing head, both with sync/atomic on the mapped memory.
+//
+// Frames: the ring carries the same frames as TCP, the 48-byte
+// transport.Header followed by the payload, in fragments: a cache-line
+// aligned stamp word, then up to chunkBytes of the frame. The sender writes a
+// fragment, then stores its stamp; the receiver polls the stamp of the
+// fragment it expects, so a small message costs the receiver one cache miss
+// (stamp, header and payload share a line) and a few plain copies and atomic
+// stores on either side, no syscall. A header always travels whole in its
+// frame's first fragment. A payload larger than the ring streams through it:
+// the receiver copies one fragment out while the sender copies the next one
+// in, and the receiver frees each fragment's space as it finishes it.
+//
+// Large messages (ZCopy): a message of at least Config.ZCopyThreshold bytes
+// travels as a descriptor (the address of the sender's buffer) in the ring.
+// The receiver copies the payload straight from the sender's memory into its
+// destination with process_vm_readv (cross-memory attach, CMA), a single copy,
+// and acknowledges it in the ring's control block; the sender's op completes on
+// the acknowledgment, since its buffer must stay untouched until then. Whether
+// CMA works is decided per source at Open: the receiver reads the source's
+// segment header through process_vm_readv (this fails under a restrictive
+// Yama ptrace scope, seccomp filters, or across user namespaces). A failure at
+// run time with EPERM or ENOSYS (the kernel's policy changed, or the probe was
+// not conclusive) makes the receiver refuse the descriptor; the sender then
+// streams the payload through the ring, and the receiver turns CMA off for the
+// rest of the transport's life.
+//
+// The descriptor names memory of the sender's op: an op abandoned in flight
+// (the engine failed) must not have its buffer reused before the transport is
+// closed, or a receiver may copy the new contents. Close marks the segment
+// closed first, and a receiver that sees the mark after its copy fails with
+// fault.ErrPeerLost instead of delivering the bytes. In-process ranks (tests)
+// use CMA on their own process, which works the same way.
+//
+// Waiting: the engine spins and yields; Transport.Wait is the park, a futex
+// wait on the rank's doorbell. A rank publishing data, freeing ring space or
+// acknowledging a descriptor bumps the peer's doorbell and wakes it, but only
+// when the peer announced that it sleeps, so the busy path makes no syscalls.
+// A peer's Close wakes it too; a peer killed outright is noticed when the
+// park ends (the engine parks for at most 10 ms at a time).
+//
+// Cleanup: segment files never outlive Open. Every rank marks itself attached
+// in each peer's segment once it mapped it, and a rank unlinks its own file as
+// soon as all local peers are attached, before Open returns; the mappings stay
+// valid, so a rank killed afterwards leaves nothing in Config.Dir. A rank
+// killed during Open leaves its file behind: the next Open of the same group
+// removes segments of other epochs whose creator is gone (the creator's pid
+// and start time are in the header), a rank reopening its own name replaces a
+// stale file, and Sweep removes every stale a2a segment of a directory.
+//
+// All local ranks must run under one user (segments are mode 0600) and in one
+// pid namespace (headers name processes by pid, and CMA needs it too).
+//
+// Peer loss: a peer that closes its transport sets a flag in its segment and
+// wakes its peers; one that dies is noticed through a pidfd, polled by Wait
+// and by a stream that made no progress for a while. Either way the streams to
+// it fail with fault.ErrPeerLost once they cannot progress; bytes the peer
+// published before it went are still delivered.
+package shm
+
+import (
+	"log/slog"
+	"math"
+	"slices"
+
+	"a2a/a2a/internal/fault"
+)
+
+// Defaults applied by Open to zero Config fields.
+const (
+	DefaultDir = "/dev/shm"
+	// DefaultRingBytes is the data capacity of one ring. Measured with 2
+	// processes exchanging 1 MiB through the ring (BenchmarkExchangeProcs,
+	// p50): 16 KiB rings take 277 us, 64 KiB 152 us, 256 KiB 142 us, 1 MiB
+	// 148 us. From 64 KiB on, copy-in and copy-out pipeline fully; 256 KiB
+	// lets a sender run further ahead of a receiver that is not scheduled
+	// (more ranks than cores) at little cost, since the memory a ring
+	// touches is what its messages touch.
+	DefaultRingBytes = 256 << 10
+	// DefaultZCopyThreshold is the message size from which CMA replaces the
+	// ring when the kernel allows it. Measured with 2 processes exchanging
+	// a message each way (BenchmarkExchangeProcs, p50, ring vs CMA): 4 KiB
+	// 1.20 vs 1.25 us, 8 KiB 1.76 vs 1.34 us, 16 KiB 3.0 vs 1.6 us, 64 KiB
+	// 7.8 vs 3.6 us, 1 MiB 140 vs 57 us. Below the crossover the syscall and
+	// the acknowledgment round trip cost more than the second copy.
+	DefaultZCopyThreshold = 8 << 10
+)
+
+// Limits.
+const (
+	maxStreams   = math.MaxUint16 + 1 // the frame header's stream field is a u16
+	maxLocal     = 512                // attached flags fit the header page
+	minRingBytes = pageSize
+	maxRingBytes = 1 << 30
+	maxSegBytes  = 1 << 40
+)
+
+// Config configures one rank's shared-memory transport. Group, Epoch, Size,
+// Local, Streams and RingBytes must be identical on every local rank.
+type Config struct {
+	Group string // job name; part of the segment names
+	Epoch uint32 // membership epoch; part of the segment names
+	Rank  int    // this rank's world rank, in [0, Size)
+	Size  int    // world size
+
+	// Local lists the world ranks on this host that this transport connects,
+	// including Rank, in any order. Conn panics for other ranks. Nil means
+	// every rank of the world.
+	Local []int
+	// Streams is the number of streams per peer pair, each its own ring
+	// (>= 1; 0 means 1).
+	Streams int
+	// RingBytes is the data capacity of each ring: a power of two of at
+	// least 4096 (0 means DefaultRingBytes).
+	RingBytes int
+	// Dir is where the segment files live (default DefaultDir).
+	Dir string
+	// ZCopyThreshold is the size from which messages travel by CMA when the
+	// kernel allows it: 0 means DefaultZCopyThreshold, a negative value
+	// disables CMA (in both directions, since the receiver decides).
+	ZCopyThreshold int
+	// Logger receives setup and peer events; nil discards them.
+	Logger *slog.Logger
+
+	// noProbe skips the CMA probe at Open and assumes CMA works, so that
+	// tests reach the run-time fallback with a real EPERM.
+	noProbe bool
+}
+
+// normalize validates c and fills in defaults. The Local list comes back
+// sorted and owned by the transport.
+func (c Config) normalize() (Config, error) {
+	bad := func(format string, args ...any) (Config, error) {
+		return Config{}, fault.New(fault.ErrInvalidArgument, -1, "shm: "+format, args...)
+	}
+	switch {
+	case c.Size < 1:
+		return bad("world size %d", c.Size)
+	case uint64(c.Size) > math.MaxUint32:
+		return bad("world size %d too large", c.Size)
+	case c.Rank < 0 || c.Rank >= c.Size:
+		return bad("rank %d outside world of size %d", c.Rank, c.Size)
+	case c.Streams < 0 || c.Streams > maxStreams:
+		return bad("%d streams per peer (want 1..%d)", c.Streams, maxStreams)
+	case c.RingBytes != 0 && (c.RingBytes < minRingBytes || c.RingBytes > maxRingBytes || c.RingBytes&(c.RingBytes-1) != 0):
+		return bad("ring of %d bytes (want a power of two in [%d, %d])", c.RingBytes, minRingBytes, maxRingBytes)
+	}
+	if c.Local == nil {
+		c.Local = make([]int, c.Size)
+		for i := range c.Local {
+			c.Local[i] = i
+		}
+	} else {
+		c.Local = slices.Clone(c.Local)
+		slices.Sort(c.Local)
+	}
+	if len(c.Local) > maxLocal {
+		return bad("%d local ranks (max %d)", len(c.Local), maxLocal)
+	}
+	for i, r := range c.Local {
+		if r < 0 || r >= c.Size {
+			return bad("local rank %d outside world of size %d", r, c.Size)
+		}
+		if i > 0 && c.Local[i-1] == r {
+			return bad("local rank %d listed twice", r)
+		}
+	}
+	if _, ok := slices.BinarySearch(c.Local, c.Rank); !ok {
+		return bad("local ranks %v do not include rank %d", c.Local, c.Rank)
+	}
+	if c.Streams == 0 {
+		c.Streams = 1
+	}
+	if c.RingBytes == 0 {
+		c.RingBytes = DefaultRingBytes
+	}
+	if segBytes(len(c.Local), c.Streams, c.RingBytes) > maxSegBytes {
+		return bad("%d local ranks x %d streams x %d-byte rings exceed the segment limit", len(c.Local), c.Streams, c.RingBytes)
+	}
+	if c.Dir == "" {
+		c.Dir = DefaultDir
+	}
+	if c.ZCopyThreshold == 0 {
+		c.ZCopyThreshold = DefaultZCopyThreshold
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}

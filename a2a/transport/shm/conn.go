@@ -1,0 +1,593 @@
+package shm
+
+import (
+	"encoding/binary"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"a2a/a2a/internal/fault"
+	"a2a/a2a/transport"
+)
+
+const hdrSize = transport.HeaderSize
+
+// Ring records. A record is a frame header, then either the payload (inline)
+// or a CMA descriptor: the address of the sender's buffer and the descriptor's
+// id, which the receiver's acknowledgment names. Byte kindByte of the header,
+// reserved (always zero) in transport.Header, tells which; the receiver
+// refuses any other value of it and of the byte after it.
+const (
+	kindByte  = 10
+	recInline = 0
+	recCMA    = 1
+	descSize  = 16
+)
+
+// Copy sizes. chunkBytes is the largest fragment body: the peer copies one
+// fragment out while this side copies the next one in. callBytes bounds the
+// bytes one TrySend or TryRecv copies, so the engine alternates between
+// directions and peers. cmaCallBytes bounds one process_vm_readv; frames are
+// at most 1 MiB (algo.DefaultBlockSize), so a frame takes one call. Measured
+// with BenchmarkExchangeProcs (1 MiB each way through 256 KiB rings): chunks
+// of 16, 32, 64 and 128 KiB and calls of 256 KiB or 1 MiB all ran within the
+// noise of each other (~150 us), bound by the two copies.
+const (
+	chunkBytes   = 32 << 10
+	callBytes    = 256 << 10
+	cmaCallBytes = 1 << 20
+)
+
+// pollEvery is how many fruitless calls a stream makes before it checks
+// whether its peer's process still exists; Wait checks at every park.
+const pollEvery = 1024
+
+// idle marks a watch that no op waits on.
+const idle = ^uint64(0)
+
+// The ring is a sequence of fragments, each starting at a multiple of
+// fragAlign: an 8-byte stamp, then the body. A record's first fragment holds
+// the whole header (and the descriptor, or the payload's first bytes); later
+// fragments continue its payload. The stamp is the stream position where the
+// body ends, stored last (atomically) to publish the fragment, and the sender
+// zeroes the next fragment's stamp slot before, so a receiver polls the first
+// cache line of the fragment it waits for: one cache miss brings it the
+// stamp, the header and a small payload. A stale slot is never mistaken for a
+// stamp: it was zeroed, and a stamp exceeds its own position.
+const fragAlign = 64
+
+// alignFrag rounds a stream position up to a fragment boundary.
+func alignFrag(pos uint64) uint64 { return (pos + fragAlign - 1) &^ (fragAlign - 1) }
+
+// ring is one SPSC ring as seen by either side.
+type ring struct {
+	head  *atomic.Uint64 // bytes ever consumed; the receiver's
+	ack   *atomic.Uint64 // last CMA descriptor id<<2 | ackStatus; the receiver's
+	cmaOK *atomic.Uint32 // the receiver takes CMA descriptors; the receiver's
+	data  []byte
+	mask  uint64
+}
+
+// stamp is the stamp slot of the fragment at stream position pos (a
+// multiple of fragAlign, so the slot never wraps).
+func (r *ring) stamp(pos uint64) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&r.data[pos&r.mask]))
+}
+
+// put copies src into the ring at stream position pos, wrapping at the end.
+func (r *ring) put(pos uint64, src []byte) {
+	n := copy(r.data[pos&r.mask:], src)
+	if n < len(src) {
+		copy(r.data, src[n:])
+	}
+}
+
+// get copies the ring's bytes at stream position pos into dst.
+func (r *ring) get(pos uint64, dst []byte) {
+	n := copy(dst, r.data[pos&r.mask:])
+	if n < len(dst) {
+		copy(dst[n:], r.data)
+	}
+}
+
+// conn is one stream to one peer: it sends on a ring in the peer's segment and
+// receives on one in this rank's. Its send fields are touched only by the
+// goroutine driving its sends, its receive fields only by the one driving its
+// receives; the watches are atomics because Wait reads them.
+type conn struct {
+	_         [lineSize]byte // apart from other ranks' conns (in-process ranks)
+	t         *Transport
+	peer      int // world rank
+	stream    int
+	peerIdx   int // local index
+	peerSeg   *segment
+	tx, rx    ring
+	guard     guard
+	sent      *atomic.Uint64 // bytes to peer, shared by the peer's streams
+	recvd     *atomic.Uint64
+	closedErr error
+
+	_      [lineSize]byte
+	sop    *transport.SendOp // the op owning the send direction
+	serr   error             // sticky
+	stail  uint64            // where our next fragment starts
+	shead  uint64            // the receiver's head, as last loaded
+	scma   bool              // the op travels by CMA
+	sid    uint64            // id of the last CMA descriptor sent
+	sidle  uint32
+	swHead atomic.Uint64 // head a stalled send waits to move, or idle
+	swAck  atomic.Uint64 // ack a stalled CMA send waits to change, or idle
+
+	_     [lineSize]byte
+	rop   *transport.RecvOp // the op owning the receive direction
+	rerr  error             // sticky: framing is lost or the peer is gone
+	rhead uint64            // next byte to consume
+	rend  uint64            // end of the current fragment's body
+	rdst  []byte            // payload destination, known once the header is in
+	rcma  bool              // the payload comes by CMA
+	raddr uint64            // sender's buffer address
+	rid   uint64            // descriptor id to acknowledge
+	ridle uint32
+	rw    atomic.Uint64 // stamp slot a stalled receive waits on, or idle
+	rcmas uint64        // messages received by CMA
+	liov  unix.Iovec
+	riov  unix.RemoteIovec
+	_     [lineSize]byte
+}
+
+var _ transport.Conn = (*conn)(nil)
+
+// TrySend copies as much of op into the ring as fits, at most callBytes per
+// call; a message of at least the ZCopy threshold goes as a CMA descriptor
+// and completes when the receiver acknowledges its copy (until then op.Data
+// must not change, as for any op in flight). A full ring, or a descriptor not
+// yet acknowledged, returns (false, nil); a peer that closed or exited fails
+// with fault.ErrPeerLost naming it. An op passed again after it reported done
+// starts over as a new message.
+func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
+	if !c.guard.acquire() {
+		return false, c.closedErr
+	}
+	defer c.guard.release()
+	if c.sop != op {
+		if c.sop != nil {
+			return false, nil
+		}
+		if c.serr != nil {
+			return false, c.serr
+		}
+		if op.Hdr.Len != uint64(len(op.Data)) {
+			return false, fault.New(fault.ErrInvalidArgument, c.peer,
+				"shm: send header says %d bytes for a %d-byte payload", op.Hdr.Len, len(op.Data))
+		}
+		if err := c.t.goneErr(c.peerIdx, c.stream); err != nil {
+			c.serr = err
+			return false, err
+		}
+		op.Hdr.Encode(op.Wire[:])
+		z := c.t.zthresh
+		c.scma = z > 0 && len(op.Data) >= z && c.tx.cmaOK.Load() != 0
+		if c.scma {
+			op.Wire[kindByte] = recCMA
+		}
+		op.Progress = 0
+		op.Started = true
+		c.sop = op
+	}
+	done, err := c.send(op)
+	if done || err != nil {
+		c.sop = nil
+		c.serr = err
+		if c.swHead.Load() != idle {
+			c.swHead.Store(idle)
+		}
+		if c.swAck.Load() != idle {
+			c.swAck.Store(idle)
+		}
+	}
+	return done, err
+}
+
+func (c *conn) send(op *transport.SendOp) (bool, error) {
+	total := hdrSize + len(op.Data)
+	moved := 0
+	budget := callBytes
+	if op.Progress == 0 {
+		rec := hdrSize
+		if c.scma {
+			rec += descSize
+		}
+		first := rec
+		if !c.scma {
+			first += min(len(op.Data), chunkBytes)
+		}
+		room := c.room(first)
+		if room < rec {
+			return c.sendStall(c.shead, &c.swHead)
+		}
+		c.tx.put(c.stail+8, op.Wire[:])
+		if c.scma {
+			c.sid++
+			var d [descSize]byte
+			binary.LittleEndian.PutUint64(d[0:], uint64(addrOf(op.Data)))
+			binary.LittleEndian.PutUint64(d[8:], c.sid)
+			c.tx.put(c.stail+8+hdrSize, d[:])
+			c.publish(rec)
+			op.Progress = hdrSize
+			c.sent.Add(hdrSize)
+			return false, nil // the receiver cannot have copied it yet
+		}
+		n := min(room-rec, len(op.Data), chunkBytes)
+		c.tx.put(c.stail+8+hdrSize, op.Data[:n])
+		c.publish(hdrSize + n)
+		op.Progress = hdrSize + n
+		moved, budget = hdrSize+n, budget-n
+	}
+	if c.scma {
+		a := c.tx.ack.Load()
+		if a>>2 != c.sid {
+			return c.sendStall(a, &c.swAck)
+		}
+		switch a & 3 {
+		case ackDone:
+			op.Progress = total
+			c.sent.Add(uint64(len(op.Data)))
+			return true, nil
+		case ackFallback:
+			// The receiver turned CMA off and takes the payload inline now.
+			c.scma = false
+			c.swAck.Store(idle)
+		default:
+			return false, fault.New(fault.ErrMismatch, c.peer,
+				"shm: rank %d rejected frame %d of %s op %d on stream %d", c.peer, op.Hdr.Round, op.Hdr.Kind, op.Hdr.Seq, c.stream)
+		}
+	}
+	for op.Progress < total && budget > 0 {
+		left := total - op.Progress
+		// Wait for room for a useful fragment rather than trickle small
+		// ones into a nearly full ring.
+		useful := min(left, chunkBytes, len(c.tx.data)/4)
+		room := c.room(useful)
+		if room < useful {
+			break
+		}
+		n := min(room, left, chunkBytes, budget)
+		p := op.Progress - hdrSize
+		c.tx.put(c.stail+8, op.Data[p:p+n])
+		// Publish chunk by chunk, so the receiver copies out while we copy in.
+		c.publish(n)
+		op.Progress += n
+		moved += n
+		budget -= n
+	}
+	if moved > 0 {
+		c.sent.Add(uint64(moved))
+	}
+	if op.Progress == total {
+		return true, nil
+	}
+	if moved > 0 {
+		return false, nil
+	}
+	return c.sendStall(c.shead, &c.swHead)
+}
+
+// room returns the largest fragment body that fits in the ring now,
+// reloading the receiver's head only when the cached one leaves less than
+// want. A fragment of body n takes alignFrag(8+n) bytes, and the next
+// fragment's stamp slot 8 more.
+func (c *conn) room(want int) int {
+	size := uint64(len(c.tx.data))
+	free := size - (c.stail - c.shead)
+	if maxBody(free) < want {
+		c.shead = c.tx.head.Load()
+		free = size - (c.stail - c.shead)
+	}
+	return maxBody(free)
+}
+
+func maxBody(free uint64) int {
+	if free < fragAlign+8 {
+		return 0
+	}
+	return int((free-8)&^(fragAlign-1)) - 8
+}
+
+// publish publishes the fragment of body n written at c.stail+8: it clears
+// the next fragment's stamp slot, then stores this one's stamp.
+func (c *conn) publish(n int) {
+	end := c.stail + 8 + uint64(n)
+	next := alignFrag(end)
+	binary.LittleEndian.PutUint64(c.tx.data[next&c.tx.mask:], 0)
+	c.tx.stamp(c.stail).Store(end)
+	c.stail = next
+	ringBell(c.peerSeg)
+}
+
+// sendStall reports a send that cannot progress until the value at watch
+// (saw when last loaded) changes: it fails if the peer is gone, otherwise it
+// leaves the value for Wait to compare.
+func (c *conn) sendStall(saw uint64, watch *atomic.Uint64) (bool, error) {
+	if err := c.t.goneErr(c.peerIdx, c.stream); err != nil {
+		// An acknowledgment the peer stored before it went still counts.
+		if watch == &c.swAck && c.tx.ack.Load() != saw {
+			return false, nil
+		}
+		return false, err
+	}
+	if c.sidle++; c.sidle%pollEvery == 0 {
+		c.t.checkPeer(c.peerIdx)
+	}
+	if watch.Load() != saw {
+		watch.Store(saw)
+	}
+	return false, nil
+}
+
+// TryRecv takes as much of op from the ring as is there, at most callBytes
+// per call, or copies a CMA message straight from the sender's buffer. The
+// header decides where the payload goes: op.Dst[:Got.Len] (exactly op.Want.Len
+// unless AnyLen), or op.Window[Got.Aux:Got.Aux+Got.Len] for a window receive
+// (bounded by the window; op.Want.Len is not used). A header differing from
+// op.Want, or a put outside the window, fails with fault.ErrMismatch; the
+// stream is then unusable, since its framing is lost.
+func (c *conn) TryRecv(op *transport.RecvOp) (bool, error) {
+	if !c.guard.acquire() {
+		return false, c.closedErr
+	}
+	defer c.guard.release()
+	if c.rop != op {
+		if c.rop != nil {
+			return false, nil
+		}
+		if c.rerr != nil {
+			return false, c.rerr
+		}
+		if op.Window == nil && op.Want.Len > uint64(len(op.Dst)) {
+			return false, fault.New(fault.ErrInvalidArgument, c.peer,
+				"shm: receive of %d bytes into a %d-byte buffer", op.Want.Len, len(op.Dst))
+		}
+		op.Progress = 0
+		op.Started = true
+		op.N = 0
+		op.Got = transport.Header{}
+		c.rop = op
+		c.rdst = nil
+		c.rcma = false
+	}
+	done, err := c.recv(op)
+	if done || err != nil {
+		c.rop = nil
+		c.rdst = nil
+		c.rerr = err
+		if c.rw.Load() != idle {
+			c.rw.Store(idle)
+		}
+	}
+	return done, err
+}
+
+func (c *conn) recv(op *transport.RecvOp) (bool, error) {
+	start := op.Progress
+	moved := 0
+	if op.Progress < hdrSize {
+		avail := c.avail()
+		if avail == 0 {
+			return c.recvStall()
+		}
+		if avail < hdrSize {
+			return false, fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: %d-byte record", c.stream, c.peer, avail)
+		}
+		c.rx.get(c.rhead, op.Wire[:])
+		kind := op.Wire[kindByte]
+		if err := c.header(op); err != nil {
+			if kind == recCMA && op.Wire[kindByte+1] == 0 && avail == hdrSize+descSize {
+				// Release the sender, which waits for an acknowledgment.
+				var d [descSize]byte
+				c.rx.get(c.rhead+hdrSize, d[:])
+				c.rhead += hdrSize + descSize
+				c.release()
+				c.rx.ack.Store(binary.LittleEndian.Uint64(d[8:])<<2 | ackRejected)
+				ringBell(c.peerSeg)
+			}
+			return false, err
+		}
+		c.rhead += hdrSize
+		op.Progress = hdrSize
+		c.recvd.Add(hdrSize)
+		if kind == recCMA {
+			if avail != hdrSize+descSize {
+				return false, fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: CMA record of %d bytes", c.stream, c.peer, avail)
+			}
+			var d [descSize]byte
+			c.rx.get(c.rhead, d[:])
+			c.raddr = binary.LittleEndian.Uint64(d[0:])
+			c.rid = binary.LittleEndian.Uint64(d[8:])
+			c.rhead += descSize
+			c.release()
+			if len(c.rdst) == 0 {
+				c.ack(ackDone)
+				return true, nil
+			}
+			c.rcma = true
+		}
+	}
+	if c.rcma {
+		done, err := c.cmaRecv(op)
+		if done || err != nil || c.rcma {
+			return done, err
+		}
+		// The kernel refused CMA: the sender streams the payload instead.
+	}
+	got := op.Progress - hdrSize
+	for budget := callBytes; got < len(c.rdst) && budget > 0; {
+		avail := c.avail()
+		if avail == 0 {
+			break
+		}
+		n := min(avail, len(c.rdst)-got, budget)
+		c.rx.get(c.rhead, c.rdst[got:got+n])
+		c.rhead += uint64(n)
+		got += n
+		moved += n
+		budget -= n
+		if c.rhead == c.rend {
+			// Free the space fragment by fragment, so the sender refills
+			// while we copy.
+			c.release()
+		}
+	}
+	if c.rhead != c.rend {
+		c.release() // a fragment taken in part
+	} else if moved == 0 && op.Progress != start {
+		c.release() // a header-only record
+	}
+	op.Progress = hdrSize + got
+	if moved > 0 {
+		c.recvd.Add(uint64(moved))
+	}
+	if got == len(c.rdst) {
+		op.N = got
+		return true, nil
+	}
+	if op.Progress != start {
+		return false, nil
+	}
+	return c.recvStall()
+}
+
+// avail returns the bytes of the current fragment not consumed yet; when it
+// is used up, it moves on to the next fragment if that one is published.
+func (c *conn) avail() int {
+	if c.rhead == c.rend {
+		slot := alignFrag(c.rend)
+		end := c.rx.stamp(slot).Load()
+		if end <= slot+8 {
+			return 0
+		}
+		c.rhead, c.rend = slot+8, end
+	}
+	return int(c.rend - c.rhead)
+}
+
+// release gives the consumed bytes back to the sender: all of the current
+// fragment once it is used up.
+func (c *conn) release() {
+	h := c.rhead
+	if h == c.rend {
+		h = alignFrag(h)
+	}
+	c.rx.head.Store(h)
+	ringBell(c.peerSeg)
+}
+
+// cmaRecv copies the payload of a CMA descriptor from the sender's memory.
+// It clears c.rcma when the kernel refuses, after telling the sender to
+// stream the payload through the ring instead.
+func (c *conn) cmaRecv(op *transport.RecvOp) (bool, error) {
+	got := op.Progress - hdrSize
+	for budget := cmaCallBytes; got < len(c.rdst) && budget > 0; {
+		n := min(len(c.rdst)-got, budget)
+		k, errno := cmaRead(c.peerSeg.pid, c.rdst[got:got+n], c.raddr+uint64(got), &c.liov, &c.riov)
+		switch errno {
+		case 0:
+			if k == 0 {
+				return false, fault.New(fault.ErrPeerLost, c.peer, "shm: rank %d's buffer ended early (stream %d)", c.peer, c.stream)
+			}
+			got += k
+			budget -= k
+			op.Progress += k
+			continue
+		case unix.EINTR:
+			continue
+		case unix.EPERM, unix.ENOSYS:
+			c.t.disableCMA(errno)
+			c.rcma = false
+			op.Progress = hdrSize
+			c.ack(ackFallback)
+			return false, nil
+		case unix.ESRCH:
+			return false, fault.Wrap(fault.ErrPeerLost, c.peer, errno, "shm: rank %d (pid %d) exited (stream %d)", c.peer, c.peerSeg.pid, c.stream)
+		default:
+			return false, fault.Wrap(fault.ErrPeerLost, c.peer, errno, "shm: reading rank %d's buffer (stream %d)", c.peer, c.stream)
+		}
+	}
+	if got < len(c.rdst) {
+		return false, nil
+	}
+	// A sender that closed meanwhile gave its buffer back to its caller, who
+	// may have changed it while we copied.
+	if c.peerSeg.closed.Load() != 0 {
+		return false, c.t.goneErr(c.peerIdx, c.stream)
+	}
+	c.ack(ackDone)
+	c.rcmas++
+	c.recvd.Add(uint64(got))
+	op.N = got
+	return true, nil
+}
+
+// ack answers the current CMA descriptor.
+func (c *conn) ack(status uint64) {
+	c.rx.ack.Store(c.rid<<2 | status)
+	ringBell(c.peerSeg)
+}
+
+// recvStall reports a receive that cannot progress until the next fragment
+// is published: it fails if the sender is gone and published nothing more,
+// otherwise it leaves the stamp slot it waits on for Wait to check.
+func (c *conn) recvStall() (bool, error) {
+	slot := alignFrag(c.rend)
+	if err := c.t.goneErr(c.peerIdx, c.stream); err != nil {
+		// Bytes the peer published before it went are still delivered.
+		if c.rx.stamp(slot).Load() > slot+8 {
+			return false, nil
+		}
+		return false, err
+	}
+	if c.ridle++; c.ridle%pollEvery == 0 {
+		c.t.checkPeer(c.peerIdx)
+	}
+	if c.rw.Load() != slot {
+		c.rw.Store(slot)
+	}
+	return false, nil
+}
+
+// header decodes and checks a complete header and sets the payload
+// destination.
+func (c *conn) header(op *transport.RecvOp) error {
+	got := &op.Got
+	if err := got.Decode(op.Wire[:]); err != nil {
+		return fault.Wrap(fault.ErrMismatch, c.peer, err, "shm: stream %d from rank %d", c.stream, c.peer)
+	}
+	if k := op.Wire[kindByte]; k > recCMA || op.Wire[kindByte+1] != 0 {
+		return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: unknown record kind %d.%d", c.stream, c.peer, k, op.Wire[kindByte+1])
+	}
+	switch {
+	case op.Window != nil:
+		want := op.Want
+		want.Len = uint64(len(op.Window))
+		if err := want.Check(got, true); err != nil {
+			return err
+		}
+		w := uint64(len(op.Window))
+		if got.Aux > w || got.Len > w-got.Aux {
+			return fault.New(fault.ErrMismatch, c.peer, "%s op %d: rank %d puts %d bytes at offset %d of a %d-byte window",
+				op.Want.Kind, op.Want.Seq, c.peer, got.Len, got.Aux, w)
+		}
+		c.rdst = op.Window[got.Aux : got.Aux+got.Len]
+	case op.AnyLen:
+		if err := op.Want.Check(got, true); err != nil {
+			return err
+		}
+		c.rdst = op.Dst[:got.Len]
+	default:
+		if err := op.Want.Check(got, false); err != nil {
+			return err
+		}
+		c.rdst = op.Dst[:got.Len]
+	}
+	return nil
+}

@@ -1,0 +1,475 @@
+package shm
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"a2a/a2a/internal/fault"
+	"a2a/a2a/transport"
+)
+
+// frameSizes cover empty frames, frames smaller and equal to a header, a page,
+// a frame just larger than the ring (its header and payload wrap), and one
+// that streams through the ring 128 times.
+var frameSizes = []int{0, 1, 48, 4096, testRing + 3, 8 << 20}
+
+// TestExchange sends every frame size from every rank to every peer on every
+// stream, all at once, through the rings and by CMA, and checks every byte
+// and the byte counters.
+func TestExchange(t *testing.T) {
+	maxSize, total := 0, 0
+	for _, s := range frameSizes {
+		maxSize = max(maxSize, s)
+		total += s
+	}
+	const spread = 1 << 16 // room for distinct offsets into a rank's pattern
+	for _, tc := range []struct{ n, streams, zcopy int }{
+		{2, 1, ringOnly}, {2, 2, ringOnly}, {3, 1, ringOnly}, {3, 2, ringOnly}, {4, 1, ringOnly}, {4, 2, ringOnly},
+		{2, 1, cmaAll}, {2, 2, cmaAll}, {3, 1, cmaAll}, {3, 2, cmaAll}, {4, 1, cmaAll}, {4, 2, cmaAll},
+	} {
+		t.Run(fmt.Sprintf("%s_ranks%d_streams%d", modeName(tc.zcopy), tc.n, tc.streams), func(t *testing.T) {
+			n, S := tc.n, tc.streams
+			ts := newCluster(t, n, S, tc.zcopy)
+			pats := make([][]byte, n)
+			for r := range n {
+				pats[r] = pattern(uint64(r)+1, maxSize+spread)
+			}
+			// The frame src sends dst on stream s, round k, is a window of
+			// src's pattern at an offset unique to (dst, s, k), so that a frame
+			// delivered to the wrong place shows in its bytes.
+			frame := func(src, dst, s, k int) []byte {
+				off := ((dst*S+s)*len(frameSizes) + k) * 97 % spread
+				return pats[src][off : off+frameSizes[k]]
+			}
+			jobs := make([][]job, n)
+			recvBufs := make(map[[3]int][]byte) // (dst, src, s) -> all of the frames
+			for r := range n {
+				for p := range n {
+					if p == r {
+						continue
+					}
+					for s := range S {
+						c := ts[r].Conn(p, s)
+						buf := make([]byte, total)
+						recvBufs[[3]int{r, p, s}] = buf
+						off := 0
+						for k, size := range frameSizes {
+							jobs[r] = append(jobs[r], sendJob(c, hdr(r, s, k, 11), frame(r, p, s, k)))
+							jobs[r] = append(jobs[r], recvJob(c, hdr(p, s, k, 11), buf[off:off+size]))
+							off += size
+						}
+					}
+				}
+			}
+			if err := firstErr(driveAll(ts, jobs, 20*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			for key, buf := range recvBufs {
+				dst, src, s := key[0], key[1], key[2]
+				off := 0
+				for k, size := range frameSizes {
+					if !bytes.Equal(buf[off:off+size], frame(src, dst, s, k)) {
+						t.Fatalf("rank %d: frame %d (%d bytes) from rank %d stream %d corrupted", dst, k, size, src, s)
+					}
+					off += size
+				}
+			}
+			for r, tr := range ts {
+				if z := tr.ZCopy((r + 1) % n); z != (tc.zcopy == cmaAll) {
+					t.Errorf("rank %d: ZCopy(%d) = %v in %s mode", r, (r+1)%n, z, modeName(tc.zcopy))
+				}
+			}
+			wire := uint64(S * (total + len(frameSizes)*transport.HeaderSize))
+			for r, tr := range ts {
+				st := tr.Stats()
+				for p := range n {
+					want := wire
+					if p == r {
+						want = 0
+					}
+					if st.BytesSent[p] != want || st.BytesReceived[p] != want {
+						t.Errorf("rank %d stats for peer %d: sent %d received %d, want %d", r, p, st.BytesSent[p], st.BytesReceived[p], want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestRingSizes streams messages around and across the ring's size through
+// rings from the smallest allowed to larger than the messages, both ways at
+// once, and checks every byte.
+func TestRingSizes(t *testing.T) {
+	for _, ring := range []int{minRingBytes, testRing, DefaultRingBytes, 1 << 20} {
+		t.Run(fmt.Sprintf("ring%d", ring), func(t *testing.T) {
+			ts := newCluster(t, 2, 1, ringOnly, func(c *Config) { c.RingBytes = ring })
+			sizes := []int{1, ring - 100, ring - 56, ring + 3, 3*ring + 17, 1<<20 + 5}
+			var jobs [2][]job
+			var want, got [2][][]byte
+			for r := range 2 {
+				c := ts[r].Conn(1-r, 0)
+				for k, size := range sizes {
+					msg := pattern(uint64(100*r+k), size)
+					buf := make([]byte, size)
+					want[1-r] = append(want[1-r], msg)
+					got[r] = append(got[r], buf)
+					jobs[r] = append(jobs[r], sendJob(c, hdr(r, 0, k, 1), msg), recvJob(c, hdr(1-r, 0, k, 1), buf))
+				}
+			}
+			if err := firstErr(driveAll(ts, jobs[:], 10*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			for r := range 2 {
+				for k := range sizes {
+					if !bytes.Equal(got[r][k], want[r][k]) {
+						t.Fatalf("rank %d: message %d (%d bytes) corrupted", r, k, sizes[k])
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestHeaderMismatch checks that a frame whose header differs from the
+// expected one fails the receive with ErrMismatch naming the sender. A
+// sender whose CMA descriptor is rejected fails too, instead of waiting for
+// an acknowledgment forever.
+func TestHeaderMismatch(t *testing.T) {
+	const want = 100
+	for _, zcopy := range []int{ringOnly, cmaAll} {
+		for _, tc := range []struct {
+			name   string
+			mutate func(h *transport.Header)
+			size   int
+			anyLen bool
+		}{
+			{"seq", func(h *transport.Header) { h.Seq++ }, want, false},
+			{"kind", func(h *transport.Header) { h.Kind = transport.OpAllReduce }, want, false},
+			{"flags", func(h *transport.Header) { h.Flags = 0 }, want, false},
+			{"epoch", func(h *transport.Header) { h.Epoch++ }, want, false},
+			{"round", func(h *transport.Header) { h.Round++ }, want, false},
+			{"shorter", nil, want / 2, false},
+			{"longer", nil, want * 2, false},
+			{"empty", nil, 0, false},
+			{"anylen longer than buffer", nil, want + 1, true},
+		} {
+			t.Run(modeName(zcopy)+"_"+tc.name, func(t *testing.T) {
+				ts := newCluster(t, 2, 1, zcopy)
+				h := hdr(0, 0, 0, 5)
+				if tc.mutate != nil {
+					tc.mutate(&h)
+				}
+				recv := recvJob(ts[1].Conn(0, 0), hdr(0, 0, 0, 5), make([]byte, want))
+				recv.recv.AnyLen = tc.anyLen
+				errs := driveAll(ts, [][]job{
+					{sendJob(ts[0].Conn(1, 0), h, make([]byte, tc.size))},
+					{recv},
+				}, 5*time.Second)
+				var fe *fault.Error
+				if !errors.Is(errs[1], fault.ErrMismatch) || !errors.As(errs[1], &fe) || fe.Rank != 0 {
+					t.Fatalf("receiver: got %v, want ErrMismatch naming rank 0", errs[1])
+				}
+				if zcopy == cmaAll && tc.size > 0 {
+					if !errors.Is(errs[0], fault.ErrMismatch) || !errors.As(errs[0], &fe) || fe.Rank != 1 {
+						t.Fatalf("CMA sender: got %v, want ErrMismatch naming rank 1", errs[0])
+					}
+				} else if errs[0] != nil {
+					t.Fatalf("sender: %v", errs[0])
+				}
+				// Framing is lost: the stream keeps failing instead of reading
+				// payload bytes as a header.
+				again := recvJob(ts[1].Conn(0, 0), hdr(0, 0, 1, 5), make([]byte, want))
+				if _, err := again.c.TryRecv(again.recv); !errors.Is(err, fault.ErrMismatch) {
+					t.Fatalf("next receive on the broken stream: %v, want ErrMismatch", err)
+				}
+			})
+		}
+	}
+}
+
+// TestAnyLenAndWindow checks receives whose length or place the header
+// decides: AnyLen receives into a larger buffer, and puts into a window at
+// their Aux offset, through the ring and by CMA.
+func TestAnyLenAndWindow(t *testing.T) {
+	for _, zcopy := range []int{ringOnly, cmaAll} {
+		t.Run(modeName(zcopy), func(t *testing.T) { testAnyLenAndWindow(t, zcopy) })
+	}
+}
+
+func testAnyLenAndWindow(t *testing.T, zcopy int) {
+	ts := newCluster(t, 2, 2, zcopy)
+	const win = 3 * testRing // puts larger than the ring stream through it
+	window := bytes.Repeat([]byte{0xEE}, win)
+	dst := bytes.Repeat([]byte{0xEE}, 2*testRing)
+	empty := make([]byte, 10)
+	put := func(stream, round int, aux uint64, data []byte) job {
+		h := hdr(0, stream, round, 9)
+		h.Kind = transport.OpPut
+		h.Aux = aux
+		return sendJob(ts[0].Conn(1, stream), h, data)
+	}
+	recvPut := func(stream, round int) job {
+		want := hdr(0, stream, round, 9)
+		want.Kind = transport.OpPut
+		op := new(transport.RecvOp)
+		op.Reset(want, nil, true)
+		op.Window = window
+		return job{c: ts[1].Conn(0, stream), recv: op}
+	}
+	anyRecv := func(round int, buf []byte) job {
+		j := recvJob(ts[1].Conn(0, 1), hdr(0, 1, round, 9), buf)
+		j.recv.AnyLen = true
+		return j
+	}
+	puts := []struct {
+		aux  uint64
+		data []byte
+	}{
+		{0, pattern(1, 100)},
+		{1000, pattern(2, 1)},
+		{win - 100, pattern(3, 100)}, // ends exactly at the window's end
+		{win, nil},                   // empty put at the end: allowed
+		{2000, pattern(4, 48)},
+		{5000, pattern(5, testRing+1000)},
+	}
+	var senders, receivers []job
+	for k, p := range puts {
+		senders = append(senders, put(0, k, p.aux, p.data))
+		receivers = append(receivers, recvPut(0, k))
+	}
+	short := pattern(6, testRing+300)
+	senders = append(senders, sendJob(ts[0].Conn(1, 1), hdr(0, 1, 0, 9), short),
+		sendJob(ts[0].Conn(1, 1), hdr(0, 1, 1, 9), nil))
+	receivers = append(receivers, anyRecv(0, dst), anyRecv(1, empty))
+	if err := firstErr(driveAll(ts, [][]job{senders, receivers}, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	wantWin := bytes.Repeat([]byte{0xEE}, win)
+	for k, p := range puts {
+		copy(wantWin[p.aux:], p.data)
+		got := receivers[k].recv
+		if got.N != len(p.data) || got.Got.Aux != p.aux || got.Got.Len != uint64(len(p.data)) {
+			t.Errorf("put %d: N %d Got.Aux %d Got.Len %d, want %d bytes at %d", k, got.N, got.Got.Aux, got.Got.Len, len(p.data), p.aux)
+		}
+	}
+	if !bytes.Equal(window, wantWin) {
+		t.Error("window contents differ from the puts")
+	}
+	if op := receivers[len(puts)].recv; op.N != len(short) || op.Got.Len != uint64(len(short)) ||
+		!bytes.Equal(dst[:len(short)], short) || !bytes.Equal(dst[len(short):], bytes.Repeat([]byte{0xEE}, len(dst)-len(short))) {
+		t.Errorf("AnyLen receive: N %d, bytes wrong or written past the message", op.N)
+	}
+	if op := receivers[len(puts)+1].recv; op.N != 0 || !op.Started {
+		t.Errorf("empty AnyLen receive: N %d", op.N)
+	}
+
+	// A put reaching past the window is a mismatch, not a write out of bounds.
+	for _, tc := range []struct {
+		name string
+		aux  uint64
+		n    int
+	}{{"straddles the end", win - 10, 20}, {"starts past the end", win + 1, 0}, {"huge offset", 1 << 63, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := newCluster(t, 2, 1, zcopy)
+			h := hdr(0, 0, 0, 9)
+			h.Kind = transport.OpPut
+			h.Aux = tc.aux
+			want := h
+			want.Aux = 0
+			op := new(transport.RecvOp)
+			op.Reset(want, nil, true)
+			op.Window = make([]byte, win)
+			errs := driveAll(ts, [][]job{{sendJob(ts[0].Conn(1, 0), h, make([]byte, tc.n))}, {{c: ts[1].Conn(0, 0), recv: op}}}, 5*time.Second)
+			if !errors.Is(errs[1], fault.ErrMismatch) {
+				t.Fatalf("receiver %v, want ErrMismatch", errs[1])
+			}
+			if tc.n > 0 && zcopy == cmaAll {
+				if !errors.Is(errs[0], fault.ErrMismatch) {
+					t.Fatalf("CMA sender %v, want ErrMismatch", errs[0])
+				}
+			} else if errs[0] != nil {
+				t.Fatalf("sender %v", errs[0])
+			}
+		})
+	}
+}
+
+// TestOneOpPerDirection checks that a conn leaves a second op untouched while
+// the first one owns the direction.
+func TestOneOpPerDirection(t *testing.T) {
+	for _, zcopy := range []int{ringOnly, cmaAll} {
+		t.Run(modeName(zcopy), func(t *testing.T) {
+			ts := newCluster(t, 2, 1, zcopy)
+			c0, c1 := ts[0].Conn(1, 0), ts[1].Conn(0, 0)
+			big := pattern(7, 2*cmaCallBytes+4*testRing) // larger than the ring and one CMA call
+			first := sendJob(c0, hdr(0, 0, 0, 1), big)
+			second := sendJob(c0, hdr(0, 0, 1, 1), []byte("second"))
+			if done, err := c0.TrySend(first.send); done || err != nil || first.send.Progress == 0 {
+				t.Fatalf("first send of %d bytes: done %v err %v progress %d, want partial progress", len(big), done, err, first.send.Progress)
+			}
+			if done, err := c0.TrySend(second.send); done || err != nil || second.send.Started || second.send.Progress != 0 {
+				t.Fatalf("second send while the first owns the conn: done %v err %v started %v", done, err, second.send.Started)
+			}
+			r1 := recvJob(c1, hdr(0, 0, 0, 1), make([]byte, len(big)))
+			r2 := recvJob(c1, hdr(0, 0, 1, 1), make([]byte, 6))
+			if done, err := c1.TryRecv(r1.recv); done || err != nil || r1.recv.Progress == 0 {
+				t.Fatalf("first receive: done %v err %v progress %d", done, err, r1.recv.Progress)
+			}
+			if done, err := c1.TryRecv(r2.recv); done || err != nil || r2.recv.Started {
+				t.Fatalf("second receive while the first owns the conn: done %v err %v started %v", done, err, r2.recv.Started)
+			}
+			if err := firstErr(driveAll(ts, [][]job{{first, second}, {r1, r2}}, 10*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(r1.recv.Dst, big) || string(r2.recv.Dst) != "second" {
+				t.Fatal("payloads corrupted")
+			}
+		})
+	}
+}
+
+// TestPeerClose closes one in-process rank in the middle of a transfer and
+// checks that the other side fails with ErrPeerLost naming it, promptly,
+// and that the closed side fails its own ops with ErrClosed.
+func TestPeerClose(t *testing.T) {
+	const size = 8 << 20 // far more than the ring
+	data := pattern(9, size)
+	for _, tc := range []struct {
+		name  string
+		zcopy int
+		dies  int // 0 is the sender, 1 the receiver
+	}{
+		{"ring receiver closes", ringOnly, 1},
+		{"ring sender closes", ringOnly, 0},
+		{"cma receiver closes", cmaAll, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := newCluster(t, 2, 1, tc.zcopy)
+			jobs := [][]job{
+				{sendJob(ts[0].Conn(1, 0), hdr(0, 0, 0, 1), data)},
+				{recvJob(ts[1].Conn(0, 0), hdr(0, 0, 0, 1), make([]byte, size))},
+			}
+			s, r := jobs[0][0], jobs[1][0]
+			if done, err := s.c.TrySend(s.send); done || err != nil || s.send.Progress == 0 {
+				t.Fatalf("filling the ring: done %v, err %v, progress %d", done, err, s.send.Progress)
+			}
+			if tc.zcopy == ringOnly {
+				if done, err := r.c.TryRecv(r.recv); done || err != nil || r.recv.Progress == 0 {
+					t.Fatalf("draining part of the ring: done %v, err %v, progress %d", done, err, r.recv.Progress)
+				}
+			}
+			survivor := 1 - tc.dies
+			errc := make(chan error, 1)
+			go func() { errc <- drive(ts[survivor], jobs[survivor], 10*time.Second) }()
+			time.Sleep(5 * time.Millisecond)
+			closedAt := time.Now()
+			ts[tc.dies].Close()
+			var err error
+			select {
+			case err = <-errc:
+			case <-time.After(5 * time.Second):
+				t.Fatal("survivor did not notice the closed peer within 5s")
+			}
+			elapsed := time.Since(closedAt)
+			var fe *fault.Error
+			if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &fe) || fe.Rank != tc.dies {
+				t.Fatalf("survivor: %v, want ErrPeerLost naming rank %d", err, tc.dies)
+			}
+			if elapsed > time.Second {
+				t.Fatalf("survivor took %v to notice", elapsed)
+			}
+			t.Logf("survivor noticed after %v: %v", elapsed, err)
+			if tc.dies == 0 {
+				_, err = s.c.TrySend(s.send)
+			} else {
+				_, err = r.c.TryRecv(r.recv)
+			}
+			if !errors.Is(err, fault.ErrClosed) {
+				t.Fatalf("op on the closed transport: %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
+// TestDeliveredBeforeClose checks that a message published before its
+// sender closed is still received in full.
+func TestDeliveredBeforeClose(t *testing.T) {
+	ts := newCluster(t, 2, 1, ringOnly)
+	msg := pattern(10, 1000)
+	s := sendJob(ts[0].Conn(1, 0), hdr(0, 0, 0, 1), msg)
+	if done, err := s.c.TrySend(s.send); !done || err != nil {
+		t.Fatalf("send: done %v err %v", done, err)
+	}
+	ts[0].Close()
+	r := recvJob(ts[1].Conn(0, 0), hdr(0, 0, 0, 1), make([]byte, len(msg)))
+	if err := drive(ts[1], []job{r}, 5*time.Second); err != nil || !bytes.Equal(r.recv.Dst, msg) {
+		t.Fatalf("receive after the sender closed: %v (bytes equal: %v)", err, bytes.Equal(r.recv.Dst, msg))
+	}
+	next := recvJob(ts[1].Conn(0, 0), hdr(0, 0, 1, 1), make([]byte, 1))
+	if err := drive(ts[1], []job{next}, 5*time.Second); !errors.Is(err, fault.ErrPeerLost) {
+		t.Fatalf("receive of a message never sent: %v, want ErrPeerLost", err)
+	}
+}
+
+// TestZeroAllocs checks that a warmed-up send+receive round trip allocates
+// nothing: a small message, one larger than the ring, and one by CMA.
+func TestZeroAllocs(t *testing.T) {
+	for _, tc := range []struct {
+		zcopy, size int
+	}{{ringOnly, 8}, {ringOnly, 4 * testRing}, {cmaAll, 8}, {cmaAll, 4 * testRing}} {
+		t.Run(fmt.Sprintf("%s_%d", modeName(tc.zcopy), tc.size), func(t *testing.T) {
+			ts := newCluster(t, 2, 1, tc.zcopy)
+			a, b := ts[0].Conn(1, 0), ts[1].Conn(0, 0)
+			out, back, ret := pattern(1, tc.size), make([]byte, tc.size), make([]byte, tc.size)
+			var s0, s1 transport.SendOp
+			var r0, r1 transport.RecvOp
+			h0, h1 := hdr(0, 0, 0, 1), hdr(1, 0, 0, 1)
+			one := func() {
+				h0.Seq++
+				h1.Seq++
+				s0.Reset(h0, out)
+				r1.Reset(h0, back, false)
+				s1.Reset(h1, back)
+				r0.Reset(h1, ret, false)
+				pingPong(a, b, &s0, &r1, &s1, &r0)
+			}
+			for range 20 {
+				one()
+			}
+			if allocs := testing.AllocsPerRun(200, one); allocs != 0 {
+				t.Fatalf("%v allocations per round trip, want 0", allocs)
+			}
+			if !bytes.Equal(back, out) || !bytes.Equal(ret, out) {
+				t.Fatal("payload corrupted")
+			}
+		})
+	}
+}
+
+// pingPong drives a round trip from one goroutine, interleaving both sides so
+// that messages larger than the ring progress: a sends s0 to b, b receives it
+// with r1 and sends s1 back, a receives it with r0.
+func pingPong(a, b transport.Conn, s0 *transport.SendOp, r1 *transport.RecvOp, s1 *transport.SendOp, r0 *transport.RecvOp) {
+	d := [4]bool{}
+	for !d[0] || !d[1] || !d[2] || !d[3] {
+		var err error
+		if !d[0] {
+			d[0], err = a.TrySend(s0)
+		}
+		if err == nil && !d[1] {
+			d[1], err = b.TryRecv(r1)
+		}
+		if err == nil && d[1] && !d[2] {
+			d[2], err = b.TrySend(s1)
+		}
+		if err == nil && d[1] && !d[3] {
+			d[3], err = a.TryRecv(r0)
+		}
+		if err != nil {
+			panic(err)
+		}
+	}
+}

@@ -1,0 +1,291 @@
+package shm
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"a2a/a2a/internal/fault"
+	"a2a/a2a/transport"
+)
+
+const testEpoch = 3
+
+// testRing is the ring size of most tests: small, so that frames wrap often
+// and messages larger than the ring are cheap.
+const testRing = 64 << 10
+
+// Transfer modes: every message through the rings, or every non-empty
+// message by CMA.
+const (
+	ringOnly = -1
+	cmaAll   = 1
+)
+
+func modeName(z int) string {
+	if z == ringOnly {
+		return "ring"
+	}
+	return "cma"
+}
+
+// testLogger routes transport logs into the test log.
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// testGroup returns a group name no other test (or test process) uses.
+func testGroup(t testing.TB) string {
+	return fmt.Sprintf("shm-test/%s/%d/%x", t.Name(), os.Getpid(), rand.Uint64())
+}
+
+func testConfig(t testing.TB, group string, rank, size, streams, zcopy int) Config {
+	return Config{
+		Group:          group,
+		Epoch:          testEpoch,
+		Rank:           rank,
+		Size:           size,
+		Streams:        streams,
+		RingBytes:      testRing,
+		ZCopyThreshold: zcopy,
+		Logger:         testLogger(t),
+	}
+}
+
+// groupFiles lists the segment files of group in dir.
+func groupFiles(t testing.TB, dir, group string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, groupPrefix(group)+"*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// checkNoFiles fails the test if any segment file of group is left in dir.
+func checkNoFiles(t testing.TB, dir, group string) {
+	t.Helper()
+	if files := groupFiles(t, dir, group); len(files) > 0 {
+		t.Errorf("segment files left in %s: %v", dir, files)
+		for _, f := range files {
+			os.Remove(f)
+		}
+	}
+}
+
+// openAll runs Open for every config concurrently, as the local ranks of a
+// job would.
+func openAll(ctx context.Context, cfgs []Config) ([]*Transport, []error) {
+	ts := make([]*Transport, len(cfgs))
+	errs := make([]error, len(cfgs))
+	var wg sync.WaitGroup
+	for i, cfg := range cfgs {
+		wg.Go(func() { ts[i], errs[i] = Open(ctx, cfg) })
+	}
+	wg.Wait()
+	return ts, errs
+}
+
+// newCluster opens n in-process ranks with the given streams and transfer
+// mode, closed at cleanup, which also checks that no segment file is left.
+func newCluster(t testing.TB, n, streams, zcopy int, mutate ...func(*Config)) []*Transport {
+	t.Helper()
+	group := testGroup(t)
+	cfgs := make([]Config, n)
+	for r := range n {
+		cfgs[r] = testConfig(t, group, r, n, streams, zcopy)
+		for _, m := range mutate {
+			m(&cfgs[r])
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ts, errs := openAll(ctx, cfgs)
+	t.Cleanup(func() {
+		for _, tr := range ts {
+			if tr != nil {
+				tr.Close()
+			}
+		}
+		checkNoFiles(t, cfgs[0].Dir, group)
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("Open rank %d: %v", r, err)
+		}
+	}
+	// Segments are unlinked once everyone attached, before Open returns.
+	if files := groupFiles(t, DefaultDir, group); len(files) > 0 {
+		t.Fatalf("segment files still linked after Open: %v", files)
+	}
+	return ts
+}
+
+// job is one op of a progress loop: exactly one of send and recv is set.
+type job struct {
+	c    transport.Conn
+	send *transport.SendOp
+	recv *transport.RecvOp
+	done bool
+}
+
+func sendJob(c transport.Conn, h transport.Header, data []byte) job {
+	op := new(transport.SendOp)
+	op.Reset(h, data)
+	return job{c: c, send: op}
+}
+
+func recvJob(c transport.Conn, want transport.Header, dst []byte) job {
+	op := new(transport.RecvOp)
+	op.Reset(want, dst, false)
+	return job{c: c, recv: op}
+}
+
+// drive progresses jobs on tr like the engine does: it sweeps every pending op
+// and parks in Wait(1ms) after a sweep in which nothing moved. Ops of one conn
+// and direction must be listed in wire order.
+func drive(tr *Transport, jobs []job, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	left := 0
+	for i := range jobs {
+		if !jobs[i].done {
+			left++
+		}
+	}
+	for left > 0 {
+		moved := false
+		for i := range jobs {
+			j := &jobs[i]
+			if j.done {
+				continue
+			}
+			var done bool
+			var err error
+			if j.send != nil {
+				before := j.send.Progress
+				done, err = j.c.TrySend(j.send)
+				moved = moved || j.send.Progress != before
+			} else {
+				before := j.recv.Progress
+				done, err = j.c.TryRecv(j.recv)
+				moved = moved || j.recv.Progress != before
+			}
+			if err != nil {
+				return err
+			}
+			if done {
+				j.done = true
+				left--
+				moved = true
+			}
+		}
+		if moved {
+			continue
+		}
+		if time.Now().After(deadline) {
+			return fault.New(fault.ErrTimeout, -1, "test: %d ops not done after %v", left, timeout)
+		}
+		if err := tr.Wait(time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// driveAll runs drive on every transport concurrently and returns each
+// rank's error.
+func driveAll(ts []*Transport, jobs [][]job, timeout time.Duration) []error {
+	errs := make([]error, len(ts))
+	var wg sync.WaitGroup
+	for r := range ts {
+		wg.Go(func() { errs[r] = drive(ts[r], jobs[r], timeout) })
+	}
+	wg.Wait()
+	return errs
+}
+
+// pattern returns n deterministic pseudo-random bytes for seed.
+func pattern(seed uint64, n int) []byte {
+	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	b := make([]byte, n)
+	for i := 0; i < n; i += 8 {
+		v := rng.Uint64()
+		for k := 0; k < 8 && i+k < n; k++ {
+			b[i+k] = byte(v >> (8 * k))
+		}
+	}
+	return b
+}
+
+// hdr is the frame header rank src uses for frame round on stream.
+func hdr(src, stream, round int, seq uint64) transport.Header {
+	return transport.Header{
+		Kind:   transport.OpAllToAllV,
+		Algo:   1,
+		Flags:  transport.FlagLast,
+		Stream: uint16(stream),
+		Epoch:  testEpoch,
+		Src:    uint32(src),
+		Round:  uint32(round),
+		Seq:    seq,
+	}
+}
+
+func firstErr(errs []error) error {
+	for r, err := range errs {
+		if err != nil {
+			return fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	return nil
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(d time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
+
+// published reports whether the segment file at path has a complete header.
+func published(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, headerBytes)
+	_, err = f.ReadAt(b, 0)
+	return err == nil && decodeInfo(b).magic == segMagic
+}
+
+// waitPublished waits until group has exactly one segment file in dir, with
+// a complete header, and returns its path.
+func waitPublished(t testing.TB, dir, group string) string {
+	t.Helper()
+	var files []string
+	if !waitFor(10*time.Second, func() bool {
+		files = groupFiles(t, dir, group)
+		return len(files) == 1 && published(files[0])
+	}) {
+		t.Fatalf("no published segment of the group in %s: %v", dir, files)
+	}
+	return files[0]
+}

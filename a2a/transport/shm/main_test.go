@@ -1,0 +1,85 @@
+package shm
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// TestMain fails the run if goroutines, descriptors, mappings or segment
+// files of this process outlive the tests.
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		os.Exit(helperMain())
+	}
+	// The runtime opens its poller's descriptors when the os package first
+	// opens a file (Open reads /proc); open them before taking the baseline.
+	os.ReadFile("/proc/self/stat")
+	goroutines, fds := runtime.NumGoroutine(), openFDs()
+	code := m.Run()
+	if code == 0 {
+		end := time.Now().Add(3 * time.Second)
+		for time.Now().Before(end) && (runtime.NumGoroutine() > goroutines || openFDs() > fds) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if g, f := runtime.NumGoroutine(), openFDs(); g > goroutines || f > fds {
+			buf := make([]byte, 1<<20)
+			fmt.Fprintf(os.Stderr, "leak: %d goroutines (started with %d), %d descriptors (started with %d)\n%s\n",
+				g, goroutines, f, fds, buf[:runtime.Stack(buf, true)])
+			code = 1
+		}
+		if n := segmentMappings(); n > 0 {
+			fmt.Fprintf(os.Stderr, "leak: %d segment mappings left\n", n)
+			code = 1
+		}
+		if files := ownFiles(DefaultDir); len(files) > 0 {
+			fmt.Fprintf(os.Stderr, "leak: segment files of this process left in %s: %v\n", DefaultDir, files)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func openFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	return len(ents)
+}
+
+// segmentMappings counts this process's mappings of segment files.
+func segmentMappings() int {
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return 0
+	}
+	return bytes.Count(b, []byte("/"+namePrefix))
+}
+
+// ownFiles lists the segment files in dir that this process created.
+func ownFiles(dir string) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var own []string
+	for _, e := range ents {
+		if _, _, _, ok := parseName(e.Name()); !ok {
+			continue
+		}
+		f, err := os.Open(dir + "/" + e.Name())
+		if err != nil {
+			continue
+		}
+		b := make([]byte, headerBytes)
+		if _, err := f.ReadAt(b, 0); err == nil && decodeInfo(b).pid == os.Getpid() {
+			own = append(own, e.Name())
+		}
+		f.Close()
+	}
+	return own
+}
