@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"a2a/a2a/transport/shm"
 	"a2a/internal/launch"
 )
 
@@ -58,6 +59,11 @@ func launchRanks(ctx context.Context, log *slog.Logger, spec launch.Spec) error 
 		}
 		defer cp.Close()
 		spec.NATSURL = cp.URL
+	}
+	// Segments of ranks killed while opening shared memory in an earlier job
+	// would stay in /dev/shm until their group runs again: remove them.
+	if removed, err := shm.Sweep(shm.DefaultDir); err == nil && len(removed) > 0 {
+		log.Info("a2ad: removed stale shared-memory segments", "files", removed)
 	}
 	if p, err := resolveProg(spec.Prog); err == nil {
 		spec.Prog = p
