@@ -298,7 +298,8 @@ func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64, deadline 
 		op = Sum // divided once at the end
 	}
 	args := algo.CollArgs{Rank: c.rank, World: c.size, Bytes: k.bytes, Counts: k.counts, ElemSize: k.dt.Size(),
-		DType: uint8(k.dt), Op: uint8(op), Root: k.root, Streams: c.cfg.Streams, Hosts: c.hosts, BlockSize: collBlock}
+		DType: uint8(k.dt), Op: uint8(op), Root: k.root, Streams: c.cfg.Streams, Hosts: c.hosts, BlockSize: collBlock,
+		InPlace: len(k.send) > 0 && len(k.recv) > 0 && &k.send[0] == &k.recv[0]}
 	a, err := c.planCollective(k, &args)
 	if err != nil {
 		return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", k.name)

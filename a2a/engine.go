@@ -65,13 +65,15 @@ type localCopy struct {
 const copyChunk = 256 << 10
 
 type activeOp struct {
-	send   bool
-	into   []byte // RecvReduce: reduce the landed frame into this span
-	done   bool
-	peer   int
-	stream int
-	idx    int
-	conn   transport.Conn
+	send        bool
+	into        []byte // RecvReduce: reduce the landed frame into this span
+	with        []byte // three-operand RecvReduce: into = with op landed (landed op with if landedFirst)
+	landedFirst bool
+	done        bool
+	peer        int
+	stream      int
+	idx         int
+	conn        transport.Conn
 }
 
 func newEngine(tr transport.Transport, rank, size, streams int, epoch uint32, spin, yield time.Duration, stopped func() error) *engine {
@@ -184,13 +186,21 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 				if err != nil {
 					return err
 				}
-				var into []byte
+				var into, with []byte
 				if st.Kind == algo.StepRecvReduce {
 					if into, err = bufs.span(st.Dst); err != nil {
 						return err
 					}
 					if len(into) != len(dst) {
 						return fault.New(fault.ErrInvalidArgument, -1, "schedule reduces a %d-byte frame into %d bytes", len(dst), len(into))
+					}
+					if st.With.Len > 0 {
+						if with, err = bufs.span(st.With); err != nil {
+							return err
+						}
+						if len(with) != len(dst) {
+							return fault.New(fault.ErrInvalidArgument, -1, "schedule combines a %d-byte frame with %d bytes", len(dst), len(with))
+						}
 					}
 				}
 				e.received += int64(len(dst))
@@ -201,7 +211,8 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 					e.recvOps = append(e.recvOps, transport.RecvOp{})
 				}
 				e.recvOps[nRecv].Reset(h, dst, false)
-				e.active = append(e.active, activeOp{peer: st.Peer, stream: st.Stream, idx: nRecv, into: into, conn: e.tr.Conn(st.Peer, st.Stream)})
+				e.active = append(e.active, activeOp{peer: st.Peer, stream: st.Stream, idx: nRecv, into: into, with: with,
+					landedFirst: st.LandedFirst, conn: e.tr.Conn(st.Peer, st.Stream)})
 				nRecv++
 			}
 		default:
@@ -241,8 +252,19 @@ func (e *engine) progress(ctx context.Context, deadline, opStart time.Time) erro
 			if done {
 				a.done, moved = true, true
 				if a.into != nil {
-					// Reduce at once: the next round may forward this result.
-					if err := reduce.Reduce(e.dtype, e.op, a.into, e.recvOps[a.idx].Dst); err != nil {
+					// Reduce at once: the next round may forward this result,
+					// and the landed frame is still in cache.
+					landed := e.recvOps[a.idx].Dst
+					var err error
+					switch {
+					case a.with == nil:
+						err = reduce.Reduce(e.dtype, e.op, a.into, landed)
+					case a.landedFirst:
+						err = reduce.ReduceTo(e.dtype, e.op, a.into, landed, a.with)
+					default:
+						err = reduce.ReduceTo(e.dtype, e.op, a.into, a.with, landed)
+					}
+					if err != nil {
 						return fault.Wrap(fault.ErrInvalidArgument, -1, err, "reduction")
 					}
 				}

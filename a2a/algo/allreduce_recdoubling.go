@@ -15,16 +15,13 @@ package algo
 // src, the higher rank reduces into the buffer its partner's value landed
 // in; its current value therefore alternates between BufRecv and scratch.
 //
-// A rank cannot reduce into a buffer it is still sending, so each exchange is
-// a network round (send own value, receive the partner's into the other
-// buffer) followed by a local round with the reduction: 2 rounds per
-// exchange, the second costing no latency.
+// A rank cannot reduce into a buffer it is still sending, so each landed
+// frame is combined with the rank's value by a three-operand reduction into
+// the landing buffer (or into BufRecv on the last exchange), overlapping the
+// rest of the transfer: one round per exchange, and no copies at 2 ranks
+// unless send and recv are the same slice (CollArgs.InPlace).
 //
-// In place: send and recv may be the same slice. BufSend is read only until
-// the first round that writes BufRecv (in which it is sent while a copy of it
-// goes to BufRecv, a no-op when they alias).
-//
-// Rounds: 2·log2(p'), +1 (local copy) when the result ends in scratch; an
+// Rounds: log2(p'), +1 (local copy) when the result ends in scratch; an
 // odd rank of the fold has 2 before and 1 after (returning the result), a
 // folded rank 2 in all. Scratch: Bytes. It writes into s, reusing its storage: planning
 // into a reused Schedule allocates nothing.
@@ -68,28 +65,25 @@ func PlanAllReduceRecursiveDoubling(s *Schedule, a CollArgs) error {
 	}
 	for mask := 1; mask < pp; mask <<= 1 {
 		q, lower := actual(nr^mask), nr&mask == 0
-		// The partner's value lands in the buffer not holding ours; never in
-		// BufRecv while ours is still in BufSend, which BufRecv may alias.
+		// The partner's value lands in a buffer not holding ours, and never
+		// in BufRecv while ours is still in BufSend, which BufRecv may alias.
 		land := BufScratch
 		if cur == BufScratch {
 			land = BufRecv
 		}
+		// Each landed frame is combined at once with our value (three
+		// operands: ours is still being sent, so it cannot be the target),
+		// lower rank's value first. The result goes into the landing frame,
+		// or straight into BufRecv on the last exchange when nothing there
+		// is still read, which saves the final copy.
+		out := land
+		if mask<<1 == pp && land != BufRecv && cur != BufRecv && !(cur == BufSend && a.InPlace) {
+			out = BufRecv
+		}
 		s.addMessage(StepSend, q, whole(cur), a.Streams, block)
-		if lower && cur == BufSend {
-			s.addCopy(whole(BufSend), whole(BufRecv))
-		}
-		s.addMessage(StepRecv, q, whole(land), a.Streams, block)
+		s.addRecvCombine(q, whole(out), whole(land), whole(cur), !lower, a.Streams, block)
 		s.EndRound()
-		if lower {
-			if cur == BufSend {
-				cur = BufRecv
-			}
-			s.Add(Step{Kind: StepReduce, Src: whole(land), Dst: whole(cur)})
-		} else {
-			s.Add(Step{Kind: StepReduce, Src: whole(cur), Dst: whole(land)})
-			cur = land
-		}
-		s.EndRound()
+		cur = out
 	}
 	if r < 2*rem {
 		s.addMessage(StepSend, r-1, whole(cur), a.Streams, block)

@@ -32,6 +32,9 @@ type CollArgs struct {
 	Streams     int   // streams per peer pair (>= 1)
 	BlockSize   int   // max bytes per frame (0 = DefaultBlockSize), rounded down to whole elements
 	Hosts       []int // host of every rank (hierarchical algorithms); nil means one host
+	// InPlace says the caller passed one slice as send and recv, so a
+	// schedule must not write BufRecv while it still reads BufSend.
+	InPlace bool
 }
 
 // collNeeds says what a collective requires of its CollArgs beyond the
@@ -223,6 +226,21 @@ func (s *Schedule) addRecvReduce(peer int, dst, land Span, streams, block int) {
 	}
 }
 
+// addRecvCombine appends the frames of a message from peer that land in
+// land and are combined with this rank's value with into dst frame by frame:
+// dst = with op landed, or landed op with when landedFirst.
+func (s *Schedule) addRecvCombine(peer int, dst, land, with Span, landedFirst bool, streams, block int) {
+	nf := FrameCount(land.Len, block)
+	for f := 0; f < nf; f++ {
+		off := f * block
+		n := min(block, land.Len-off)
+		s.Add(Step{Kind: StepRecvReduce, Peer: peer, Stream: f % streams, Last: f == nf-1,
+			Src:  Span{Buf: land.Buf, Off: land.Off + off, Len: n},
+			Dst:  Span{Buf: dst.Buf, Off: dst.Off + off, Len: n},
+			With: Span{Buf: with.Buf, Off: with.Off + off, Len: n}, LandedFirst: landedFirst})
+	}
+}
+
 // ring is one rank's place in a ring of m members: index i, and the ranks
 // of its predecessor and successor.
 type ring struct{ i, m, prev, next int }
@@ -243,23 +261,27 @@ type ring struct{ i, m, prev, next int }
 // both) correct.
 func (s *Schedule) addRingReduceScatter(a *CollArgs, rg ring, l *layout, fromSend bool) {
 	m, i, block := rg.m, rg.i, a.block()
-	if fromSend {
-		c := l.span(mod(i-2, m)) // m == 1: the whole region
-		s.addCopy(c.in(BufSend), c)
-		s.EndRound()
-	}
 	for k := 0; k < m-1; k++ {
-		if fromSend && k+1 <= m-2 {
-			c := l.span(mod(i-k-3, m))
-			s.addCopy(c.in(BufSend), c)
-		}
 		out := l.span(mod(i-k-1, m))
 		if fromSend && k == 0 {
 			out = out.in(BufSend)
 		}
 		s.addMessage(StepSend, rg.next, out, a.Streams, block)
 		in := l.span(mod(i-k-2, m))
-		s.addRecvReduce(rg.prev, in, Span{Buf: BufScratch, Len: in.Len}, a.Streams, block)
+		land := Span{Buf: BufScratch, Len: in.Len}
+		if fromSend {
+			// This rank reduces into each chunk once, so the first (and
+			// only) reduction reads its own contribution from BufSend:
+			// recv = own op landed, frame by frame, with no copy first.
+			s.addRecvCombine(rg.prev, in, land, in.in(BufSend), false, a.Streams, block)
+		} else {
+			s.addRecvReduce(rg.prev, in, land, a.Streams, block)
+		}
+		s.EndRound()
+	}
+	if fromSend && m == 1 {
+		c := l.span(0)
+		s.addCopy(c.in(BufSend), c)
 		s.EndRound()
 	}
 }

@@ -165,11 +165,11 @@ func TestCollShapes(t *testing.T) {
 		hosts       []int
 		rounds, net int
 	}{
-		{"allreduce-ring", PlanAllReduceRing, nil, 15, 14},
-		{"allreduce-recdoubling", PlanAllReduceRecursiveDoubling, nil, 7, 3},
-		{"allreduce-hierarchical 2x4", PlanAllReduceHierarchical, []int{0, 0, 0, 0, 1, 1, 1, 1}, 9, 8},
-		{"allreduce-hierarchical 4x2", PlanAllReduceHierarchical, []int{0, 0, 1, 1, 2, 2, 3, 3}, 9, 8},
-		{"allreduce-hierarchical one host", PlanAllReduceHierarchical, nil, 15, 14},
+		{"allreduce-ring", PlanAllReduceRing, nil, 14, 14},
+		{"allreduce-recdoubling", PlanAllReduceRecursiveDoubling, nil, 4, 3},
+		{"allreduce-hierarchical 2x4", PlanAllReduceHierarchical, []int{0, 0, 0, 0, 1, 1, 1, 1}, 8, 8},
+		{"allreduce-hierarchical 4x2", PlanAllReduceHierarchical, []int{0, 0, 1, 1, 2, 2, 3, 3}, 8, 8},
+		{"allreduce-hierarchical one host", PlanAllReduceHierarchical, nil, 14, 14},
 		{"reducescatter-ring", PlanReduceScatterRing, nil, 8, 7},
 		{"allgather-ring", PlanAllGatherRing, nil, 7, 7},
 		{"allgatherv-ring", PlanAllGatherVRing, nil, 7, 7},
@@ -386,21 +386,19 @@ func TestDescribeReduce(t *testing.T) {
 	if err := PlanAllReduceRing(&s, a); err != nil {
 		t.Fatal(err)
 	}
-	want := `ring: 3 rounds, 5 steps, scratch 8 B
-round 0: send 0 B, recv 0 B, copy 8 B
-  copy send -> recv: 8 B
-round 1: send 8 B, recv 8 B, copy 0 B, reduce 8 B
+	want := `ring: 2 rounds, 4 steps, scratch 8 B
+round 0: send 8 B, recv 8 B, copy 0 B, reduce 8 B
   send -> 1: 8 B in 1 frame
   recvreduce <- 1: 8 B in 1 frame into recv
-round 2: send 8 B, recv 8 B, copy 0 B
+round 1: send 8 B, recv 8 B, copy 0 B
   send -> 1: 8 B in 1 frame
   recv <- 1: 8 B in 1 frame
 `
 	if got := s.String(); got != want {
 		t.Fatalf("String() =\n%s\nwant\n%s", got, want)
 	}
-	st := s.Round(1)[1]
-	if got := st.String(); got != "recvreduce scratch[0:8] from 1 stream 0 into recv[0:8] last" {
+	st := s.Round(0)[1]
+	if got := st.String(); got != "recvreduce scratch[0:8] from 1 stream 0 into recv[0:8] with send[0:8] last" {
 		t.Fatalf("step = %q", got)
 	}
 	if !errors.Is(s.Describe(failWriter{}), errWrite) {

@@ -46,7 +46,7 @@ func (c *collCase) String() string {
 
 func (c *collCase) args(r int) CollArgs {
 	return CollArgs{Rank: r, World: c.p, Bytes: c.bytes, Counts: c.counts, ElemSize: c.e,
-		DType: uint8(c.dt), Op: uint8(c.op), Root: c.root, Streams: c.streams, BlockSize: c.block, Hosts: c.hosts}
+		DType: uint8(c.dt), Op: uint8(c.op), Root: c.root, Streams: c.streams, BlockSize: c.block, Hosts: c.hosts, InPlace: c.alias}
 }
 
 // blockOf is rank i's block (offset, length) in a World-block buffer: the

@@ -18,7 +18,15 @@ func (st Step) String() string {
 	case StepRecv:
 		return fmt.Sprintf("recv %v[%d:%d] from %d stream %d%s", st.Dst.Buf, st.Dst.Off, st.Dst.End(), st.Peer, st.Stream, last)
 	case StepRecvReduce:
-		return fmt.Sprintf("recvreduce %v[%d:%d] from %d stream %d into %v[%d:%d]%s", st.Src.Buf, st.Src.Off, st.Src.End(), st.Peer, st.Stream, st.Dst.Buf, st.Dst.Off, st.Dst.End(), last)
+		with := ""
+		if st.With.Len > 0 {
+			order := ""
+			if st.LandedFirst {
+				order = " (landed first)"
+			}
+			with = fmt.Sprintf(" with %v[%d:%d]%s", st.With.Buf, st.With.Off, st.With.End(), order)
+		}
+		return fmt.Sprintf("recvreduce %v[%d:%d] from %d stream %d into %v[%d:%d]%s%s", st.Src.Buf, st.Src.Off, st.Src.End(), st.Peer, st.Stream, st.Dst.Buf, st.Dst.Off, st.Dst.End(), with, last)
 	default:
 		return fmt.Sprintf("%v %v[%d:%d] -> %v[%d:%d]", st.Kind, st.Src.Buf, st.Src.Off, st.Src.End(), st.Dst.Buf, st.Dst.Off, st.Dst.End())
 	}

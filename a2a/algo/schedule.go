@@ -88,6 +88,12 @@ type Step struct {
 	Src    Span
 	Dst    Span
 	Last   bool
+	// With, when not empty, makes a RecvReduce three-operand: Dst = With op
+	// Src (or Src op With when LandedFirst), so a rank can combine its value
+	// with a partner's frame into a third buffer (or into the landing span
+	// itself) while its own value is still being sent.
+	With        Span
+	LandedFirst bool
 }
 
 // Schedule is one rank's plan for one operation. Steps of one round are

@@ -252,6 +252,17 @@ func (sim *simulator) checkReduce(rk *simRank, st *Step) string {
 	if st.Src.Len != st.Dst.Len {
 		return fmt.Sprintf("reduces %d bytes into %d", st.Src.Len, st.Dst.Len)
 	}
+	if st.With.Len > 0 {
+		if st.Kind != StepRecvReduce {
+			return "a third operand is only allowed on recvreduce"
+		}
+		if err := rk.checkSpan(st.With, false); err != "" {
+			return "third operand: " + err
+		}
+		if st.With.Len != st.Dst.Len {
+			return fmt.Sprintf("third operand of %d bytes for %d", st.With.Len, st.Dst.Len)
+		}
+	}
 	if e := rk.s.ElemSize; e > 0 && st.Dst.Len%e != 0 {
 		return fmt.Sprintf("reduces %d bytes, not a multiple of the %d-byte element", st.Dst.Len, e)
 	}
@@ -342,7 +353,22 @@ func (sim *simulator) enter(r int) error {
 // doReduce applies the reduction of a Reduce or RecvReduce step of rank r.
 func (sim *simulator) doReduce(r int, st *Step) error {
 	rk := &sim.ranks[r]
-	if err := sim.reduce(rk.s.DType, rk.s.Op, rk.bytes(st.Dst), rk.bytes(st.Src)); err != nil {
+	dst, src := rk.bytes(st.Dst), rk.bytes(st.Src)
+	if st.With.Len > 0 {
+		// Three operands through the two-operand reducer: first op second
+		// computed in a temporary, since dst may be the landing span.
+		first, second := rk.bytes(st.With), src
+		if st.LandedFirst {
+			first, second = src, rk.bytes(st.With)
+		}
+		tmp := append([]byte(nil), first...)
+		if err := sim.reduce(rk.s.DType, rk.s.Op, tmp, second); err != nil {
+			return fmt.Errorf("%w: rank %d round %d: %v: %w", ErrBadSchedule, r, rk.round, st, err)
+		}
+		copy(dst, tmp)
+		return nil
+	}
+	if err := sim.reduce(rk.s.DType, rk.s.Op, dst, src); err != nil {
 		return fmt.Errorf("%w: rank %d round %d: %v: %w", ErrBadSchedule, r, rk.round, st, err)
 	}
 	return nil
@@ -427,7 +453,14 @@ func (sim *simulator) checkHazards(r int, steps []Step) error {
 			add(st.Dst, true, i)
 		case StepRecvReduce:
 			add(st.Src, true, i)
-			add(st.Dst, true, i)
+			if st.Dst != st.Src {
+				add(st.Dst, true, i)
+			}
+			if st.With.Len > 0 && rk.addr(st.With) != rk.addr(st.Dst) {
+				// A third operand exactly aliasing Dst (in place) is what
+				// a three-operand kernel supports; only other overlaps race.
+				add(st.With, false, i)
+			}
 		}
 	}
 	sim.spans = sp
