@@ -300,6 +300,9 @@ func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64, deadline 
 	args := algo.CollArgs{Rank: c.rank, World: c.size, Bytes: k.bytes, Counts: k.counts, ElemSize: k.dt.Size(),
 		DType: uint8(k.dt), Op: uint8(op), Root: k.root, Streams: c.cfg.Streams, Hosts: c.hosts, BlockSize: collBlock,
 		InPlace: len(k.send) > 0 && len(k.recv) > 0 && &k.send[0] == &k.recv[0]}
+	if k.name == "allreduce" && k.bytes > allReduceSegment {
+		return c.segmentedAllReduce(ctx, k, &args, seq, deadline)
+	}
 	a, err := c.planCollective(k, &args)
 	if err != nil {
 		return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", k.name)
@@ -324,6 +327,43 @@ func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64, deadline 
 		}
 	}
 	return a, err
+}
+
+// allReduceSegment: a larger AllReduce runs as consecutive AllReduces of
+// segments of this size (every rank cuts the same way). On these machines a
+// single TCP message above ~1 MiB falls off a cache cliff (an AllToAllV with
+// 2 MiB per peer takes ~3.5x the 1 MiB time, for Open MPI too), and segments
+// keep every message and the buffers a round touches small.
+const allReduceSegment = 512 << 10
+
+// segmentedAllReduce runs k as consecutive AllReduces of allReduceSegment
+// bytes; every frame still carries the whole call's signature.
+func (c *Comm) segmentedAllReduce(ctx context.Context, k *coll, args *algo.CollArgs, seq uint64, deadline time.Time) (algo.Algo, error) {
+	seg := allReduceSegment - allReduceSegment%k.dt.Size()
+	var a algo.Algo
+	var sent, received int64
+	for lo := 0; lo < k.bytes; lo += seg {
+		hi := min(lo+seg, k.bytes)
+		args.Bytes = hi - lo
+		var err error
+		if a, err = c.planCollective(k, args); err != nil {
+			return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", k.name)
+		}
+		c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = k.send[lo:hi], k.recv[lo:hi]
+		err = c.eng.run(ctx, k.kind, seq, k.signature(), &c.sched, &c.bufs, deadline)
+		c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
+		sent, received = sent+c.eng.sent, received+c.eng.received
+		if err != nil {
+			return a, err
+		}
+	}
+	k.sent, k.received = sent, received
+	if k.op == Avg {
+		if err := reduce.Finish(k.dt, reduce.Avg, k.recv, c.size); err != nil {
+			return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "%s", k.name)
+		}
+	}
+	return a, nil
 }
 
 // collBlock is the frame size of collectives: a frame received for a

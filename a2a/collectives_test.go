@@ -390,3 +390,32 @@ func TestCollectiveMisuse(t *testing.T) {
 		})
 	}
 }
+
+// TestSegmentedAllReduce covers AllReduces larger than allReduceSegment, which
+// run as consecutive segment AllReduces (sizes not a multiple of it, in place,
+// Avg divided once).
+func TestSegmentedAllReduce(t *testing.T) {
+	url := startNATS(t)
+	comms := group(t, url, 3, nil)
+	for _, tc := range []struct {
+		dt DType
+		op Op
+		n  int // elements
+	}{{Float32, Sum, allReduceSegment/4*2 + 37}, {Int64, Avg, allReduceSegment/8*3 + 5}, {Float64, Max, allReduceSegment / 8}} {
+		ref := reference(t, tc.dt, tc.op, 3, tc.n)
+		mustAll(t, onAll(comms, func(c *Comm) error {
+			in := input(tc.dt, tc.op, c.Rank(), tc.n)
+			out := make([]byte, len(in))
+			if err := c.AllReduce(context.Background(), in, out, tc.dt, tc.op); err != nil {
+				return err
+			}
+			if !bytes.Equal(out, ref) {
+				return fmt.Errorf("%s %s n=%d differs from the reference", tc.dt, tc.op, tc.n)
+			}
+			if err := c.AllReduce(context.Background(), in, in, tc.dt, tc.op); err != nil || !bytes.Equal(in, ref) {
+				return fmt.Errorf("%s %s n=%d in place: %v", tc.dt, tc.op, tc.n, err)
+			}
+			return nil
+		}))
+	}
+}
