@@ -49,6 +49,7 @@ type coll struct {
 	op        Op
 	root      int
 	rooted    bool
+	segmented bool // a segment of a large AllReduce
 	reduction bool
 	bytes     int // the planner's CollArgs.Bytes
 	sent      int64
@@ -340,6 +341,7 @@ const allReduceSegment = 512 << 10
 // bytes; every frame still carries the whole call's signature.
 func (c *Comm) segmentedAllReduce(ctx context.Context, k *coll, args *algo.CollArgs, seq uint64, deadline time.Time) (algo.Algo, error) {
 	seg := allReduceSegment - allReduceSegment%k.dt.Size()
+	k.segmented = true
 	var a algo.Algo
 	var sent, received int64
 	for lo := 0; lo < k.bytes; lo += seg {
