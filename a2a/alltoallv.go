@@ -21,6 +21,7 @@ func (c *Comm) AllToAllV(ctx context.Context, send []byte, sendCounts []int, rec
 	start := time.Now()
 	seq, deadline, err := c.begin(ctx)
 	if err != nil {
+		c.observeRejected("alltoallv", start, err)
 		return err
 	}
 	a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, sendCounts, recv, recvCounts, nil)
@@ -36,6 +37,7 @@ func (c *Comm) AllToAll(ctx context.Context, send, recv []byte) error {
 	start := time.Now()
 	seq, deadline, err := c.begin(ctx)
 	if err != nil {
+		c.observeRejected("alltoall", start, err)
 		return err
 	}
 	var a algo.Algo
@@ -62,6 +64,7 @@ func (c *Comm) AllToAllVInBand(ctx context.Context, send []byte, sendCounts []in
 	start := time.Now()
 	seq, deadline, err := c.begin(ctx)
 	if err != nil {
+		c.observeRejected("alltoallv", start, err)
 		return err
 	}
 	var a algo.Algo
@@ -117,6 +120,9 @@ func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matri
 	start := time.Now()
 	seq, deadline, err := c.begin(ctx)
 	if err != nil {
+		if o := c.cfg.Observer; o != nil {
+			o.CountsExchanged(time.Since(start), err)
+		}
 		return err
 	}
 	if err = c.checkCounts("send", sendCounts, -1); err == nil {
@@ -234,6 +240,7 @@ func (c *Comm) AllToAllVMatrix(ctx context.Context, send, recv []byte, matrix []
 	start := time.Now()
 	seq, deadline, err := c.begin(ctx)
 	if err != nil {
+		c.observeRejected("alltoallv", start, err)
 		return err
 	}
 	var a algo.Algo
@@ -267,6 +274,14 @@ func (c *Comm) checkCounts(what string, counts []int, n int) error {
 		return fault.New(fault.ErrInvalidArgument, c.rank, "%sCounts sum to %d bytes, %s buffer holds %d", what, total, what, n)
 	}
 	return nil
+}
+
+// observeRejected reports a call refused before it started (the
+// communicator was already aborted or closed, or ctx was done).
+func (c *Comm) observeRejected(op string, start time.Time, err error) {
+	if o := c.cfg.Observer; o != nil {
+		o.OpDone(OpEvent{Op: op, Algo: algo.AlgoAuto.String(), Rank: c.rank, Size: c.size, Duration: time.Since(start), Err: err, LastPeer: -1})
+	}
 }
 
 // observe reports a finished operation to the Observer.

@@ -277,6 +277,7 @@ func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) e
 	start := time.Now()
 	seq, deadline, err := c.begin(ctx)
 	if err != nil {
+		c.observeRejected(k.name, start, err)
 		return err
 	}
 	var a algo.Algo

@@ -27,14 +27,15 @@ func (c *Comm) Recv(ctx context.Context, buf []byte, peer, tag int) (int, error)
 
 func (c *Comm) p2p(ctx context.Context, send bool, buf []byte, peer, tag int) (int, error) {
 	start := time.Now()
-	c.mu.Lock()
-	if err := c.stopped(); err != nil {
-		c.mu.Unlock()
-		return 0, err
-	}
 	name := "recv"
 	if send {
 		name = "send"
+	}
+	c.mu.Lock()
+	if err := c.stopped(); err != nil {
+		c.mu.Unlock()
+		c.observeRejected(name, start, err)
+		return 0, err
 	}
 	var n int
 	err := ctx.Err()

@@ -96,7 +96,7 @@ func TestRunPrefixesAndNamesTheFailedRank(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := a2ad(t, ctx, "run", "-n", "3", "--", "sh", "-c",
-		`echo "hello from $A2A_RANK of $A2A_WORLD_SIZE"; if [ "$A2A_RANK" = 2 ]; then exit 3; fi; sleep 20`)
+		`echo "hello from $A2A_RANK of $A2A_WORLD_SIZE"; if [ "$A2A_RANK" = 2 ]; then sleep 0.5; exit 3; fi; sleep 20`)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()
