@@ -249,3 +249,30 @@ type Transport interface {
 	// Close releases every resource; in-flight operations fail.
 	Close() error
 }
+
+// Land checks op.Got (already decoded) against what op expects and returns
+// where its payload goes: op.Dst[:Got.Len], or for a put op.Window at the
+// offset Got.Aux. Every transport calls it once a frame's header is in, so
+// that all of them accept and refuse frames alike. peer is the sending rank.
+func (op *RecvOp) Land(peer int) ([]byte, error) {
+	got := &op.Got
+	switch {
+	case op.Window != nil:
+		want := op.Want
+		want.Len = uint64(len(op.Window))
+		if err := want.Check(got, true); err != nil {
+			return nil, err
+		}
+		w := uint64(len(op.Window))
+		if got.Aux > w || got.Len > w-got.Aux {
+			return nil, fault.New(fault.ErrMismatch, peer, "%s op %d: rank %d puts %d bytes at offset %d of a %d-byte window",
+				op.Want.Kind, op.Want.Seq, peer, got.Len, got.Aux, w)
+		}
+		return op.Window[got.Aux : got.Aux+got.Len], nil
+	default:
+		if err := op.Want.Check(got, op.AnyLen); err != nil {
+			return nil, err
+		}
+		return op.Dst[:got.Len], nil
+	}
+}

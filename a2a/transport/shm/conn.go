@@ -103,7 +103,7 @@ type conn struct {
 	peerIdx   int // local index
 	peerSeg   *segment
 	tx, rx    ring
-	guard     guard
+	guard     transport.Guard
 	sent      *atomic.Uint64 // bytes to peer, shared by the peer's streams
 	recvd     *atomic.Uint64
 	closedErr error
@@ -146,10 +146,10 @@ var _ transport.Conn = (*conn)(nil)
 // with fault.ErrPeerLost naming it. An op passed again after it reported done
 // starts over as a new message.
 func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
-	if !c.guard.acquire() {
+	if !c.guard.Acquire() {
 		return false, c.closedErr
 	}
-	defer c.guard.release()
+	defer c.guard.Release()
 	if c.sop != op {
 		if c.sop != nil {
 			return false, nil
@@ -333,10 +333,10 @@ func (c *conn) sendStall(saw uint64, watch *atomic.Uint64) (bool, error) {
 // op.Want, or a put outside the window, fails with fault.ErrMismatch; the
 // stream is then unusable, since its framing is lost.
 func (c *conn) TryRecv(op *transport.RecvOp) (bool, error) {
-	if !c.guard.acquire() {
+	if !c.guard.Acquire() {
 		return false, c.closedErr
 	}
-	defer c.guard.release()
+	defer c.guard.Release()
 	if c.rop != op {
 		if c.rop != nil {
 			return false, nil
@@ -565,29 +565,10 @@ func (c *conn) header(op *transport.RecvOp) error {
 	if k := op.Wire[kindByte]; k > recCMA || op.Wire[kindByte+1] != 0 {
 		return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: unknown record kind %d.%d", c.stream, c.peer, k, op.Wire[kindByte+1])
 	}
-	switch {
-	case op.Window != nil:
-		want := op.Want
-		want.Len = uint64(len(op.Window))
-		if err := want.Check(got, true); err != nil {
-			return err
-		}
-		w := uint64(len(op.Window))
-		if got.Aux > w || got.Len > w-got.Aux {
-			return fault.New(fault.ErrMismatch, c.peer, "%s op %d: rank %d puts %d bytes at offset %d of a %d-byte window",
-				op.Want.Kind, op.Want.Seq, c.peer, got.Len, got.Aux, w)
-		}
-		c.rdst = op.Window[got.Aux : got.Aux+got.Len]
-	case op.AnyLen:
-		if err := op.Want.Check(got, true); err != nil {
-			return err
-		}
-		c.rdst = op.Dst[:got.Len]
-	default:
-		if err := op.Want.Check(got, false); err != nil {
-			return err
-		}
-		c.rdst = op.Dst[:got.Len]
+	dst, err := op.Land(c.peer)
+	if err != nil {
+		return err
 	}
+	c.rdst = dst
 	return nil
 }

@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -70,52 +69,4 @@ func exited(pfd *unix.PollFd) bool {
 	var ts unix.Timespec
 	n, _, errno := unix.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(pfd)), 1, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
 	return errno == 0 && n > 0 && pfd.Revents&(unix.POLLIN|unix.POLLHUP|unix.POLLERR) != 0
-}
-
-// closedBias is added to a guard's user count when it closes, making the
-// count negative for as long as any plausible number of users hold it.
-const closedBias = -(1 << 40)
-
-// guard keeps mapped memory from being unmapped while another goroutine uses
-// it. It costs two uncontended atomic adds per use.
-type guard struct {
-	n      atomic.Int64
-	closed atomic.Bool
-}
-
-// acquire reports whether the memory is still mapped; if so the caller must
-// release the guard when done with it.
-func (g *guard) acquire() bool {
-	if g.n.Add(1) < 0 {
-		g.n.Add(-1)
-		return false
-	}
-	return true
-}
-
-func (g *guard) release() { g.n.Add(-1) }
-
-// shut makes every later acquire fail. It reports false if the guard was
-// already shut.
-func (g *guard) shut() bool {
-	if !g.closed.CompareAndSwap(false, true) {
-		return false
-	}
-	g.n.Add(closedBias)
-	return true
-}
-
-// drain waits until no user holds the guard, calling nudge between checks so
-// that a user parked on a futex can be woken.
-func (g *guard) drain(nudge func()) {
-	for i := 0; g.n.Load() != closedBias; i++ {
-		if nudge != nil {
-			nudge()
-		}
-		if i < 100 {
-			runtime.Gosched()
-		} else {
-			time.Sleep(100 * time.Microsecond)
-		}
-	}
 }

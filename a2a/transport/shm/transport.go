@@ -49,7 +49,7 @@ type Transport struct {
 	cmaRecv  bool        // this process may read peers' memory with process_vm_readv
 	cmaOff   atomic.Bool // CMA failed at run time: off for good
 	seenBell atomic.Uint32
-	guard    guard // protects the mappings for Wait and Wake
+	guard    transport.Guard // protects the mappings for Wait and Wake
 	log      *slog.Logger
 
 	closedErr error
@@ -460,10 +460,10 @@ func (t *Transport) Conn(peer, stream int) transport.Conn {
 // CMA: false for a rank that is not local, when ZCopyThreshold is negative on
 // this rank, or once the kernel refused this rank process_vm_readv on peer.
 func (t *Transport) ZCopy(peer int) bool {
-	if peer < 0 || peer >= t.size || t.conns[peer*t.streams] == nil || !t.guard.acquire() {
+	if peer < 0 || peer >= t.size || t.conns[peer*t.streams] == nil || !t.guard.Acquire() {
 		return false
 	}
-	defer t.guard.release()
+	defer t.guard.Release()
 	return t.conns[peer*t.streams].rx.cmaOK.Load() != 0
 }
 
@@ -473,10 +473,10 @@ func (t *Transport) ZCopy(peer int) bool {
 // the caller must have tried every pending op (each returning not done) since
 // it last progressed, as the engine does.
 func (t *Transport) Wait(timeout time.Duration) error {
-	if !t.guard.acquire() {
+	if !t.guard.Acquire() {
 		return t.closedErr
 	}
-	defer t.guard.release()
+	defer t.guard.Release()
 	own := t.own
 	own.sleeping.Add(1)
 	deadline := time.Now().Add(timeout)
@@ -529,12 +529,12 @@ func (t *Transport) ready() bool {
 // Wake makes a concurrent or the next Wait return at once. It is safe from any
 // goroutine, also after Close.
 func (t *Transport) Wake() {
-	if !t.guard.acquire() {
+	if !t.guard.Acquire() {
 		return
 	}
 	t.own.bell.Add(1)
 	futexWake(t.own.bell)
-	t.guard.release()
+	t.guard.Release()
 }
 
 // gone reports whether the rank at local index i closed its transport or
@@ -634,11 +634,11 @@ func (t *Transport) Close() error {
 			}
 		}
 		for _, c := range t.list {
-			c.guard.shut()
-			c.guard.drain(nil)
+			c.guard.Shut()
+			c.guard.Drain(nil)
 		}
-		if t.guard.shut() {
-			t.guard.drain(func() {
+		if t.guard.Shut() {
+			t.guard.Drain(func() {
 				if t.own != nil {
 					t.own.bell.Add(1)
 					futexWake(t.own.bell)

@@ -29,7 +29,7 @@ type conn struct {
 	fd        int
 	peer      int
 	stream    int
-	guard     fdGuard
+	guard     transport.Guard
 	sent      *atomic.Uint64 // bytes to peer, shared by the peer's streams
 	recvd     *atomic.Uint64
 	closedErr error
@@ -51,10 +51,10 @@ type conn struct {
 // fault.ErrPeerLost naming the peer. An op passed again after it reported done
 // starts over as a new message.
 func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
-	if !c.guard.acquire() {
+	if !c.guard.Acquire() {
 		return false, c.closedErr
 	}
-	defer c.guard.release()
+	defer c.guard.Release()
 	if c.sop != op {
 		if c.sop != nil {
 			return false, nil
@@ -135,10 +135,10 @@ func (c *conn) send(op *transport.SendOp) (bool, error) {
 // outside the window, fails with fault.ErrMismatch; the stream is then
 // unusable, since its framing is lost.
 func (c *conn) TryRecv(op *transport.RecvOp) (bool, error) {
-	if !c.guard.acquire() {
+	if !c.guard.Acquire() {
 		return false, c.closedErr
 	}
-	defer c.guard.release()
+	defer c.guard.Release()
 	if c.rop != op {
 		if c.rop != nil {
 			return false, nil
@@ -216,30 +216,11 @@ func (c *conn) header(op *transport.RecvOp) error {
 	if err := got.Decode(op.Wire[:]); err != nil {
 		return fault.Wrap(fault.ErrMismatch, c.peer, err, "tcp: stream %d from rank %d", c.stream, c.peer)
 	}
-	switch {
-	case op.Window != nil:
-		want := op.Want
-		want.Len = uint64(len(op.Window))
-		if err := want.Check(got, true); err != nil {
-			return err
-		}
-		w := uint64(len(op.Window))
-		if got.Aux > w || got.Len > w-got.Aux {
-			return fault.New(fault.ErrMismatch, c.peer, "%s op %d: rank %d puts %d bytes at offset %d of a %d-byte window",
-				op.Want.Kind, op.Want.Seq, c.peer, got.Len, got.Aux, w)
-		}
-		c.rdst = op.Window[got.Aux : got.Aux+got.Len]
-	case op.AnyLen:
-		if err := op.Want.Check(got, true); err != nil {
-			return err
-		}
-		c.rdst = op.Dst[:got.Len]
-	default:
-		if err := op.Want.Check(got, false); err != nil {
-			return err
-		}
-		c.rdst = op.Dst[:got.Len]
+	dst, err := op.Land(c.peer)
+	if err != nil {
+		return err
 	}
+	c.rdst = dst
 	return nil
 }
 
@@ -272,9 +253,9 @@ func (c *conn) lost(errno unix.Errno, dir string) error {
 
 // close waits for any syscall in progress on the descriptor, then closes it.
 func (c *conn) close() error {
-	if !c.guard.shut() {
+	if !c.guard.Shut() {
 		return nil
 	}
-	c.guard.drain(nil)
+	c.guard.Drain(nil)
 	return unix.Close(c.fd)
 }

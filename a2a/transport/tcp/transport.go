@@ -31,8 +31,8 @@ type Transport struct {
 
 	epfd      int
 	evfd      int
-	guard     fdGuard // protects epfd and evfd
-	one       [8]byte // the eventfd increment Wake writes
+	guard     transport.Guard // protects epfd and evfd
+	one       [8]byte         // the eventfd increment Wake writes
 	closedErr error
 
 	closeOnce sync.Once
@@ -150,10 +150,10 @@ func (t *Transport) Conn(peer, stream int) transport.Conn {
 // must have tried every pending op (each returning not done) since its last
 // Wait, or it may sleep through data that is already there.
 func (t *Transport) Wait(timeout time.Duration) error {
-	if !t.guard.acquire() {
+	if !t.guard.Acquire() {
 		return t.closedErr
 	}
-	defer t.guard.release()
+	defer t.guard.Release()
 	ms := 0
 	if timeout > 0 {
 		ms = int(min((timeout+time.Millisecond-1)/time.Millisecond, math.MaxInt32))
@@ -178,11 +178,11 @@ func (t *Transport) Wait(timeout time.Duration) error {
 // Wake makes a concurrent or the next Wait return at once. It is safe from any
 // goroutine, also after Close.
 func (t *Transport) Wake() {
-	if !t.guard.acquire() {
+	if !t.guard.Acquire() {
 		return
 	}
 	unix.Write(t.evfd, t.one[:])
-	t.guard.release()
+	t.guard.Release()
 }
 
 // Stats returns the bytes moved per peer (frame headers included) and the
@@ -212,8 +212,8 @@ func (t *Transport) Close() error {
 				errs = append(errs, c.close())
 			}
 		}
-		if t.guard.shut() {
-			t.guard.drain(func() {
+		if t.guard.Shut() {
+			t.guard.Drain(func() {
 				if t.evfd >= 0 {
 					unix.Write(t.evfd, t.one[:])
 				}
