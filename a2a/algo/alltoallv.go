@@ -3,10 +3,11 @@ package algo
 import "fmt"
 
 // DefaultBlockSize is the largest frame an alltoallv algorithm sends when
-// AllToAllVArgs.BlockSize is 0. Seed 000 measured the staging/zero-copy
-// crossover near 1 MiB, so a frame of that size keeps per-frame overhead
-// negligible while still letting several streams share one large message.
-const DefaultBlockSize = 1 << 20
+// AllToAllVArgs.BlockSize is 0. Messages
+// above ~1 MiB fall off a cache cliff on these machines when sent whole (2
+// ranks, 2 MiB per peer: ~1080 us; in 512 KiB pieces, one in flight per
+// direction: ~675 us), so pairwise exchanges big messages frame by frame.
+const DefaultBlockSize = 512 << 10
 
 // DefaultWindow is the fullmesh concurrency (peers in flight per round) when
 // AllToAllVArgs.Window is 0.
@@ -141,6 +142,20 @@ func (s *Schedule) addMessage(kind StepKind, peer int, span Span, streams, block
 		}
 		s.Add(st)
 	}
+}
+
+// addFrame appends frame f of a message cut by addMessage's rule.
+func (s *Schedule) addFrame(kind StepKind, peer int, span Span, f, streams, block int) {
+	nf := FrameCount(span.Len, block)
+	off := f * block
+	sub := Span{Buf: span.Buf, Off: span.Off + off, Len: min(block, span.Len-off)}
+	st := Step{Kind: kind, Peer: peer, Stream: f % streams, Last: f == nf-1}
+	if kind == StepSend {
+		st.Src = sub
+	} else {
+		st.Dst = sub
+	}
+	s.Add(st)
 }
 
 // addExchange appends this rank's part of the exchange at one distance: the

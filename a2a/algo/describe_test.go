@@ -13,12 +13,15 @@ func TestDescribe(t *testing.T) {
 	if err := PlanPairwise(&s, a); err != nil {
 		t.Fatal(err)
 	}
-	want := `pairwise: 2 rounds, 6 steps, scratch 0 B
-round 0: send 10 B, recv 0 B, copy 5 B
+	// Pairwise puts frame f of each direction in sub-round f of a distance.
+	want := `pairwise: 3 rounds, 6 steps, scratch 0 B
+round 0: send 7 B, recv 0 B, copy 5 B
   copy send -> recv: 5 B
-  send -> 1: 10 B in 2 frames
+  send -> 1: 7 B in 1 frame
   recv <- 2: 0 B in 1 frame
-round 1: send 3 B, recv 4 B, copy 0 B
+round 1: send 3 B, recv 0 B, copy 0 B
+  send -> 1: 3 B in 1 frame
+round 2: send 3 B, recv 4 B, copy 0 B
   send -> 2: 3 B in 1 frame
   recv <- 1: 4 B in 1 frame
 `

@@ -1,7 +1,8 @@
 package algo
 
-// PlanPairwise plans an AllToAllV as p-1 pairwise exchanges (DESIGN §5): round
-// k = 1..p-1 sends to (r+k)%p and receives from (r-k+p)%p; the local block is
+// PlanPairwise plans an AllToAllV as p-1 pairwise exchanges (DESIGN §5): at
+// distance k = 1..p-1 it sends to (r+k)%p and receives from (r-k+p)%p, one
+// sub-round per frame (block) of the larger direction; the local block is
 // copied during the first round. Each rank has exactly one peer in each direction per
 // round, so no port sees contention, and because in round k rank r's target
 // (r+k) is receiving from r in that same round, the schedule is deadlock-free
@@ -21,8 +22,22 @@ func PlanPairwise(s *Schedule, a AllToAllVArgs) error {
 	// while it waits for the network instead of before touching it.
 	s.addSelfCopy(&a, sd, rd)
 	for k := 1; k < p; k++ {
-		s.addExchange(&a, sd, rd, (r+k)%p, (r-k+p)%p, block)
-		s.EndRound()
+		// Frame f of both directions forms sub-round f, so at most one
+		// block per direction is in flight: a message far larger than a
+		// block then streams through caches instead of flooding them. The
+		// receiver of our frames is in the same sub-round: its receive
+		// count at this distance is our send count.
+		to, from := (r+k)%p, (r-k+p)%p
+		ns, nr := FrameCount(a.SendCounts[to], block), FrameCount(a.RecvCounts[from], block)
+		for f := 0; f < max(ns, nr); f++ {
+			if f < ns {
+				s.addFrame(StepSend, to, Span{Buf: BufSend, Off: sd[to], Len: a.SendCounts[to]}, f, a.Streams, block)
+			}
+			if f < nr {
+				s.addFrame(StepRecv, from, Span{Buf: BufRecv, Off: rd[from], Len: a.RecvCounts[from]}, f, a.Streams, block)
+			}
+			s.EndRound()
+		}
 	}
 	s.EndRound() // world 1: the copy alone
 	return nil
