@@ -182,10 +182,16 @@ func Run(ctx context.Context, spec Spec) error {
 			exits <- exit{rank: rank, err: cmd.Wait()}
 		}()
 	}
-	var first *RankError
-	failed := map[int]bool{}
+	// When a rank fails, the others usually fail right after it (they lose
+	// their peer), sometimes before the launcher even reaps the first one.
+	// So failures are collected for a short settle window before the rest
+	// are terminated, and the root cause is the rank killed by a signal if
+	// there is one (a crash or kill -9 outside our control), else the earliest.
+	const settle = 200 * time.Millisecond
+	var failures []exit
+	ours := -1 // failures[ours:] came after we terminated the ranks ourselves
 	terminated := false
-	var killTimer <-chan time.Time
+	var settleTimer, killTimer <-chan time.Time
 	for remaining := spec.N; remaining > 0; {
 		select {
 		case ex := <-exits:
@@ -193,14 +199,14 @@ func Run(ctx context.Context, spec Spec) error {
 			if ex.err == nil {
 				continue
 			}
-			failed[ex.rank] = true
-			if first == nil {
-				first = &RankError{Rank: ex.rank, State: describe(ex.err)}
-			} else {
-				first.Others = append(first.Others, ex.rank)
+			failures = append(failures, ex)
+			if !terminated && settleTimer == nil {
+				settleTimer = time.After(settle)
 			}
+		case <-settleTimer:
+			settleTimer = nil
 			if !terminated {
-				terminated = true
+				terminated, ours = true, len(failures)
 				killAll(cmds, syscall.SIGTERM)
 				killTimer = time.After(grace)
 			}
@@ -208,18 +214,44 @@ func Run(ctx context.Context, spec Spec) error {
 			killAll(cmds, syscall.SIGKILL)
 		case <-ctx.Done():
 			if !terminated {
-				terminated = true
+				terminated, ours = true, len(failures)
 				killAll(cmds, syscall.SIGTERM)
 				killTimer = time.After(grace)
 			}
 			ctx = context.Background()
 		}
 	}
-	if first != nil {
-		sort.Ints(first.Others)
-		return first
+	if len(failures) == 0 {
+		return nil
 	}
-	return nil
+	if ours < 0 {
+		ours = len(failures)
+	}
+	root := 0
+	for i, f := range failures[:ours] {
+		if signaled(f.err) {
+			root = i
+			break
+		}
+	}
+	re := &RankError{Rank: failures[root].rank, State: describe(failures[root].err)}
+	for i, f := range failures {
+		if i != root {
+			re.Others = append(re.Others, f.rank)
+		}
+	}
+	sort.Ints(re.Others)
+	return re
+}
+
+// signaled reports whether a rank died of a signal.
+func signaled(err error) bool {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		ws, ok := ee.Sys().(syscall.WaitStatus)
+		return ok && ws.Signaled()
+	}
+	return false
 }
 
 func describe(err error) string {
