@@ -31,13 +31,15 @@ round 2: send 3 B, recv 4 B, copy 0 B
 	if err := PlanFullmesh(&s, a); err != nil {
 		t.Fatal(err)
 	}
-	want = `fullmesh: 1 round, 6 steps, scratch 0 B
-round 0: send 13 B, recv 4 B, copy 5 B
+	want = `fullmesh: 2 rounds, 6 steps, scratch 0 B
+round 0: send 10 B, recv 4 B, copy 5 B
   copy send -> recv: 5 B
-  send -> 1: 10 B in 2 frames
+  send -> 1: 7 B in 1 frame
   recv <- 2: 0 B in 1 frame
   send -> 2: 3 B in 1 frame
   recv <- 1: 4 B in 1 frame
+round 1: send 3 B, recv 0 B, copy 0 B
+  send -> 1: 3 B in 1 frame
 `
 	if got := s.String(); got != want {
 		t.Fatalf("String() =\n%s\nwant\n%s", got, want)

@@ -17,7 +17,9 @@ func fullmeshDistance(j, p int) int {
 // fullmeshDistance, are taken C = Window at a time; in each round the rank sends
 // to r+d and receives from r-d for every distance d of the round, all in
 // flight together, each message cut into frames spread round-robin over the
-// streams. The local copy rides in the first round.
+// streams; frame f of every message of the round forms sub-round f, so one
+// block per message is in flight at a time. The local copy rides in the first
+// round.
 //
 // Every rank uses the same set of distances in the same round, so whenever r
 // sends to r+d, r+d is receiving from (r+d)-d = r in that round: the schedule
@@ -42,11 +44,27 @@ func PlanFullmesh(s *Schedule, a AllToAllVArgs) error {
 	c := fullmeshWindow(a.Window, p)
 	s.addSelfCopy(&a, sd, rd)
 	for j0 := 0; j0 < p-1; j0 += c {
+		// Like pairwise, frame f of every message of the window forms
+		// sub-round f, so at most one block per message is in flight; each
+		// partner has at least as many frames for us as we send it.
+		frames := 1
 		for j := j0; j < min(j0+c, p-1); j++ {
 			d := fullmeshDistance(j, p)
-			s.addExchange(&a, sd, rd, (r+d)%p, (r-d+p)%p, block)
+			frames = max(frames, FrameCount(a.SendCounts[(r+d)%p], block), FrameCount(a.RecvCounts[(r-d+p)%p], block))
 		}
-		s.EndRound()
+		for f := 0; f < frames; f++ {
+			for j := j0; j < min(j0+c, p-1); j++ {
+				d := fullmeshDistance(j, p)
+				to, from := (r+d)%p, (r-d+p)%p
+				if f < FrameCount(a.SendCounts[to], block) {
+					s.addFrame(StepSend, to, Span{Buf: BufSend, Off: sd[to], Len: a.SendCounts[to]}, f, a.Streams, block)
+				}
+				if f < FrameCount(a.RecvCounts[from], block) {
+					s.addFrame(StepRecv, from, Span{Buf: BufRecv, Off: rd[from], Len: a.RecvCounts[from]}, f, a.Streams, block)
+				}
+			}
+			s.EndRound()
+		}
 	}
 	s.EndRound() // world 1: the copy alone
 	return nil
