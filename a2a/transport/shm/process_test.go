@@ -84,8 +84,8 @@ func helperMain() int {
 	case "recv-stall":
 		// Take part of a large message, then stop.
 		r := recvJob(c, hdr(0, 0, 0, 1), make([]byte, helperSize))
-		for r.recv.Progress < 2*testRing {
-			if _, err := c.TryRecv(r.recv); err != nil {
+		for r.Recv.Progress < 2*testRing {
+			if _, err := c.TryRecv(r.Recv); err != nil {
 				return fail(err)
 			}
 		}
@@ -94,11 +94,11 @@ func helperMain() int {
 		// Fill the ring with part of a large message, then stop.
 		s := sendJob(c, hdr(1, 0, 0, 1), pattern(1, helperSize))
 		for {
-			before := s.send.Progress
-			if _, err := c.TrySend(s.send); err != nil {
+			before := s.Send.Progress
+			if _, err := c.TrySend(s.Send); err != nil {
 				return fail(err)
 			}
-			if before > 0 && s.send.Progress == before {
+			if before > 0 && s.Send.Progress == before {
 				break
 			}
 		}

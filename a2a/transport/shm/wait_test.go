@@ -35,21 +35,21 @@ func TestWaitWakes(t *testing.T) {
 			msg := pattern(1, 100)
 			r := recvJob(ts[0].Conn(1, 0), hdr(1, 0, 0, 1), make([]byte, len(msg)))
 			p := []job{sendJob(ts[1].Conn(0, 0), hdr(1, 0, 0, 1), msg)}
-			return scene{stalled: r, act: func() { p[0].done, _ = p[0].c.TrySend(p[0].send) }, peer: p, msg: msg, recv: r.recv}
+			return scene{stalled: r, act: func() { p[0].Done, _ = p[0].C.TrySend(p[0].Send) }, peer: p, msg: msg, recv: r.Recv}
 		}},
 		{"ring space frees", ringOnly, func(ts []*Transport) scene {
 			msg := pattern(2, 4*testRing)
 			s := sendJob(ts[0].Conn(1, 0), hdr(0, 0, 0, 1), msg)
 			p := []job{recvJob(ts[1].Conn(0, 0), hdr(0, 0, 0, 1), make([]byte, len(msg)))}
-			s.c.TrySend(s.send) // fills the ring
-			return scene{stalled: s, act: func() { p[0].done, _ = p[0].c.TryRecv(p[0].recv) }, peer: p, msg: msg, recv: p[0].recv}
+			s.C.TrySend(s.Send) // fills the ring
+			return scene{stalled: s, act: func() { p[0].Done, _ = p[0].C.TryRecv(p[0].Recv) }, peer: p, msg: msg, recv: p[0].Recv}
 		}},
 		{"CMA acknowledged", cmaAll, func(ts []*Transport) scene {
 			msg := pattern(3, 1<<20)
 			s := sendJob(ts[0].Conn(1, 0), hdr(0, 0, 0, 1), msg)
 			p := []job{recvJob(ts[1].Conn(0, 0), hdr(0, 0, 0, 1), make([]byte, len(msg)))}
-			s.c.TrySend(s.send) // posts the descriptor
-			return scene{stalled: s, act: func() { p[0].done, _ = p[0].c.TryRecv(p[0].recv) }, peer: p, msg: msg, recv: p[0].recv}
+			s.C.TrySend(s.Send) // posts the descriptor
+			return scene{stalled: s, act: func() { p[0].Done, _ = p[0].C.TryRecv(p[0].Recv) }, peer: p, msg: msg, recv: p[0].Recv}
 		}},
 		{"peer closes", ringOnly, func(ts []*Transport) scene {
 			r := recvJob(ts[0].Conn(1, 0), hdr(1, 0, 0, 1), make([]byte, 8))
@@ -102,10 +102,10 @@ func tryOnce(j job) func() error {
 	return func() error {
 		var done bool
 		var err error
-		if j.send != nil {
-			done, err = j.c.TrySend(j.send)
+		if j.Send != nil {
+			done, err = j.C.TrySend(j.Send)
 		} else {
-			done, err = j.c.TryRecv(j.recv)
+			done, err = j.C.TryRecv(j.Recv)
 		}
 		if done || err != nil {
 			return errors.Join(err, errors.New("op finished; it should wait for the peer"))
@@ -128,7 +128,7 @@ func TestWaitNoLostWakeup(t *testing.T) {
 		t.Fatalf("idle Wait(30ms) returned after %v", took)
 	}
 	s := sendJob(ts[1].Conn(0, 0), hdr(1, 0, 0, 1), pattern(4, 8))
-	if done, err := s.c.TrySend(s.send); !done || err != nil {
+	if done, err := s.C.TrySend(s.Send); !done || err != nil {
 		t.Fatalf("send: %v %v", done, err)
 	}
 	start = time.Now()
@@ -136,7 +136,7 @@ func TestWaitNoLostWakeup(t *testing.T) {
 	if took := time.Since(start); took > time.Second {
 		t.Fatalf("Wait with data already there returned after %v", took)
 	}
-	if done, err := r.c.TryRecv(r.recv); !done || err != nil || !bytes.Equal(r.recv.Dst, s.send.Data) {
+	if done, err := r.C.TryRecv(r.Recv); !done || err != nil || !bytes.Equal(r.Recv.Dst, s.Send.Data) {
 		t.Fatalf("receive: %v %v", done, err)
 	}
 	// Nothing is pending any more: Wait sleeps again.

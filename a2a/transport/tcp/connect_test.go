@@ -466,13 +466,13 @@ func TestInvalidArguments(t *testing.T) {
 		ts[0].Conn(0, 0)
 	}()
 	op := sendJob(ts[0].Conn(1, 0), hdr(0, 0, 0, 1), []byte("abc"))
-	op.send.Hdr.Len = 4
-	if _, err := op.c.TrySend(op.send); !errors.Is(err, fault.ErrInvalidArgument) {
+	op.Send.Hdr.Len = 4
+	if _, err := op.C.TrySend(op.Send); !errors.Is(err, fault.ErrInvalidArgument) {
 		t.Errorf("send with a header length differing from the payload: %v", err)
 	}
 	rj := recvJob(ts[1].Conn(0, 0), hdr(0, 0, 0, 1), make([]byte, 3))
-	rj.recv.Want.Len = 4
-	if _, err := rj.c.TryRecv(rj.recv); !errors.Is(err, fault.ErrInvalidArgument) {
+	rj.Recv.Want.Len = 4
+	if _, err := rj.C.TryRecv(rj.Recv); !errors.Is(err, fault.ErrInvalidArgument) {
 		t.Errorf("receive larger than its buffer: %v", err)
 	}
 }

@@ -118,7 +118,7 @@ func TestHeaderMismatch(t *testing.T) {
 				tc.mutate(&h)
 			}
 			recv := recvJob(ts[1].Conn(0, 0), hdr(0, 0, 0, 5), make([]byte, want))
-			recv.recv.AnyLen = tc.anyLen
+			recv.Recv.AnyLen = tc.anyLen
 			errs := driveAll(ts, [][]job{
 				{sendJob(ts[0].Conn(1, 0), h, make([]byte, tc.size))},
 				{recv},
@@ -133,7 +133,7 @@ func TestHeaderMismatch(t *testing.T) {
 			// Framing is lost: the stream keeps failing instead of reading
 			// payload bytes as a header.
 			again := recvJob(ts[1].Conn(0, 0), hdr(0, 0, 1, 5), make([]byte, want))
-			if _, err := again.c.TryRecv(again.recv); !errors.Is(err, fault.ErrMismatch) {
+			if _, err := again.C.TryRecv(again.Recv); !errors.Is(err, fault.ErrMismatch) {
 				t.Fatalf("next receive on the broken stream: %v, want ErrMismatch", err)
 			}
 		})
@@ -161,11 +161,11 @@ func TestAnyLenAndWindow(t *testing.T) {
 		op := new(transport.RecvOp)
 		op.Reset(want, nil, true)
 		op.Window = window
-		return job{c: ts[1].Conn(0, stream), recv: op}
+		return job{C: ts[1].Conn(0, stream), Recv: op}
 	}
 	anyRecv := func(round int, buf []byte) job {
 		j := recvJob(ts[1].Conn(0, 1), hdr(0, 1, round, 9), buf)
-		j.recv.AnyLen = true
+		j.Recv.AnyLen = true
 		return j
 	}
 	puts := []struct {
@@ -193,7 +193,7 @@ func TestAnyLenAndWindow(t *testing.T) {
 	wantWin := bytes.Repeat([]byte{0xEE}, win)
 	for k, p := range puts {
 		copy(wantWin[p.aux:], p.data)
-		got := receivers[k].recv
+		got := receivers[k].Recv
 		if got.N != len(p.data) || got.Got.Aux != p.aux || got.Got.Len != uint64(len(p.data)) {
 			t.Errorf("put %d: N %d Got.Aux %d Got.Len %d, want %d bytes at %d", k, got.N, got.Got.Aux, got.Got.Len, len(p.data), p.aux)
 		}
@@ -201,11 +201,11 @@ func TestAnyLenAndWindow(t *testing.T) {
 	if !bytes.Equal(window, wantWin) {
 		t.Error("window contents differ from the puts")
 	}
-	if op := receivers[len(puts)].recv; op.N != len(short) || op.Got.Len != uint64(len(short)) ||
+	if op := receivers[len(puts)].Recv; op.N != len(short) || op.Got.Len != uint64(len(short)) ||
 		!bytes.Equal(dst[:len(short)], short) || !bytes.Equal(dst[len(short):], bytes.Repeat([]byte{0xEE}, len(dst)-len(short))) {
 		t.Errorf("AnyLen receive: N %d, bytes wrong or written past the message", op.N)
 	}
-	if op := receivers[len(puts)+1].recv; op.N != 0 || !op.Started {
+	if op := receivers[len(puts)+1].Recv; op.N != 0 || !op.Started {
 		t.Errorf("empty AnyLen receive: N %d", op.N)
 	}
 
@@ -225,7 +225,7 @@ func TestAnyLenAndWindow(t *testing.T) {
 			op := new(transport.RecvOp)
 			op.Reset(want, nil, true)
 			op.Window = make([]byte, win)
-			errs := driveAll(ts, [][]job{{sendJob(ts[0].Conn(1, 0), h, make([]byte, tc.n))}, {{c: ts[1].Conn(0, 0), recv: op}}}, 5*time.Second)
+			errs := driveAll(ts, [][]job{{sendJob(ts[0].Conn(1, 0), h, make([]byte, tc.n))}, {{C: ts[1].Conn(0, 0), Recv: op}}}, 5*time.Second)
 			if errs[0] != nil || !errors.Is(errs[1], fault.ErrMismatch) {
 				t.Fatalf("sender %v, receiver %v; want receiver ErrMismatch", errs[0], errs[1])
 			}
@@ -241,24 +241,24 @@ func TestOneOpPerDirection(t *testing.T) {
 	big := pattern(7, 32<<20) // larger than both socket buffers together
 	first := sendJob(c0, hdr(0, 0, 0, 1), big)
 	second := sendJob(c0, hdr(0, 0, 1, 1), []byte("second"))
-	if done, err := c0.TrySend(first.send); done || err != nil {
+	if done, err := c0.TrySend(first.Send); done || err != nil {
 		t.Fatalf("first send of 32 MiB: done %v err %v, want partial progress", done, err)
 	}
-	if done, err := c0.TrySend(second.send); done || err != nil || second.send.Started || second.send.Progress != 0 {
-		t.Fatalf("second send while the first owns the conn: done %v err %v started %v", done, err, second.send.Started)
+	if done, err := c0.TrySend(second.Send); done || err != nil || second.Send.Started || second.Send.Progress != 0 {
+		t.Fatalf("second send while the first owns the conn: done %v err %v started %v", done, err, second.Send.Started)
 	}
 	r1 := recvJob(c1, hdr(0, 0, 0, 1), make([]byte, len(big)))
 	r2 := recvJob(c1, hdr(0, 0, 1, 1), make([]byte, 6))
-	if done, err := c1.TryRecv(r1.recv); done || err != nil {
+	if done, err := c1.TryRecv(r1.Recv); done || err != nil {
 		t.Fatalf("first receive: done %v err %v", done, err)
 	}
-	if done, err := c1.TryRecv(r2.recv); done || err != nil || r2.recv.Started {
-		t.Fatalf("second receive while the first owns the conn: done %v err %v started %v", done, err, r2.recv.Started)
+	if done, err := c1.TryRecv(r2.Recv); done || err != nil || r2.Recv.Started {
+		t.Fatalf("second receive while the first owns the conn: done %v err %v started %v", done, err, r2.Recv.Started)
 	}
 	if err := firstErr(driveAll(ts, [][]job{{first, second}, {r1, r2}}, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(r1.recv.Dst, big) || string(r2.recv.Dst) != "second" {
+	if !bytes.Equal(r1.Recv.Dst, big) || string(r2.Recv.Dst) != "second" {
 		t.Fatal("payloads corrupted")
 	}
 }
@@ -282,11 +282,11 @@ func TestPeerDeath(t *testing.T) {
 			// alone: a side running concurrently could chase the other to the
 			// end of the message. Both sides are then in mid-message.
 			s, r := jobs[0][0], jobs[1][0]
-			if done, err := s.c.TrySend(s.send); done || err != nil || s.send.Progress == 0 {
-				t.Fatalf("filling the pipe: done %v, err %v, progress %d", done, err, s.send.Progress)
+			if done, err := s.C.TrySend(s.Send); done || err != nil || s.Send.Progress == 0 {
+				t.Fatalf("filling the pipe: done %v, err %v, progress %d", done, err, s.Send.Progress)
 			}
-			if done, err := r.c.TryRecv(r.recv); done || err != nil || r.recv.Progress == 0 {
-				t.Fatalf("draining part of the pipe: done %v, err %v, progress %d", done, err, r.recv.Progress)
+			if done, err := r.C.TryRecv(r.Recv); done || err != nil || r.Recv.Progress == 0 {
+				t.Fatalf("draining part of the pipe: done %v, err %v, progress %d", done, err, r.Recv.Progress)
 			}
 			survivor := 1 - tc.dies
 			errc := make(chan error, 1)
@@ -311,9 +311,9 @@ func TestPeerDeath(t *testing.T) {
 			t.Logf("survivor noticed after %v: %v", elapsed, err)
 			// The closed side fails its own ops with ErrClosed.
 			if tc.dies == 0 {
-				_, err = s.c.TrySend(s.send)
+				_, err = s.C.TrySend(s.Send)
 			} else {
-				_, err = r.c.TryRecv(r.recv)
+				_, err = r.C.TryRecv(r.Recv)
 			}
 			if !errors.Is(err, fault.ErrClosed) {
 				t.Fatalf("op on the closed transport: %v, want ErrClosed", err)
