@@ -108,32 +108,30 @@ type conn struct {
 	recvd     *atomic.Uint64
 	closedErr error
 
-	_      [lineSize]byte
-	sop    *transport.SendOp // the op owning the send direction
-	serr   error             // sticky
-	stail  uint64            // where our next fragment starts
-	shead  uint64            // the receiver's head, as last loaded
-	scma   bool              // the op travels by CMA
-	sid    uint64            // id of the last CMA descriptor sent
-	sidle  uint32
-	swHead atomic.Uint64 // head a stalled send waits to move, or idle
-	swAck  atomic.Uint64 // ack a stalled CMA send waits to change, or idle
+	_        [lineSize]byte
+	sendSide transport.SendSide // which op owns the send direction; sticky error
+	stail    uint64             // where our next fragment starts
+	shead    uint64             // the receiver's head, as last loaded
+	scma     bool               // the op travels by CMA
+	sid      uint64             // id of the last CMA descriptor sent
+	sidle    uint32
+	swHead   atomic.Uint64 // head a stalled send waits to move, or idle
+	swAck    atomic.Uint64 // ack a stalled CMA send waits to change, or idle
 
-	_     [lineSize]byte
-	rop   *transport.RecvOp // the op owning the receive direction
-	rerr  error             // sticky: framing is lost or the peer is gone
-	rhead uint64            // next byte to consume
-	rend  uint64            // end of the current fragment's body
-	rdst  []byte            // payload destination, known once the header is in
-	rcma  bool              // the payload comes by CMA
-	raddr uint64            // sender's buffer address
-	rid   uint64            // descriptor id to acknowledge
-	ridle uint32
-	rw    atomic.Uint64 // stamp slot a stalled receive waits on, or idle
-	rcmas uint64        // messages received by CMA
-	liov  unix.Iovec
-	riov  unix.RemoteIovec
-	_     [lineSize]byte
+	_        [lineSize]byte
+	recvSide transport.RecvSide // which op owns the receive direction; sticky error
+	rhead    uint64             // next byte to consume
+	rend     uint64             // end of the current fragment's body
+	rdst     []byte             // payload destination, known once the header is in
+	rcma     bool               // the payload comes by CMA
+	raddr    uint64             // sender's buffer address
+	rid      uint64             // descriptor id to acknowledge
+	ridle    uint32
+	rw       atomic.Uint64 // stamp slot a stalled receive waits on, or idle
+	rcmas    uint64        // messages received by CMA
+	liov     unix.Iovec
+	riov     unix.RemoteIovec
+	_        [lineSize]byte
 }
 
 var _ transport.Conn = (*conn)(nil)
@@ -150,35 +148,23 @@ func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
 		return false, c.closedErr
 	}
 	defer c.guard.Release()
-	if c.sop != op {
-		if c.sop != nil {
-			return false, nil
-		}
-		if c.serr != nil {
-			return false, c.serr
-		}
-		if op.Hdr.Len != uint64(len(op.Data)) {
-			return false, fault.New(fault.ErrInvalidArgument, c.peer,
-				"shm: send header says %d bytes for a %d-byte payload", op.Hdr.Len, len(op.Data))
-		}
+	fresh, ok, err := c.sendSide.Claim(op, c.peer, "shm")
+	if !ok {
+		return false, err
+	}
+	if fresh {
 		if err := c.t.goneErr(c.peerIdx, c.stream); err != nil {
-			c.serr = err
+			c.sendSide.Finish(false, err)
 			return false, err
 		}
-		op.Hdr.Encode(op.Wire[:])
 		z := c.t.zthresh
 		c.scma = z > 0 && len(op.Data) >= z && c.tx.cmaOK.Load() != 0
 		if c.scma {
 			op.Wire[kindByte] = recCMA
 		}
-		op.Progress = 0
-		op.Started = true
-		c.sop = op
 	}
 	done, err := c.send(op)
-	if done || err != nil {
-		c.sop = nil
-		c.serr = err
+	if c.sendSide.Finish(done, err) {
 		if c.swHead.Load() != idle {
 			c.swHead.Store(idle)
 		}
@@ -337,30 +323,17 @@ func (c *conn) TryRecv(op *transport.RecvOp) (bool, error) {
 		return false, c.closedErr
 	}
 	defer c.guard.Release()
-	if c.rop != op {
-		if c.rop != nil {
-			return false, nil
-		}
-		if c.rerr != nil {
-			return false, c.rerr
-		}
-		if op.Window == nil && op.Want.Len > uint64(len(op.Dst)) {
-			return false, fault.New(fault.ErrInvalidArgument, c.peer,
-				"shm: receive of %d bytes into a %d-byte buffer", op.Want.Len, len(op.Dst))
-		}
-		op.Progress = 0
-		op.Started = true
-		op.N = 0
-		op.Got = transport.Header{}
-		c.rop = op
+	fresh, ok, err := c.recvSide.Claim(op, c.peer, "shm")
+	if !ok {
+		return false, err
+	}
+	if fresh {
 		c.rdst = nil
 		c.rcma = false
 	}
 	done, err := c.recv(op)
-	if done || err != nil {
-		c.rop = nil
+	if c.recvSide.Finish(done, err) {
 		c.rdst = nil
-		c.rerr = err
 		if c.rw.Load() != idle {
 			c.rw.Store(idle)
 		}

@@ -34,15 +34,13 @@ type conn struct {
 	recvd     *atomic.Uint64
 	closedErr error
 
-	sop  *transport.SendOp // the op owning the send direction
-	serr error             // sticky: the stream is unusable for sends
-	siov [2]unix.Iovec
-	smsg unix.Msghdr
+	sendSide transport.SendSide // which op owns the send direction; sticky error
+	siov     [2]unix.Iovec
+	smsg     unix.Msghdr
 
-	rop  *transport.RecvOp // the op owning the receive direction
-	rerr error             // sticky: framing is lost or the peer is gone
-	rdst []byte            // payload destination, known once the header is in
-	riov [2]unix.Iovec
+	recvSide transport.RecvSide // which op owns the receive direction; sticky error
+	rdst     []byte             // payload destination, known once the header is in
+	riov     [2]unix.Iovec
 }
 
 // TrySend writes as much of op as the socket takes: the header and the payload
@@ -55,27 +53,12 @@ func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
 		return false, c.closedErr
 	}
 	defer c.guard.Release()
-	if c.sop != op {
-		if c.sop != nil {
-			return false, nil
-		}
-		if c.serr != nil {
-			return false, c.serr
-		}
-		if op.Hdr.Len != uint64(len(op.Data)) {
-			return false, fault.New(fault.ErrInvalidArgument, c.peer,
-				"tcp: send header says %d bytes for a %d-byte payload", op.Hdr.Len, len(op.Data))
-		}
-		op.Hdr.Encode(op.Wire[:])
-		op.Progress = 0
-		op.Started = true
-		c.sop = op
+	if _, ok, err := c.sendSide.Claim(op, c.peer, "tcp"); !ok {
+		return false, err
 	}
 	done, err := c.send(op)
-	if done || err != nil {
-		c.sop = nil
+	if c.sendSide.Finish(done, err) {
 		c.siov = [2]unix.Iovec{} // do not pin the caller's buffer
-		c.serr = err
 	}
 	return done, err
 }
@@ -139,30 +122,17 @@ func (c *conn) TryRecv(op *transport.RecvOp) (bool, error) {
 		return false, c.closedErr
 	}
 	defer c.guard.Release()
-	if c.rop != op {
-		if c.rop != nil {
-			return false, nil
-		}
-		if c.rerr != nil {
-			return false, c.rerr
-		}
-		if op.Window == nil && op.Want.Len > uint64(len(op.Dst)) {
-			return false, fault.New(fault.ErrInvalidArgument, c.peer,
-				"tcp: receive of %d bytes into a %d-byte buffer", op.Want.Len, len(op.Dst))
-		}
-		op.Progress = 0
-		op.Started = true
-		op.N = 0
-		op.Got = transport.Header{}
-		c.rop = op
+	fresh, ok, err := c.recvSide.Claim(op, c.peer, "tcp")
+	if !ok {
+		return false, err
+	}
+	if fresh {
 		c.rdst = nil
 	}
 	done, err := c.recv(op)
-	if done || err != nil {
-		c.rop = nil
+	if c.recvSide.Finish(done, err) {
 		c.rdst = nil
 		c.riov = [2]unix.Iovec{}
-		c.rerr = err
 	}
 	return done, err
 }

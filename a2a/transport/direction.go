@@ -1,0 +1,89 @@
+package transport
+
+import "a2a/a2a/internal/fault"
+
+// SendSide is the send direction of one Conn as every transport keeps it:
+// the first SendOp passed owns the direction until it is done, other ops wait
+// (Conn's contract), and the first failure sticks, since the stream's framing
+// is lost after it. The zero value is an idle direction.
+type SendSide struct {
+	op  *SendOp
+	err error
+}
+
+// Claim reports whether op may progress now. It returns (false, nil) while
+// another op owns the direction, and the sticky error of an earlier failure
+// or the reason op is malformed. fresh is true when op has just taken the
+// direction: its progress is reset and its header encoded into op.Wire. name
+// prefixes error messages ("tcp", "shm").
+func (s *SendSide) Claim(op *SendOp, peer int, name string) (fresh, ok bool, err error) {
+	if s.op == op {
+		return false, true, nil
+	}
+	if s.op != nil {
+		return false, false, nil
+	}
+	if s.err != nil {
+		return false, false, s.err
+	}
+	if op.Hdr.Len != uint64(len(op.Data)) {
+		return false, false, fault.New(fault.ErrInvalidArgument, peer,
+			"%s: send header says %d bytes for a %d-byte payload", name, op.Hdr.Len, len(op.Data))
+	}
+	op.Hdr.Encode(op.Wire[:])
+	op.Progress = 0
+	op.Started = true
+	s.op = op
+	return true, true, nil
+}
+
+// Finish ends the owning op's turn when it is done or failed (err sticks)
+// and reports whether the direction was released.
+func (s *SendSide) Finish(done bool, err error) bool {
+	if !done && err == nil {
+		return false
+	}
+	s.op, s.err = nil, err
+	return true
+}
+
+// RecvSide is the receive direction of one Conn, with the same rules as
+// SendSide.
+type RecvSide struct {
+	op  *RecvOp
+	err error
+}
+
+// Claim reports whether op may progress now (see SendSide.Claim). A fresh
+// op has its progress and received header reset.
+func (s *RecvSide) Claim(op *RecvOp, peer int, name string) (fresh, ok bool, err error) {
+	if s.op == op {
+		return false, true, nil
+	}
+	if s.op != nil {
+		return false, false, nil
+	}
+	if s.err != nil {
+		return false, false, s.err
+	}
+	if op.Window == nil && op.Want.Len > uint64(len(op.Dst)) {
+		return false, false, fault.New(fault.ErrInvalidArgument, peer,
+			"%s: receive of %d bytes into a %d-byte buffer", name, op.Want.Len, len(op.Dst))
+	}
+	op.Progress = 0
+	op.Started = true
+	op.N = 0
+	op.Got = Header{}
+	s.op = op
+	return true, true, nil
+}
+
+// Finish ends the owning op's turn when it is done or failed (err sticks)
+// and reports whether the direction was released.
+func (s *RecvSide) Finish(done bool, err error) bool {
+	if !done && err == nil {
+		return false
+	}
+	s.op, s.err = nil, err
+	return true
+}
