@@ -18,15 +18,28 @@ import (
 // (ExchangeCounts or AllToAllVInBand learn them); a disagreement fails with
 // ErrMismatch on the receiver and aborts the group.
 func (c *Comm) AllToAllV(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
+	return c.exchange(ctx, "alltoallv", func(seq uint64, deadline time.Time) (algo.Algo, []int, []int, error) {
+		a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, sendCounts, recv, recvCounts, nil)
+		return a, sendCounts, recvCounts, err
+	})
+}
+
+// exchange runs one AllToAllV-shaped call: it takes the operation lock, runs
+// f, aborts the group if f failed, and reports to the Observer before
+// releasing the lock, so the counts and wait figures it reads are this call's.
+func (c *Comm) exchange(ctx context.Context, name string, f func(seq uint64, deadline time.Time) (algo.Algo, []int, []int, error)) error {
 	start := time.Now()
 	seq, deadline, err := c.begin(ctx)
 	if err != nil {
-		c.observeRejected("alltoallv", start, err)
+		c.observeRejected(name, start, err)
 		return err
 	}
-	a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, sendCounts, recv, recvCounts, nil)
-	err = c.end(err)
-	c.observe("alltoallv", a, seq, sendCounts, recvCounts, start, err)
+	a, sendCounts, recvCounts, err := f(seq, deadline)
+	if err != nil {
+		err = c.fail(err)
+	}
+	c.observe(name, a, seq, sendCounts, recvCounts, start, err)
+	c.mu.Unlock()
 	return err
 }
 
@@ -34,25 +47,17 @@ func (c *Comm) AllToAllV(ctx context.Context, send []byte, sendCounts []int, rec
 // rank j, and rank i's block lands in block i of recv. len(send) must be a
 // multiple of Size and len(recv) == len(send).
 func (c *Comm) AllToAll(ctx context.Context, send, recv []byte) error {
-	start := time.Now()
-	seq, deadline, err := c.begin(ctx)
-	if err != nil {
-		c.observeRejected("alltoall", start, err)
-		return err
-	}
-	var a algo.Algo
-	if len(send)%c.size != 0 || len(recv) != len(send) {
-		err = fault.New(fault.ErrInvalidArgument, c.rank, "AllToAll: len(send)=%d must be a multiple of %d ranks and equal len(recv)=%d", len(send), c.size, len(recv))
-	} else {
+	return c.exchange(ctx, "alltoall", func(seq uint64, deadline time.Time) (algo.Algo, []int, []int, error) {
+		if len(send)%c.size != 0 || len(recv) != len(send) {
+			return algo.AlgoAuto, nil, nil, fault.New(fault.ErrInvalidArgument, c.rank, "AllToAll: len(send)=%d must be a multiple of %d ranks and equal len(recv)=%d", len(send), c.size, len(recv))
+		}
 		block := len(send) / c.size
 		for i := range c.equalSend {
 			c.equalSend[i], c.equalRecv[i] = block, block
 		}
-		a, err = c.alltoallv(ctx, transport.OpAllToAll, seq, deadline, send, c.equalSend, recv, c.equalRecv, nil)
-	}
-	err = c.end(err)
-	c.observe("alltoall", a, seq, c.equalSend, c.equalRecv, start, err)
-	return err
+		a, err := c.alltoallv(ctx, transport.OpAllToAll, seq, deadline, send, c.equalSend, recv, c.equalRecv, nil)
+		return a, c.equalSend, c.equalRecv, err
+	})
 }
 
 // AllToAllVInBand is AllToAllV for callers that do not know what they will
@@ -61,17 +66,10 @@ func (c *Comm) AllToAll(ctx context.Context, send, recv []byte) error {
 // (len Size) is filled with what each rank sent; recv must hold their sum, or
 // the call fails with ErrInvalidArgument before any payload moves.
 func (c *Comm) AllToAllVInBand(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
-	start := time.Now()
-	seq, deadline, err := c.begin(ctx)
-	if err != nil {
-		c.observeRejected("alltoallv", start, err)
-		return err
-	}
-	var a algo.Algo
-	a, err = c.inBand(ctx, seq, deadline, send, sendCounts, recv, recvCounts)
-	err = c.end(err)
-	c.observe("alltoallv", a, seq, sendCounts, recvCounts, start, err)
-	return err
+	return c.exchange(ctx, "alltoallv", func(seq uint64, deadline time.Time) (algo.Algo, []int, []int, error) {
+		a, err := c.inBand(ctx, seq, deadline, send, sendCounts, recv, recvCounts)
+		return a, sendCounts, recvCounts, err
+	})
 }
 
 func (c *Comm) inBand(ctx context.Context, seq uint64, deadline time.Time, send []byte, sendCounts []int, recv []byte, recvCounts []int) (algo.Algo, error) {
@@ -133,10 +131,13 @@ func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matri
 		}
 		err = c.member.ExchangeCounts(ctx, seq, sendCounts, recvCounts, matrix)
 	}
-	err = c.end(err)
+	if err != nil {
+		err = c.fail(err)
+	}
 	if o := c.cfg.Observer; o != nil {
 		o.CountsExchanged(time.Since(start), err)
 	}
+	c.mu.Unlock()
 	return err
 }
 
@@ -237,25 +238,17 @@ func (c *Comm) gatherMatrix(ctx context.Context, seq uint64, deadline time.Time,
 // on algorithms that need it: the staged two-level exchange across hosts and
 // the cost model's pick for this very matrix.
 func (c *Comm) AllToAllVMatrix(ctx context.Context, send, recv []byte, matrix []int) error {
-	start := time.Now()
-	seq, deadline, err := c.begin(ctx)
-	if err != nil {
-		c.observeRejected("alltoallv", start, err)
-		return err
-	}
-	var a algo.Algo
-	n := c.size
-	if len(matrix) != n*n {
-		err = fault.New(fault.ErrInvalidArgument, c.rank, "len(matrix)=%d, want %d", len(matrix), n*n)
-	} else {
+	return c.exchange(ctx, "alltoallv", func(seq uint64, deadline time.Time) (algo.Algo, []int, []int, error) {
+		n := c.size
+		if len(matrix) != n*n {
+			return algo.AlgoAuto, nil, nil, fault.New(fault.ErrInvalidArgument, c.rank, "len(matrix)=%d, want %d", len(matrix), n*n)
+		}
 		for j := range n {
 			c.matSend[j], c.matRecv[j] = matrix[c.rank*n+j], matrix[j*n+c.rank]
 		}
-		a, err = c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, c.matSend, recv, c.matRecv, matrix)
-	}
-	err = c.end(err)
-	c.observe("alltoallv", a, seq, c.matSend, c.matRecv, start, err)
-	return err
+		a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, c.matSend, recv, c.matRecv, matrix)
+		return a, c.matSend, c.matRecv, err
+	})
 }
 
 // checkCounts validates a counts vector against a buffer of length n (n < 0: no buffer).

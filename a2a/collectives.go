@@ -285,12 +285,15 @@ func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) e
 		a, err = c.runCollective(ctx, k, seq, deadline)
 		c.lastAlgo = a
 	}
-	err = c.end(err)
-	if o := c.cfg.Observer; o != nil {
+	if err != nil {
+		err = c.fail(err)
+	}
+	if o := c.cfg.Observer; o != nil { // under the lock: the engine's figures are this call's
 		ev := OpEvent{Op: k.name, Algo: a.String(), Rank: c.rank, Size: c.size, Seq: seq, Duration: time.Since(start), Err: err,
 			BytesSent: k.sent, BytesReceived: k.received, LastPeer: c.eng.lastPeer, LastWait: c.eng.lastWait}
 		o.OpDone(ev)
 	}
+	c.mu.Unlock()
 	return err
 }
 

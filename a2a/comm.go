@@ -436,15 +436,6 @@ func (c *Comm) begin(ctx context.Context) (seq uint64, deadline time.Time, err e
 	return c.seq, deadline, nil
 }
 
-// end finishes an operation started by begin: a failure aborts the communicator.
-func (c *Comm) end(err error) error {
-	if err != nil {
-		err = c.fail(err)
-	}
-	c.mu.Unlock()
-	return err
-}
-
 func parseAlgo(name string) (algo.Algo, error) {
 	a, err := algo.ParseAlgo(name)
 	if err != nil {

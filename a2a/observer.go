@@ -4,7 +4,9 @@ import "time"
 
 // Observer receives the communicator's events. Package metrics implements it
 // with Prometheus collectors, so the core does not depend on Prometheus.
-// Methods run on the calling goroutine right after the event: keep them fast.
+// Methods run on the calling goroutine right after the event, while the
+// communicator still holds its operation lock: keep them fast, and do not
+// call the Comm from them.
 type Observer interface {
 	// OpDone is called after every collective, successful or not.
 	OpDone(ev OpEvent)
