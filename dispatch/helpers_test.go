@@ -9,61 +9,19 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
-	"time"
 
 	"a2a/a2a"
+	"a2a/a2a/a2atest"
 	"a2a/a2a/reduce"
-	"a2a/internal/natsd"
 	"a2a/routing"
 )
 
 var discard = slog.New(slog.DiscardHandler)
 
-// startNATS runs an embedded NATS server for one test.
-func startNATS(t testing.TB) string {
-	t.Helper()
-	s, err := natsd.Start("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s.ClientURL()
-}
+func startNATS(t testing.TB) string { return a2atest.StartNATS(t) }
 
-// group joins n in-process ranks (goroutines, each with its own Comm and real
-// loopback sockets) and closes them when the test ends.
 func group(t testing.TB, url string, n int, mod func(*a2a.Config)) []*a2a.Comm {
-	t.Helper()
-	comms := make([]*a2a.Comm, n)
-	errs := make([]error, n)
-	name := fmt.Sprintf("d%d", rand.Uint64())
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cfg := a2a.Config{NATSURL: url, Group: name, Rank: r, WorldSize: n, Secret: "s3cret", Logger: discard,
-				HeartbeatInterval: 100 * time.Millisecond, PeerTimeout: 2 * time.Second, Timeout: 20 * time.Second}
-			if mod != nil {
-				mod(&cfg)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			comms[r], errs[r] = a2a.Join(ctx, cfg)
-		}()
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d join: %v", r, err)
-		}
-	}
-	t.Cleanup(func() {
-		for _, c := range comms {
-			c.Close()
-		}
-	})
-	return comms
+	return a2atest.Group(t, url, n, mod)
 }
 
 // onAll runs f for every rank concurrently and returns the errors by rank.

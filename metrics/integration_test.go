@@ -3,7 +3,6 @@ package metrics
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -14,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"a2a/a2a"
-	"a2a/internal/natsd"
+	"a2a/a2a/a2atest"
 )
 
 // TestWithComm runs real communicators (embedded NATS, loopback TCP) with one
@@ -23,43 +22,19 @@ import (
 // one rank counted on every rank under the kind its error matches.
 func TestWithComm(t *testing.T) {
 	const n = 3
-	srv, err := natsd.Start("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-
+	url := a2atest.StartNATS(t)
 	reg := prometheus.NewRegistry()
 	group := fmt.Sprintf("m%d", rand.Uint64())
 	obs := make([]*Observer, n)
-	comms := make([]*a2a.Comm, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
 	for r := range n {
+		var err error
 		if obs[r], err = New(reg, Options{Group: group, Rank: r}); err != nil {
 			t.Fatal(err)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cfg := a2a.Config{NATSURL: srv.ClientURL(), Group: group, Rank: r, WorldSize: n, Secret: "s3cret",
-				Logger: slog.New(slog.DiscardHandler), Observer: obs[r],
-				HeartbeatInterval: 100 * time.Millisecond, PeerTimeout: time.Second, Timeout: 10 * time.Second}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			comms[r], errs[r] = a2a.Join(ctx, cfg)
-		}()
 	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d join: %v", r, err)
-		}
-	}
-	t.Cleanup(func() {
-		for _, c := range comms {
-			c.Close()
-		}
+	comms := a2atest.Group(t, url, n, func(cfg *a2a.Config) {
+		cfg.Group, cfg.Observer = group, obs[cfg.Rank]
+		cfg.PeerTimeout, cfg.Timeout = time.Second, 10*time.Second
 	})
 	onAll := func(f func(r int, c *a2a.Comm) error) []error {
 		errs := make([]error, n)
@@ -136,7 +111,7 @@ func TestWithComm(t *testing.T) {
 	// Rank 0 passes a counts vector of the wrong length: it fails with
 	// ErrInvalidArgument and aborts the group, so the others fail with
 	// ErrAborted wrapping that root cause, counted under it.
-	errs = onAll(func(r int, c *a2a.Comm) error {
+	errs := onAll(func(r int, c *a2a.Comm) error {
 		counts := make([]int, n)
 		if r == 0 {
 			counts = counts[:1]
