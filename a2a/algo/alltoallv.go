@@ -24,6 +24,14 @@ type AllToAllVArgs struct {
 	Streams     int   // streams per peer pair (>= 1)
 	Window      int   // fullmesh concurrency C: peers in flight per round (0 = DefaultWindow, capped at World-1)
 	BlockSize   int   // max bytes per frame (0 = DefaultBlockSize); larger messages are cut into frames
+	// LLCutoff, when not nil, moves small blocks with the LL epoch/slot
+	// protocol, by peer: the block to or from peer travels as one LL store
+	// when it has at most LLCutoff[peer] bytes; a larger one announces its
+	// length by LL (CountOnly) and travels by frames afterwards; a negative
+	// cutoff leaves the peer to frames alone. Both ends of a pair must hold
+	// the same cutoff for it (it follows from the link class and settings
+	// every rank shares).
+	LLCutoff []int
 }
 
 // Validate reports arguments that no algorithm can plan. Everything it checks
@@ -49,6 +57,9 @@ func (a *AllToAllVArgs) Validate() error {
 	}
 	if a.BlockSize < 0 {
 		return fmt.Errorf("alltoallv: block size %d < 0", a.BlockSize)
+	}
+	if a.LLCutoff != nil && len(a.LLCutoff) != a.World {
+		return fmt.Errorf("alltoallv: len(LLCutoff)=%d, want world %d", len(a.LLCutoff), a.World)
 	}
 	for i, n := range a.SendCounts {
 		if n < 0 {
@@ -163,6 +174,42 @@ func (s *Schedule) addFrame(kind StepKind, peer int, span Span, f, streams, bloc
 func (s *Schedule) addExchange(a *AllToAllVArgs, sd, rd []int, to, from, block int) {
 	s.addMessage(StepSend, to, Span{Buf: BufSend, Off: sd[to], Len: a.SendCounts[to]}, a.Streams, block)
 	s.addMessage(StepRecv, from, Span{Buf: BufRecv, Off: rd[from], Len: a.RecvCounts[from]}, a.Streams, block)
+}
+
+// llPeer reports whether this rank exchanges an LL message with peer.
+func (a *AllToAllVArgs) llPeer(peer int) bool { return a.LLCutoff != nil && a.LLCutoff[peer] >= 0 }
+
+// llData reports whether an n-byte block to or from peer travels by LL
+// instead of by frames.
+func (a *AllToAllVArgs) llData(peer, n int) bool { return a.llPeer(peer) && n <= a.LLCutoff[peer] }
+
+// frames is the number of frames of an n-byte block to or from peer: none
+// when it travels by LL.
+func (a *AllToAllVArgs) frames(peer, n, block int) int {
+	if a.llData(peer, n) {
+		return 0
+	}
+	return FrameCount(n, block)
+}
+
+// addLLRound appends, to the current round, this rank's LL stores and loads:
+// one message per LL peer and direction, the block itself or its length.
+// They have no order among them and need no handshake, so they all go in
+// one round, and the frames of the larger blocks follow in later rounds.
+func (s *Schedule) addLLRound(a *AllToAllVArgs, sd, rd []int) {
+	if a.LLCutoff == nil {
+		return
+	}
+	r, p := a.Rank, a.World
+	for k := 1; k < p; k++ {
+		to, from := (r+k)%p, (r-k+p)%p
+		if n := a.SendCounts[to]; a.llPeer(to) {
+			s.Add(Step{Kind: StepStore, Peer: to, Src: Span{Buf: BufSend, Off: sd[to], Len: n}, CountOnly: !a.llData(to, n)})
+		}
+		if n := a.RecvCounts[from]; a.llPeer(from) {
+			s.Add(Step{Kind: StepLoad, Peer: from, Dst: Span{Buf: BufRecv, Off: rd[from], Len: n}, CountOnly: !a.llData(from, n)})
+		}
+	}
 }
 
 // addSelfCopy appends the local block as a copy; an empty one is omitted

@@ -1,6 +1,7 @@
 package algo
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -96,10 +97,20 @@ func argsFor(m []int, p, r, streams, window, block int) AllToAllVArgs {
 type simCase struct {
 	p, streams, window, block int
 	m                         []int
+	cut                       []int // LL cutoffs by pair (symmetric), or nil
 }
 
 func (c simCase) String() string {
-	return fmt.Sprintf("p=%d streams=%d window=%d block=%d matrix=%v", c.p, c.streams, c.window, c.block, c.m)
+	return fmt.Sprintf("p=%d streams=%d window=%d block=%d matrix=%v ll=%v", c.p, c.streams, c.window, c.block, c.m, c.cut)
+}
+
+// args is rank r's view of the case.
+func (c simCase) args(r int) AllToAllVArgs {
+	a := argsFor(c.m, c.p, r, c.streams, c.window, c.block)
+	if c.cut != nil {
+		a.LLCutoff = c.cut[r*c.p : (r+1)*c.p]
+	}
+	return a
 }
 
 // runCase plans every rank into scheds (reused across calls), checks the
@@ -109,7 +120,7 @@ func runCase(t *testing.T, plan planFunc, want Algo, scheds []*Schedule, c simCa
 	p := c.p
 	send, recv := make([][]byte, p), make([][]byte, p)
 	for r := range p {
-		a := argsFor(c.m, p, r, c.streams, c.window, c.block)
+		a := c.args(r)
 		if err := plan(scheds[r], a); err != nil {
 			t.Fatalf("%v: rank %d: plan: %v", c, r, err)
 		}
@@ -177,6 +188,21 @@ func checkFraming(t *testing.T, c simCase, r int, s *Schedule, a AllToAllVArgs) 
 				t.Fatalf("%v: rank %d copies %d bytes, want %d", c, r, st.Src.Len, a.SendCounts[r])
 			}
 			continue
+		case StepStore, StepLoad:
+			n, other := a.SendCounts[st.Peer], StepSend
+			sp := st.Src
+			if st.Kind == StepLoad {
+				n, other, sp = a.RecvCounts[st.Peer], StepRecv, st.Dst
+			}
+			key := [2]int{int(st.Kind), st.Peer}
+			if !a.llPeer(st.Peer) || seen[key] || sp.Len != n || st.CountOnly == a.llData(st.Peer, n) {
+				t.Fatalf("%v: rank %d: unexpected or second %v (cutoff %d)", c, r, st, a.LLCutoff[st.Peer])
+			}
+			seen[key] = true
+			if !st.CountOnly {
+				seen[[2]int{int(other), st.Peer}] = true // the block needs no frames
+			}
+			continue
 		case StepSend, StepRecv:
 		default:
 			t.Fatalf("%v: rank %d: unexpected %v", c, r, st)
@@ -217,8 +243,14 @@ func checkFraming(t *testing.T, c simCase, r int, s *Schedule, a AllToAllVArgs) 
 			delete(open, key)
 		}
 	}
-	if len(open) != 0 || len(seen) != 2*(c.p-1) {
-		t.Fatalf("%v: rank %d: %d complete messages, want %d (%d open)", c, r, len(seen), 2*(c.p-1), len(open))
+	want := 2 * (c.p - 1)
+	for j := range c.p {
+		if j != r && a.llPeer(j) {
+			want += 2 // a store and a load besides the data, by LL or frames
+		}
+	}
+	if len(open) != 0 || len(seen) != want {
+		t.Fatalf("%v: rank %d: %d complete messages, want %d (%d open)", c, r, len(seen), want, len(open))
 	}
 	if wantCopies := min(1, a.SendCounts[r]); copies != wantCopies {
 		t.Fatalf("%v: rank %d: %d copies, want %d", c, r, copies, wantCopies)
@@ -264,6 +296,62 @@ func TestAllToAllVProperty(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLLProperty runs pairwise, fullmesh and ll with random LL cutoffs per
+// pair (some pairs without LL) on the simulator's random matrices: small
+// blocks go by one store each, larger ones announce their length and follow
+// as frames, and every byte still lands.
+func TestLLProperty(t *testing.T) {
+	const cases = 600
+	worlds := []int{1, 2, 3, 4, 5, 7, 8, 12, 16}
+	for pi, pl := range append(planners[:len(planners):len(planners)], struct {
+		name string
+		algo Algo
+		plan planFunc
+	}{"ll", AlgoLL, PlanLL}) {
+		t.Run(pl.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(7, uint64(pi)))
+			scheds := make([]*Schedule, 16)
+			for i := range scheds {
+				scheds[i] = new(Schedule)
+			}
+			for i := range cases {
+				c := simCase{p: worlds[rng.IntN(len(worlds))], streams: 1 + rng.IntN(3), window: rng.IntN(4), block: []int{0, 64, 100}[rng.IntN(3)]}
+				c.m = generators[i%len(generators)].gen(rng, c.p, 64+rng.IntN(256))
+				c.cut = make([]int, c.p*c.p)
+				for x := range c.p {
+					for y := range x {
+						v := []int{-1, 0, 8, 64, 200, 1 << 20}[rng.IntN(6)]
+						c.cut[x*c.p+y], c.cut[y*c.p+x] = v, v
+					}
+				}
+				runCase(t, pl.plan, pl.algo, scheds, c)
+			}
+		})
+	}
+}
+
+// TestLLMismatch: a pair that disagrees about its block's length is caught
+// in the LL round, whichever side thinks it small.
+func TestLLMismatch(t *testing.T) {
+	for _, tc := range []struct{ sent, expected int }{{10, 20}, {10, 100}, {100, 10}, {100, 200}} {
+		var s0, s1 Schedule
+		cut := []int{32, 32}
+		a0 := AllToAllVArgs{Rank: 0, World: 2, SendCounts: []int{0, tc.sent}, RecvCounts: []int{0, 0}, Streams: 1, LLCutoff: cut}
+		a1 := AllToAllVArgs{Rank: 1, World: 2, SendCounts: []int{0, 0}, RecvCounts: []int{tc.expected, 0}, Streams: 1, LLCutoff: cut}
+		if err := PlanLL(&s0, a0); err != nil {
+			t.Fatal(err)
+		}
+		if err := PlanLL(&s1, a1); err != nil {
+			t.Fatal(err)
+		}
+		send := [][]byte{make([]byte, tc.sent), nil}
+		recv := [][]byte{nil, make([]byte, tc.expected)}
+		if err := Simulate([]*Schedule{&s0, &s1}, send, recv); !errors.Is(err, ErrMismatch) {
+			t.Errorf("%d sent, %d expected: %v, want ErrMismatch", tc.sent, tc.expected, err)
+		}
 	}
 }
 

@@ -43,23 +43,28 @@ func PlanFullmesh(s *Schedule, a AllToAllVArgs) error {
 	r, p, block := a.Rank, a.World, a.blockSize()
 	c := fullmeshWindow(a.Window, p)
 	s.addSelfCopy(&a, sd, rd)
+	if a.LLCutoff != nil {
+		s.addLLRound(&a, sd, rd)
+		s.EndRound()
+	}
 	for j0 := 0; j0 < p-1; j0 += c {
 		// Like pairwise, frame f of every message of the window forms
 		// sub-round f, so at most one block per message is in flight; each
 		// partner has at least as many frames for us as we send it.
-		frames := 1
+		frames := 0
 		for j := j0; j < min(j0+c, p-1); j++ {
 			d := fullmeshDistance(j, p)
-			frames = max(frames, FrameCount(a.SendCounts[(r+d)%p], block), FrameCount(a.RecvCounts[(r-d+p)%p], block))
+			to, from := (r+d)%p, (r-d+p)%p
+			frames = max(frames, a.frames(to, a.SendCounts[to], block), a.frames(from, a.RecvCounts[from], block))
 		}
 		for f := 0; f < frames; f++ {
 			for j := j0; j < min(j0+c, p-1); j++ {
 				d := fullmeshDistance(j, p)
 				to, from := (r+d)%p, (r-d+p)%p
-				if f < FrameCount(a.SendCounts[to], block) {
+				if f < a.frames(to, a.SendCounts[to], block) {
 					s.addFrame(StepSend, to, Span{Buf: BufSend, Off: sd[to], Len: a.SendCounts[to]}, f, a.Streams, block)
 				}
-				if f < FrameCount(a.RecvCounts[from], block) {
+				if f < a.frames(from, a.RecvCounts[from], block) {
 					s.addFrame(StepRecv, from, Span{Buf: BufRecv, Off: rd[from], Len: a.RecvCounts[from]}, f, a.Streams, block)
 				}
 			}

@@ -21,6 +21,10 @@ func PlanPairwise(s *Schedule, a AllToAllVArgs) error {
 	// The local copy rides with the first exchange, so an engine can do it
 	// while it waits for the network instead of before touching it.
 	s.addSelfCopy(&a, sd, rd)
+	if a.LLCutoff != nil {
+		s.addLLRound(&a, sd, rd)
+		s.EndRound()
+	}
 	for k := 1; k < p; k++ {
 		// Frame f of both directions forms sub-round f, so at most one
 		// block per direction is in flight: a message far larger than a
@@ -28,7 +32,7 @@ func PlanPairwise(s *Schedule, a AllToAllVArgs) error {
 		// receiver of our frames is in the same sub-round: its receive
 		// count at this distance is our send count.
 		to, from := (r+k)%p, (r-k+p)%p
-		ns, nr := FrameCount(a.SendCounts[to], block), FrameCount(a.RecvCounts[from], block)
+		ns, nr := a.frames(to, a.SendCounts[to], block), a.frames(from, a.RecvCounts[from], block)
 		for f := 0; f < max(ns, nr); f++ {
 			if f < ns {
 				s.addFrame(StepSend, to, Span{Buf: BufSend, Off: sd[to], Len: a.SendCounts[to]}, f, a.Streams, block)

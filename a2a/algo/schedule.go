@@ -47,6 +47,16 @@ const (
 	// overlapping the other transfers of the round; the round ends when it
 	// is done. Src and Dst have equal lengths, a multiple of ElemSize.
 	StepRecvReduce
+	// StepStore stores Src one-sided into this rank's LL slot at Peer (the
+	// epoch/slot protocol: no handshake, the receiver polls for words of the
+	// current epoch). With CountOnly it stores only Src.Len, an 8-byte
+	// message announcing that the block travels by frames instead. Peers
+	// without a slot (other hosts) get the same message as one frame.
+	StepStore
+	// StepLoad takes Peer's LL message into Dst (its exact length). With
+	// CountOnly it expects the 8-byte announcement of a Dst.Len-byte block
+	// and writes nothing.
+	StepLoad
 )
 
 func (k StepKind) String() string {
@@ -61,6 +71,10 @@ func (k StepKind) String() string {
 		return "reduce"
 	case StepRecvReduce:
 		return "recvreduce"
+	case StepStore:
+		return "store"
+	case StepLoad:
+		return "load"
 	}
 	return fmt.Sprintf("step(%d)", uint8(k))
 }
@@ -94,6 +108,9 @@ type Step struct {
 	// itself) while its own value is still being sent.
 	With        Span
 	LandedFirst bool
+	// CountOnly makes a Store or Load carry the block's length instead of
+	// its bytes (see StepStore).
+	CountOnly bool
 }
 
 // Schedule is one rank's plan for one operation. Steps of one round are

@@ -133,7 +133,13 @@ func recvSpan(st *Step) Span {
 	return st.Dst
 }
 
-func isRecv(k StepKind) bool { return k == StepRecv || k == StepRecvReduce }
+func isRecv(k StepKind) bool { return k == StepRecv || k == StepRecvReduce || k == StepLoad }
+
+func isSend(k StepKind) bool { return k == StepSend || k == StepStore }
+
+// llStream is the channel key of LL stores and loads: one slot per ordered
+// pair, apart from the streams that carry frames.
+const llStream = -1
 
 // simSpan is one memory range a step touches, for the hazard check.
 type simSpan struct {
@@ -182,16 +188,22 @@ func (sim *simulator) load(r int) error {
 			return fmt.Errorf("%w: rank %d round %d step %d (%v): %s", ErrBadSchedule, r, round, i, st, fmt.Sprintf(format, args...))
 		}
 		switch st.Kind {
-		case StepSend, StepRecv, StepRecvReduce:
+		case StepSend, StepRecv, StepRecvReduce, StepStore, StepLoad:
 			if st.Peer < 0 || st.Peer >= p {
 				return bad("peer %d out of range [0, %d)", st.Peer, p)
 			}
 			if st.Stream < 0 {
 				return bad("negative stream")
 			}
-			sp, key := st.Src, simKey{src: r, dst: st.Peer, stream: st.Stream}
+			stream := st.Stream
+			if st.Kind == StepStore || st.Kind == StepLoad {
+				stream = llStream
+			} else if st.CountOnly {
+				return bad("count-only is for LL stores and loads")
+			}
+			sp, key := st.Src, simKey{src: r, dst: st.Peer, stream: stream}
 			if isRecv(st.Kind) {
-				sp, key = recvSpan(st), simKey{src: st.Peer, dst: r, stream: st.Stream}
+				sp, key = recvSpan(st), simKey{src: st.Peer, dst: r, stream: stream}
 			}
 			if err := rk.checkSpan(sp, isRecv(st.Kind)); err != "" {
 				return bad("%s", err)
@@ -209,7 +221,7 @@ func (sim *simulator) load(r int) error {
 			}
 			c := &sim.chans[ci]
 			rk.chanOf[i] = ci
-			if st.Kind == StepSend {
+			if isSend(st.Kind) {
 				rk.seqOf[i] = len(c.sends)
 				c.sends = append(c.sends, i)
 			} else {
@@ -333,7 +345,7 @@ func (sim *simulator) enter(r int) error {
 				if err := sim.doReduce(r, st); err != nil {
 					return err
 				}
-			case StepSend, StepRecv, StepRecvReduce:
+			case StepSend, StepRecv, StepRecvReduce, StepStore, StepLoad:
 				rk.pending++
 				ci := rk.chanOf[sim.stepIndex(rk, i)]
 				if !sim.chans[ci].queued {
@@ -394,11 +406,13 @@ func (sim *simulator) match(ci int) error {
 		}
 		ss, rs := &src.s.Steps[si], &dst.s.Steps[ri]
 		land := recvSpan(rs)
-		if ss.Src.Len != land.Len || ss.Last != rs.Last {
-			return fmt.Errorf("%w: frame %d from rank %d to rank %d on stream %d: sender (round %d) sends %d bytes last=%t, receiver (round %d) expects %d bytes last=%t",
-				ErrMismatch, c.next, c.src, c.dst, c.stream, src.round, ss.Src.Len, ss.Last, dst.round, land.Len, rs.Last)
+		if ss.Src.Len != land.Len || ss.Last != rs.Last || ss.CountOnly != rs.CountOnly {
+			return fmt.Errorf("%w: frame %d from rank %d to rank %d on stream %d: sender (round %d) sends %d bytes last=%t count-only=%t, receiver (round %d) expects %d bytes last=%t count-only=%t",
+				ErrMismatch, c.next, c.src, c.dst, c.stream, src.round, ss.Src.Len, ss.Last, ss.CountOnly, dst.round, land.Len, rs.Last, rs.CountOnly)
 		}
-		copy(dst.bytes(land), src.bytes(ss.Src))
+		if !ss.CountOnly {
+			copy(dst.bytes(land), src.bytes(ss.Src))
+		}
 		if rs.Kind == StepRecvReduce {
 			if err := sim.doReduce(c.dst, rs); err != nil {
 				return err
@@ -443,6 +457,14 @@ func (sim *simulator) checkHazards(r int, steps []Step) error {
 			add(st.Src, false, i)
 		case StepRecv:
 			add(st.Dst, true, i)
+		case StepStore:
+			if !st.CountOnly {
+				add(st.Src, false, i)
+			}
+		case StepLoad:
+			if !st.CountOnly {
+				add(st.Dst, true, i)
+			}
 		case StepCopy:
 			if !rk.noop(st) {
 				add(st.Src, false, i)
@@ -527,7 +549,7 @@ func (sim *simulator) deadlock() error {
 		shown, waiting := 0, 0
 		base := sim.stepIndex(rk, 0)
 		for i, st := range rk.s.Round(rk.round) {
-			if st.Kind != StepSend && !isRecv(st.Kind) {
+			if !isSend(st.Kind) && !isRecv(st.Kind) {
 				continue
 			}
 			si := base + i

@@ -1,0 +1,117 @@
+package algo
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+)
+
+// Links is the link table: one alpha-beta Link per link class, Local for two
+// ranks of one host (shared memory) and Remote for ranks of different hosts
+// (TCP). Every rank of a communicator holds the same table (rank 0's, which
+// it measures or loads and then broadcasts at join), so the cost of every
+// candidate, computed from the table and a counts matrix every rank holds,
+// is the same everywhere and every rank picks the same algorithm.
+type Links struct {
+	Local  Link `json:"local"`
+	Remote Link `json:"remote"`
+}
+
+// DefaultLinks is the table used when nothing was measured: shared memory at
+// about 1 µs per message and 8 GB/s, and DefaultLink for TCP.
+func DefaultLinks() Links {
+	return Links{Local: Link{Alpha: 1e-6, Beta: 1 / 8e9, Lanes: 1}, Remote: DefaultLink()}
+}
+
+// Flat is the link that prices a flat (single-level) algorithm: with ranks
+// on several hosts most pairs cross hosts and each round waits for the
+// slowest, so the remote class; on one host the local class.
+func (l Links) Flat(hosts int) Link {
+	if hosts > 1 {
+		return l.Remote
+	}
+	return l.Local
+}
+
+// Validate reports a table no cost model can use.
+func (l Links) Validate() error {
+	for _, c := range []struct {
+		name string
+		link Link
+	}{{"local", l.Local}, {"remote", l.Remote}} {
+		if !(c.link.Alpha >= 0) || !(c.link.Beta > 0) || math.IsInf(c.link.Alpha, 0) || math.IsInf(c.link.Beta, 0) || c.link.Lanes < 0 {
+			return fmt.Errorf("links: %s link alpha=%g beta=%g lanes=%d: need alpha >= 0, beta > 0, both finite", c.name, c.link.Alpha, c.link.Beta, c.link.Lanes)
+		}
+	}
+	return nil
+}
+
+// LoadLinks reads a table written by `a2ad tune` (JSON).
+func LoadLinks(path string) (Links, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Links{}, err
+	}
+	var l Links
+	if err := json.Unmarshal(b, &l); err != nil {
+		return Links{}, fmt.Errorf("links %s: %w", path, err)
+	}
+	return l, l.Validate()
+}
+
+// EstimateStaged prices the staged two-level AllToAllV (PlanStaged) in
+// seconds with the class of each phase's links: phase 1 exchanges among the
+// L ranks of each host at once (one round of local messages, each rank
+// moving everything it sends to one local index), phase 2 exchanges among
+// the H ranks of one local index at once (one round of remote messages, the
+// host's aggregated segments). A round costs its link's Alpha plus the
+// busiest rank's bytes, sent or received, times Beta. hosts gives each
+// rank's host; uneven hosts, which PlanStaged refuses, cost +Inf.
+func EstimateStaged(matrix []int, hosts []int, links Links) float64 {
+	w := len(hosts)
+	if w == 0 || len(matrix) != w*w {
+		return math.Inf(1)
+	}
+	var s Schedule
+	t, err := s.topology(hosts)
+	if err != nil {
+		return math.Inf(1)
+	}
+	h, l := t.hosts, t.per
+	// Bytes each rank sends and receives in each phase: a block from r to
+	// j goes first to fwd, the rank of r's host with j's local index (phase
+	// 1, unless r is fwd), then from fwd to j (phase 2, unless fwd is on j's
+	// host, i.e. is j).
+	p1out, p1in, p2out, p2in := make([]int, w), make([]int, w), make([]int, w), make([]int, w)
+	for r := range w {
+		for j := range w {
+			n := matrix[r*w+j]
+			if n == 0 || r == j {
+				continue
+			}
+			fwd := t.members[t.host[r]*l+t.local[j]]
+			if fwd != r {
+				p1out[r] += n
+				p1in[fwd] += n
+			}
+			if fwd != j {
+				p2out[fwd] += n
+				p2in[j] += n
+			}
+		}
+	}
+	intra, inter := 0, 0
+	for r := range w {
+		intra = max(intra, p1out[r], p1in[r])
+		inter = max(inter, p2out[r], p2in[r])
+	}
+	total := 0.0
+	if l > 1 {
+		total += links.Local.Alpha + float64(links.Local.Beta*float64(intra))
+	}
+	if h > 1 {
+		total += links.Remote.Alpha + float64(links.Remote.Beta*float64(inter))
+	}
+	return total
+}

@@ -1,0 +1,75 @@
+package algo
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestEstimateStaged(t *testing.T) {
+	links := Links{Local: Link{Alpha: 1, Beta: 0.01}, Remote: Link{Alpha: 10, Beta: 0.1}}
+	uniform := func(w, n int) []int {
+		m := make([]int, w*w)
+		for i := range m {
+			m[i] = n
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		name   string
+		matrix []int
+		hosts  []int
+		want   float64
+	}{
+		// Each rank stages 200 bytes locally (its block for the local
+		// peer and for the peer's partner host) and forwards 200.
+		{"2x2 uniform", uniform(4, 100), []int{0, 0, 1, 1}, 1 + 0.01*200 + 10 + 0.1*200},
+		{"one host", uniform(3, 100), []int{5, 5, 5}, 1 + 0.01*200},
+		{"one rank per host", uniform(3, 100), []int{0, 1, 2}, 10 + 0.1*200},
+		{"zeros", uniform(4, 0), []int{0, 0, 1, 1}, 11},
+		{"uneven", uniform(3, 1), []int{0, 0, 1}, math.Inf(1)},
+		{"bad matrix", []int{1}, []int{0, 1}, math.Inf(1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := EstimateStaged(tc.matrix, tc.hosts, links); math.Abs(got-tc.want) > 1e-9 && got != tc.want {
+				t.Errorf("EstimateStaged = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestLinksFile(t *testing.T) {
+	dir := t.TempDir()
+	want := Links{Local: Link{Alpha: 1.5e-6, Beta: 1 / 9e9, Lanes: 1}, Remote: Link{Alpha: 12e-6, Beta: 1 / 2e9, Lanes: 2}}
+	b, _ := json.Marshal(want)
+	good := filepath.Join(dir, "links.json")
+	if err := os.WriteFile(good, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadLinks(good)
+	if err != nil || got != want {
+		t.Fatalf("LoadLinks = %+v, %v; want %+v", got, err, want)
+	}
+	for name, text := range map[string]string{
+		"zero-beta.json": `{"local":{"Alpha":1e-6,"Beta":0},"remote":{"Alpha":1e-5,"Beta":1e-9}}`,
+		"negative.json":  `{"local":{"Alpha":-1,"Beta":1e-9},"remote":{"Alpha":1e-5,"Beta":1e-9}}`,
+		"garbage.json":   `{"local":`,
+	} {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(text), 0o600)
+		if _, err := LoadLinks(p); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := LoadLinks(filepath.Join(dir, "missing.json")); err == nil {
+		t.Error("missing file accepted")
+	}
+	if err := DefaultLinks().Validate(); err != nil {
+		t.Error(err)
+	}
+	if DefaultLinks().Flat(1) != DefaultLinks().Local || DefaultLinks().Flat(3) != DefaultLinks().Remote {
+		t.Error("Flat picks the wrong class")
+	}
+}
