@@ -41,6 +41,18 @@
 // fault.ErrPeerLost instead of delivering the bytes. In-process ranks (tests)
 // use CMA on their own process, which works the same way.
 //
+// LL window (transport.Slots): after the rings, a segment holds two slots
+// (epoch parities 0 and 1) per local source, each a length word and
+// ceil(SlotBytes/4) data words of 8 bytes, starting on a cache-line pair. Like
+// the rings, the owner reads them and their source writes them. A word is 4
+// payload bytes (little endian) in its low half and the LL epoch in its high
+// half; the length word carries the payload length. Store writes the data
+// words with plain 8-byte stores (atomic on amd64) and the length word last
+// with an atomic store, the one fence of a message; Load takes, with atomic
+// loads, the words that carry its epoch, so a message needs no stamp, no ring
+// head and no acknowledgment, and the receiver's wait is one cache miss on a
+// line the sender just wrote. No word is ever cleared (see transport.Slots).
+//
 // Waiting: the engine spins and yields; Transport.Wait is the park, a futex
 // wait on the rank's doorbell. A rank publishing data, freeing ring space or
 // acknowledging a descriptor bumps the peer's doorbell and wakes it, but only
@@ -93,6 +105,16 @@ const (
 	// 7.8 vs 3.6 us, 1 MiB 140 vs 57 us. Below the crossover the syscall and
 	// the acknowledgment round trip cost more than the second copy.
 	DefaultZCopyThreshold = 8 << 10
+	// DefaultSlotBytes is the payload capacity of one LL slot, so the
+	// largest message that may travel by LL. Measured with 2 processes
+	// exchanging a message each way (BenchmarkLLExchangeProcs, p50, LL vs a
+	// frame with the default ring and CMA settings): 8 B 0.16 vs 0.39 us,
+	// 64 B 0.26 vs 0.41, 256 B 0.38 vs 0.51, 512 B 0.59 vs 0.57, 1 KiB 0.99
+	// vs 0.71, 4 KiB 3.9 vs 1.15, 8 KiB 6.8 vs 1.4. LL saves the frame
+	// header and the ring's head, but every 4 payload bytes cost an 8-byte
+	// store, and across cores 8-byte stores wait on line ownership (a copy
+	// moves 32 bytes per store): from the crossover at ~512 B on, frames win.
+	DefaultSlotBytes = 512
 )
 
 // Limits.
@@ -102,10 +124,12 @@ const (
 	minRingBytes = pageSize
 	maxRingBytes = 1 << 30
 	maxSegBytes  = 1 << 40
+	maxSlotBytes = 1 << 20
 )
 
 // Config configures one rank's shared-memory transport. Group, Epoch, Size,
-// Local, Streams and RingBytes must be identical on every local rank.
+// Local, Streams, RingBytes and SlotBytes must be identical on every local
+// rank.
 type Config struct {
 	Group string // job name; part of the segment names
 	Epoch uint32 // membership epoch; part of the segment names
@@ -122,6 +146,10 @@ type Config struct {
 	// RingBytes is the data capacity of each ring: a power of two of at
 	// least 4096 (0 means DefaultRingBytes).
 	RingBytes int
+	// SlotBytes is the payload capacity of one LL slot (transport.Slots):
+	// 0 means DefaultSlotBytes, a negative value gives no LL window
+	// (SlotBytes reports 0 for every peer). At most 1 MiB.
+	SlotBytes int
 	// Dir is where the segment files live (default DefaultDir).
 	Dir string
 	// ZCopyThreshold is the size from which messages travel by CMA when the
@@ -153,6 +181,8 @@ func (c Config) normalize() (Config, error) {
 		return bad("%d streams per peer (want 1..%d)", c.Streams, maxStreams)
 	case c.RingBytes != 0 && (c.RingBytes < minRingBytes || c.RingBytes > maxRingBytes || c.RingBytes&(c.RingBytes-1) != 0):
 		return bad("ring of %d bytes (want a power of two in [%d, %d])", c.RingBytes, minRingBytes, maxRingBytes)
+	case c.SlotBytes > maxSlotBytes:
+		return bad("LL slot of %d bytes (max %d)", c.SlotBytes, maxSlotBytes)
 	}
 	if c.Local == nil {
 		c.Local = make([]int, c.Size)
@@ -183,7 +213,10 @@ func (c Config) normalize() (Config, error) {
 	if c.RingBytes == 0 {
 		c.RingBytes = DefaultRingBytes
 	}
-	if segBytes(len(c.Local), c.Streams, c.RingBytes) > maxSegBytes {
+	if c.SlotBytes == 0 {
+		c.SlotBytes = DefaultSlotBytes
+	}
+	if segBytes(len(c.Local), c.Streams, c.RingBytes, c.SlotBytes) > maxSegBytes {
 		return bad("%d local ranks x %d streams x %d-byte rings exceed the segment limit", len(c.Local), c.Streams, c.RingBytes)
 	}
 	if c.Dir == "" {

@@ -32,6 +32,7 @@ const (
 	helperZCopy = "A2A_SHM_ZCOPY"
 	helperProbe = "A2A_SHM_NOPROBE"
 	helperBench = "A2A_SHM_BENCH" // size:iterations:ring
+	helperSlot  = "A2A_SHM_SLOT"  // Config.SlotBytes
 )
 
 // helperSize is the message the helpers stall in the middle of: far more
@@ -54,6 +55,7 @@ func helperMain() int {
 	if ring == 0 {
 		ring = testRing
 	}
+	slot, _ := strconv.Atoi(os.Getenv(helperSlot))
 	cfg := Config{
 		Group:          os.Getenv(helperGroup),
 		Epoch:          testEpoch,
@@ -62,6 +64,7 @@ func helperMain() int {
 		RingBytes:      ring,
 		Dir:            os.Getenv(helperDir),
 		ZCopyThreshold: zcopy,
+		SlotBytes:      slot,
 		Logger:         slog.New(slog.NewTextHandler(os.Stderr, nil)),
 		noProbe:        os.Getenv(helperProbe) != "",
 	}
@@ -114,6 +117,23 @@ func helperMain() int {
 			if _, err := progress(tr, c, &s, &r); err != nil {
 				return fail(err)
 			}
+		}
+		fmt.Println("done")
+		io.Copy(io.Discard, os.Stdin)
+		return 0
+	case "llbench":
+		// Rank 1 of benchLLExchangeProcs.
+		out, in := pattern(2, size), make([]byte, size)
+		e := transport.FirstEpoch
+		for range iters {
+			if err := tr.Store(0, e, out); err != nil {
+				return fail(err)
+			}
+			var st transport.SlotLoad
+			if _, err := loadLL(tr, 0, e, in, &st, 10*time.Second); err != nil {
+				return fail(err)
+			}
+			e = transport.NextEpoch(e)
 		}
 		fmt.Println("done")
 		io.Copy(io.Discard, os.Stdin)

@@ -18,7 +18,9 @@ import (
 )
 
 // Segment layout. The first page is the header; ring i follows at
-// pageSize + i*(pageSize+RingBytes), a control page and then its data. Fields that
+// pageSize + i*(pageSize+RingBytes), a control page and then its data. After
+// the rings comes the LL window: two slots (parities 0 and 1) per local source,
+// each slotStride bytes, one length word and then the data words. Fields that
 // different ranks write live on different cache-line pairs (the adjacent-line
 // prefetcher moves 128-byte pairs).
 const (
@@ -26,7 +28,7 @@ const (
 	lineSize = 128
 
 	segMagic   = 0x31304d4853413241 // "A2ASHM01"
-	segVersion = 1
+	segVersion = 2
 
 	// Header fields written once by the owner before it publishes offMagic.
 	offMagic   = 0  // u64, stored last
@@ -42,6 +44,7 @@ const (
 	offLocals  = 56 // u64 hash of the local rank list
 	offAddr    = 64 // u64 address of the mapping in the owner's address space (CMA probe)
 	offSegSize = 72 // u64
+	offSlot    = 80 // u64 LL slot payload bytes (0: no LL window)
 
 	offClosed   = 1 * lineSize  // u32: the owner closed its transport
 	offRefused  = offClosed + 4 // u32: world rank + 1 of a peer whose configuration differs
@@ -63,10 +66,28 @@ const (
 )
 
 // headerBytes is the size of the fields written before offMagic.
-const headerBytes = offSegSize + 8
+const headerBytes = offSlot + 8
 
-func segBytes(nLocal, streams, ringBytes int) int {
+func segBytes(nLocal, streams, ringBytes, slotBytes int) int {
+	return windowBase(nLocal, streams, ringBytes) + (nLocal-1)*2*slotStride(slotBytes)
+}
+
+// windowBase is the offset of the LL window, after the rings.
+func windowBase(nLocal, streams, ringBytes int) int {
 	return pageSize + (nLocal-1)*streams*(pageSize+ringBytes)
+}
+
+// slotWords is the number of data words of a slot of slotBytes payload: 4
+// payload bytes per 8-byte word.
+func slotWords(slotBytes int) int { return (slotBytes + 3) / 4 }
+
+// slotStride is the size of one LL slot, its length word and data words,
+// rounded up to a cache-line pair; 0 when LL slots are off.
+func slotStride(slotBytes int) int {
+	if slotBytes <= 0 {
+		return 0
+	}
+	return (8*(1+slotWords(slotBytes)) + lineSize - 1) &^ (lineSize - 1)
 }
 
 func groupHash(group string) uint64 {
@@ -190,6 +211,7 @@ type segInfo struct {
 	locals  uint64
 	addr    uint64
 	segSize uint64
+	slot    uint64
 	closed  bool
 }
 
@@ -209,6 +231,7 @@ func decodeInfo(b []byte) segInfo {
 		locals:  le.Uint64(b[offLocals:]),
 		addr:    le.Uint64(b[offAddr:]),
 		segSize: le.Uint64(b[offSegSize:]),
+		slot:    le.Uint64(b[offSlot:]),
 	}
 }
 

@@ -22,9 +22,9 @@ import (
 )
 
 // Transport is one rank's shared-memory streams to the other local ranks. It
-// implements transport.Transport. Its conns may be driven from any goroutines
-// (one per direction per conn at a time); Wait is meant for the progress
-// goroutine that drives them.
+// implements transport.Transport, and transport.Slots (slots.go). Its conns
+// may be driven from any goroutines (one per direction per conn at a time);
+// Wait is meant for the progress goroutine that drives them.
 type Transport struct {
 	cfg      Config
 	rank     int
@@ -46,6 +46,10 @@ type Transport struct {
 	list  []*conn     // the non-nil conns
 	stats []peerStats // by local index
 
+	slotBytes int      // LL slot capacity; 0 when there are no LL slots
+	ll        []llPeer // LL state by local index (slots.go); nil without LL slots
+	window    []uint64 // this rank's LL window: the slots its peers store into
+
 	cmaRecv  bool        // this process may read peers' memory with process_vm_readv
 	cmaOff   atomic.Bool // CMA failed at run time: off for good
 	seenBell atomic.Uint32
@@ -57,7 +61,10 @@ type Transport struct {
 	closeErr  error
 }
 
-var _ transport.Transport = (*Transport)(nil)
+var (
+	_ transport.Transport = (*Transport)(nil)
+	_ transport.Slots     = (*Transport)(nil)
+)
 
 // peerStats are the byte counters of one peer. The send and receive
 // directions may run on different goroutines, and in-process ranks allocate
@@ -114,8 +121,9 @@ func Open(ctx context.Context, cfg Config) (*Transport, error) {
 		return nil, err
 	}
 	t.initConns()
+	t.initSlots()
 	t.log.Debug("shm: open", "rank", t.rank, "local", cfg.Local, "streams", t.streams,
-		"ring", cfg.RingBytes, "cma", t.cmaRecv, "zcopy", t.zthresh)
+		"ring", cfg.RingBytes, "slot", t.slotBytes, "cma", t.cmaRecv, "zcopy", t.zthresh)
 	return t, nil
 }
 
@@ -140,7 +148,7 @@ func (t *Transport) sweepGroup() {
 func (t *Transport) create() error {
 	cfg := &t.cfg
 	t.path = filepath.Join(cfg.Dir, segName(cfg.Group, cfg.Epoch, cfg.Rank))
-	size := segBytes(len(cfg.Local), cfg.Streams, cfg.RingBytes)
+	size := segBytes(len(cfg.Local), cfg.Streams, cfg.RingBytes, cfg.SlotBytes)
 	bad := func(err error, what string) error {
 		return fault.Wrap(fault.ErrInvalidArgument, -1, err, "shm: %s %s", what, t.path)
 	}
@@ -208,6 +216,7 @@ func (t *Transport) create() error {
 	le.PutUint64(mem[offLocals:], localsHash(cfg.Size, cfg.Local))
 	le.PutUint64(mem[offAddr:], uint64(uintptr(unsafe.Pointer(&mem[0]))))
 	le.PutUint64(mem[offSegSize:], uint64(size))
+	le.PutUint64(mem[offSlot:], uint64(max(cfg.SlotBytes, 0)))
 	u64at(mem, offMagic).Store(segMagic) // publishes the header
 
 	// CMA self-test: seccomp filters and kernels without CMA fail it.
@@ -334,7 +343,7 @@ func (t *Transport) mapPeer(i int) (*segment, error) {
 	if info.magic != segMagic || stale(info, mtime, t.pid) {
 		return nil, nil
 	}
-	size := segBytes(len(cfg.Local), cfg.Streams, cfg.RingBytes)
+	size := segBytes(len(cfg.Local), cfg.Streams, cfg.RingBytes, cfg.SlotBytes)
 	mismatch := func(what string, got, want any) error {
 		if info.version == segVersion {
 			// Tell the owner, which may never get to see our segment.
@@ -356,6 +365,8 @@ func (t *Transport) mapPeer(i int) (*segment, error) {
 		return nil, mismatch("streams", info.streams, cfg.Streams)
 	case info.ring != uint64(cfg.RingBytes):
 		return nil, mismatch("ring bytes", info.ring, cfg.RingBytes)
+	case info.slot != uint64(max(cfg.SlotBytes, 0)):
+		return nil, mismatch("LL slot bytes", info.slot, max(cfg.SlotBytes, 0))
 	case info.segSize != uint64(size):
 		return nil, mismatch("size", info.segSize, size)
 	}
@@ -523,7 +534,7 @@ func (t *Transport) ready() bool {
 			return true
 		}
 	}
-	return false
+	return t.slotsReady()
 }
 
 // Wake makes a concurrent or the next Wait return at once. It is safe from any
@@ -604,7 +615,8 @@ func (t *Transport) disableCMA(errno unix.Errno) {
 	}
 }
 
-// Stats returns the bytes moved per peer (frame headers included).
+// Stats returns the bytes moved per peer (frame headers included; LL
+// messages count 8 bytes per word, the length word included).
 func (t *Transport) Stats() transport.Stats {
 	s := transport.Stats{
 		BytesSent:     make([]uint64, t.size),

@@ -1,0 +1,326 @@
+package shm
+
+import (
+	"encoding/binary"
+	"sync/atomic"
+	"unsafe"
+
+	"a2a/a2a/internal/fault"
+	"a2a/a2a/transport"
+)
+
+// llPeer is the LL state of one local peer: the slots this rank stores into
+// (in the peer's segment) and loads from (in this rank's), and the watch of a
+// load that could not finish. The views are fixed at Open; idle and watch
+// belong to the goroutine loading from the peer (watch is read by Wait).
+type llPeer struct {
+	tx [2][]uint64 // by parity: this rank's slot in the peer's window
+	rx [2][]uint64 // by parity: the peer's slot in this rank's window
+	// rxWord is the index of rx[p][0] in t.window, for the watch.
+	rxWord [2]uint32
+
+	_     [lineSize]byte // the loading goroutine writes below
+	idle  uint32         // fruitless loads, for the pidfd poll
+	watch atomic.Uint64  // epoch<<32 | index in t.window of the awaited word, or 0
+	_     [lineSize]byte
+}
+
+// words is the []uint64 view of n words of mem at off (8-byte aligned).
+func words(mem []byte, off, n int) []uint64 {
+	if n == 0 {
+		return nil
+	}
+	_ = mem[off+8*n-1]
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&mem[off])), n)
+}
+
+// initSlots sets up the views of every LL slot once all segments are mapped.
+func (t *Transport) initSlots() {
+	if t.cfg.SlotBytes <= 0 {
+		return
+	}
+	t.slotBytes = t.cfg.SlotBytes
+	n := len(t.cfg.Local)
+	base := windowBase(n, t.streams, t.cfg.RingBytes)
+	stride := slotStride(t.slotBytes)
+	nw := 1 + slotWords(t.slotBytes)
+	t.window = words(t.own.mem, base, (n-1)*2*stride/8)
+	t.ll = make([]llPeer, n)
+	for i := range n {
+		if i == t.me {
+			continue
+		}
+		p := &t.ll[i]
+		for par := range 2 {
+			// Slot of source src in owner's window, like ringIndex.
+			tx := (2*t.srcIndex(i, t.me) + par) * stride
+			rx := (2*t.srcIndex(t.me, i) + par) * stride
+			p.tx[par] = words(t.segs[i].mem, base+tx, nw)
+			p.rx[par] = words(t.own.mem, base+rx, nw)
+			p.rxWord[par] = uint32(rx / 8)
+		}
+	}
+}
+
+// srcIndex is the index of the source at local index src among the sources
+// of the rank at local index owner.
+func (t *Transport) srcIndex(owner, src int) int {
+	if src > owner {
+		src--
+	}
+	return src
+}
+
+// llPeer returns the LL state of world rank peer, or nil when this rank has
+// no LL slot with it.
+func (t *Transport) llPeer(peer int) (*llPeer, int) {
+	if t.ll == nil || peer < 0 || peer >= t.size || peer == t.rank {
+		return nil, -1
+	}
+	i := t.localIdx[peer]
+	if i < 0 {
+		return nil, -1
+	}
+	return &t.ll[i], i
+}
+
+// SlotBytes is the payload capacity of one LL message to peer: Config.SlotBytes
+// for a local peer, 0 for this rank, a rank on another host, a rank outside
+// the world, or when LL slots are off.
+func (t *Transport) SlotBytes(peer int) int {
+	if p, _ := t.llPeer(peer); p == nil {
+		return 0
+	}
+	return t.slotBytes
+}
+
+// badEpoch refuses the epochs no LL message uses: zeroed memory carries them.
+func badEpoch(peer int, epoch uint32) error {
+	return fault.New(fault.ErrInvalidArgument, peer, "shm: LL epoch %d (epochs start at %d)", epoch, transport.FirstEpoch)
+}
+
+// Store writes data into this rank's slot of parity epoch&1 in peer's window:
+// the data words with plain 8-byte stores (an aligned 8-byte store is atomic
+// on 64-bit targets; atomic.StoreUint64, an XCHG, took 10.5 us for an 8 KiB
+// message against 1 us), then the length word with an atomic store, which
+// orders them before it and before the doorbell check that follows (a parked
+// receiver is woken). It never blocks. Errors:
+// fault.ErrClosed after Close, fault.ErrInvalidArgument for more than
+// SlotBytes(peer) bytes, a peer without a slot or an epoch below
+// transport.FirstEpoch, fault.ErrPeerLost when peer closed or exited. The
+// bytes it counts in Stats are the words it stores, 8 bytes each (twice the
+// payload, plus the length word).
+func (t *Transport) Store(peer int, epoch uint32, data []byte) error {
+	if !t.guard.Acquire() {
+		return t.closedErr
+	}
+	defer t.guard.Release()
+	p, i := t.llPeer(peer)
+	switch {
+	case p == nil:
+		return fault.New(fault.ErrInvalidArgument, peer, "shm: rank %d has no LL slot at rank %d", t.rank, peer)
+	case len(data) > t.slotBytes:
+		return fault.New(fault.ErrInvalidArgument, peer, "shm: LL message of %d bytes to rank %d, slots hold %d", len(data), peer, t.slotBytes)
+	case epoch < transport.FirstEpoch:
+		return badEpoch(peer, epoch)
+	}
+	if err := t.goneErr(i, -1); err != nil {
+		return err
+	}
+	w := p.tx[epoch&1]
+	hi := uint64(epoch) << 32
+	n := len(data)
+	nw := slotWords(n)
+	d, src := w[1:1+nw], data
+	for len(d) >= 4 && len(src) >= 16 {
+		v0, v1 := binary.LittleEndian.Uint64(src), binary.LittleEndian.Uint64(src[8:16])
+		d[0], d[1], d[2], d[3] = v0&lo32|hi, v0>>32|hi, v1&lo32|hi, v1>>32|hi
+		d, src = d[4:], src[16:]
+	}
+	for len(d) > 0 && len(src) >= 4 {
+		d[0] = uint64(binary.LittleEndian.Uint32(src)) | hi
+		d, src = d[1:], src[4:]
+	}
+	if len(d) > 0 { // the last word, zero-padded
+		var b [4]byte
+		copy(b[:], src)
+		d[0] = uint64(binary.LittleEndian.Uint32(b[:])) | hi
+	}
+	atomic.StoreUint64(&w[0], uint64(n)|hi)
+	t.stats[i].sent.Add(uint64(8 * (1 + nw)))
+	ringBell(t.segs[i])
+	return nil
+}
+
+// Load takes what peer stored for epoch into dst (see transport.Slots): the
+// length word first, then the data words from st.Words on, as long as they
+// carry epoch. Before the length is known it takes the words that fit dst;
+// with anyLen only those followed by another word of the epoch, so that the
+// padding of a shorter message's last word never lands in dst.
+//
+// A load that cannot finish fails with fault.ErrPeerLost once peer is gone
+// (after taking what peer stored before), and with fault.ErrMismatch when a
+// frame from peer waits on stream 0 (the first frame of every message travels
+// there), unless the slot is complete after all: a peer that stores before it
+// sends (x86 keeps stores in order) cannot be caught between the two. The
+// check reads the receive state of that stream, so Load must run on the
+// goroutine that drives its receives (the engine's), and no receive from peer
+// may be in flight during an LL load. Otherwise it leaves the word it waits
+// for to Wait, which returns once that word carries epoch.
+//
+// Bytes counted in Stats are 8 per word, once the message is complete.
+func (t *Transport) Load(peer int, epoch uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
+	if !t.guard.Acquire() {
+		return false, t.closedErr
+	}
+	defer t.guard.Release()
+	p, i := t.llPeer(peer)
+	switch {
+	case p == nil:
+		return false, fault.New(fault.ErrInvalidArgument, peer, "shm: rank %d has no LL slot at rank %d", t.rank, peer)
+	case !anyLen && len(dst) > t.slotBytes:
+		return false, fault.New(fault.ErrInvalidArgument, peer, "shm: LL load of %d bytes from rank %d, slots hold %d", len(dst), peer, t.slotBytes)
+	case epoch < transport.FirstEpoch:
+		return false, badEpoch(peer, epoch)
+	}
+	w := p.rx[epoch&1]
+	done, err := t.take(peer, w, epoch, dst, anyLen, st)
+	if !done && err == nil {
+		done, err = t.loadStall(p, i, peer, w, epoch, dst, anyLen, st)
+	}
+	if done || err != nil {
+		if p.watch.Load() != 0 {
+			p.watch.Store(0)
+		}
+		if done {
+			t.stats[i].recvd.Add(uint64(8 * (1 + slotWords(st.Len))))
+		}
+	}
+	return done, err
+}
+
+// take copies the words of slot w that carry epoch into dst.
+func (t *Transport) take(peer int, w []uint64, epoch uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
+	e := uint64(epoch)
+	if !st.Known {
+		lw := atomic.LoadUint64(&w[0])
+		if lw>>32 == e {
+			n := int(uint32(lw))
+			switch {
+			case n > t.slotBytes:
+				return false, fault.New(fault.ErrMismatch, peer, "shm: LL from rank %d: length word says %d bytes, slots hold %d", peer, n, t.slotBytes)
+			case !anyLen && n != len(dst):
+				return false, fault.New(fault.ErrMismatch, peer, "shm: LL from rank %d: %d bytes, this rank expects %d", peer, n, len(dst))
+			case n > len(dst):
+				return false, fault.New(fault.ErrMismatch, peer, "shm: LL from rank %d: %d bytes, buffer holds %d", peer, n, len(dst))
+			}
+			st.Len, st.Known = n, true
+		}
+	}
+	d := w[1:]
+	k := st.Words
+	if st.Known {
+		n := st.Len
+		// Four words at a time while they carry 16 whole bytes.
+		if he := e << 32; 4*k+16 <= n {
+			src, out := d[k:], dst[4*k:n]
+			for len(src) >= 4 && len(out) >= 16 {
+				a, b := atomic.LoadUint64(&src[0]), atomic.LoadUint64(&src[1])
+				c, f := atomic.LoadUint64(&src[2]), atomic.LoadUint64(&src[3])
+				if ((a^he)|(b^he)|(c^he)|(f^he))>>32 != 0 {
+					break
+				}
+				binary.LittleEndian.PutUint64(out, a&lo32|b<<32)
+				binary.LittleEndian.PutUint64(out[8:16], c&lo32|f<<32)
+				src, out = src[4:], out[16:]
+				k += 4
+			}
+		}
+		for ; 4*k < n; k++ {
+			v := atomic.LoadUint64(&d[k])
+			if v>>32 != e {
+				break
+			}
+			putWord(dst[4*k:min(n, 4*k+4)], v)
+		}
+		st.Words = k
+		return 4*k >= n, nil
+	}
+	// Length unknown: the words that fit dst.
+	need := min(slotWords(len(dst)), len(d))
+	for ; k < need; k++ {
+		v := atomic.LoadUint64(&d[k])
+		if v>>32 != e {
+			break
+		}
+		if anyLen && (k+1 >= len(d) || atomic.LoadUint64(&d[k+1])>>32 != e) {
+			break // may be a shorter message's last, padded word
+		}
+		putWord(dst[4*k:min(len(dst), 4*k+4)], v)
+	}
+	st.Words = k
+	return false, nil
+}
+
+const lo32 = 0xffffffff
+
+// putWord stores the payload bytes of word v into b (at most 4).
+func putWord(b []byte, v uint64) {
+	if len(b) == 4 {
+		binary.LittleEndian.PutUint32(b, uint32(v))
+		return
+	}
+	for j := range b {
+		b[j] = byte(v >> (8 * j))
+	}
+}
+
+// loadStall handles a load that cannot finish now (see Load).
+func (t *Transport) loadStall(p *llPeer, i, peer int, w []uint64, epoch uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
+	if err := t.goneErr(i, -1); err != nil {
+		// What the peer stored before it went still counts.
+		if done, err := t.take(peer, w, epoch, dst, anyLen, st); done || err != nil {
+			return done, err
+		}
+		return false, err
+	}
+	if p.idle++; p.idle%pollEvery == 0 {
+		t.checkPeer(i)
+	}
+	if c := t.conns[peer*t.streams]; c.rhead == c.rend && c.rdst == nil {
+		if slot := alignFrag(c.rend); c.rx.stamp(slot).Load() > slot+8 {
+			// The peer sent a frame. Stores become visible in order: had it
+			// stored the LL message first, the message is complete now.
+			if done, err := t.take(peer, w, epoch, dst, anyLen, st); done || err != nil {
+				return done, err
+			}
+			return false, fault.New(fault.ErrMismatch, peer,
+				"shm: rank %d sent a frame while this rank waits for its LL message (epoch %d): the ranks run different operations", peer, epoch)
+		}
+	}
+	// Wait returns once the awaited word carries epoch: the length word,
+	// or, once the length is known, the next data word.
+	at := p.rxWord[epoch&1]
+	if st.Known {
+		at += uint32(1 + st.Words)
+	}
+	if watch := uint64(epoch)<<32 | uint64(at); p.watch.Load() != watch {
+		p.watch.Store(watch)
+	}
+	return false, nil
+}
+
+// slotsReady reports whether a load Wait waits for may progress: its word
+// carries the awaited epoch now, or its peer is gone.
+func (t *Transport) slotsReady() bool {
+	for i := range t.ll {
+		w := t.ll[i].watch.Load()
+		if w == 0 {
+			continue
+		}
+		if atomic.LoadUint64(&t.window[uint32(w)])>>32 == w>>32 || t.gone(i) {
+			return true
+		}
+	}
+	return false
+}
