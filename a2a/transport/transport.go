@@ -276,3 +276,63 @@ func (op *RecvOp) Land(peer int) ([]byte, error) {
 		return op.Dst[:got.Len], nil
 	}
 }
+
+// Slots is the one-sided window of the LL protocol, implemented by transports
+// whose ranks can store straight into a peer's memory (shm; RDMA later). Each
+// rank's window holds, for every peer that may store into it, two slots chosen
+// by the parity of the LL epoch. A Store writes the payload as 8-byte words,
+// each carrying 4 payload bytes in its low half and the epoch in its high
+// half, and a length word tagged the same way; the receiver polls until the
+// length word and every data word it announces carry the current epoch. No
+// word is ever cleared: a stale word carries an older epoch and is never
+// taken, and a torn message shows as words still carrying the old epoch.
+//
+// Epochs start at FirstEpoch and, after 2^32-1, wrap back to FirstEpoch (see
+// NextEpoch), so consecutive epochs always differ in parity and a zeroed
+// window matches no epoch. A slot of parity p is written again only two
+// epochs later; the caller guarantees the receiver finished with it by then
+// (every pair of ranks exchanges something in every epoch).
+type Slots interface {
+	// SlotBytes is the most payload one Store to peer may carry; 0 when
+	// peer cannot be reached one-sided (a rank on another host).
+	SlotBytes(peer int) int
+	// Store writes data into this rank's slot in peer's window for epoch,
+	// with tag (< 1<<SlotTagBits; it names the operation, so that ranks
+	// running different ones detect it). It never blocks. More than
+	// SlotBytes(peer) bytes fail with fault.ErrInvalidArgument; a peer that
+	// is gone fails with fault.ErrPeerLost.
+	Store(peer int, epoch uint32, tag uint32, data []byte) error
+	// Load takes what peer stored for epoch into dst: it copies the words
+	// that carry epoch, keeps its progress in st (zero it for a new load)
+	// and reports done once the whole message is in; st.Len is then its
+	// length. A length other than len(dst) (greater, when anyLen) or a tag
+	// other than tag fails with fault.ErrMismatch, as does a frame arriving from peer on a
+	// stream while the load waits (the peer runs another operation). A peer
+	// that is gone before storing everything fails with fault.ErrPeerLost.
+	// Load never blocks; a load that cannot progress is what
+	// Transport.Wait waits for.
+	Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen bool, st *SlotLoad) (done bool, err error)
+}
+
+// SlotTagBits is the width of an LL message's tag.
+const SlotTagBits = 8
+
+// SlotLoad is the progress of one Slots.Load.
+type SlotLoad struct {
+	Len   int // message length, valid once Known
+	Known bool
+	Words int // data words taken so far
+}
+
+// FirstEpoch is the first LL epoch; epochs 0 and 1 are never used, so zeroed
+// memory never passes for a message.
+const FirstEpoch uint32 = 2
+
+// NextEpoch is the LL epoch after e: e+1, wrapping from 2^32-1 to FirstEpoch
+// (the parity still alternates, since 2^32-1 is odd and FirstEpoch even).
+func NextEpoch(e uint32) uint32 {
+	if e == ^uint32(0) {
+		return FirstEpoch
+	}
+	return e + 1
+}

@@ -126,7 +126,7 @@ func helperMain() int {
 		out, in := pattern(2, size), make([]byte, size)
 		e := transport.FirstEpoch
 		for range iters {
-			if err := tr.Store(0, e, out); err != nil {
+			if err := tr.Store(0, e, testTag, out); err != nil {
 				return fail(err)
 			}
 			var st transport.SlotLoad

@@ -110,7 +110,7 @@ func badEpoch(peer int, epoch uint32) error {
 // transport.FirstEpoch, fault.ErrPeerLost when peer closed or exited. The
 // bytes it counts in Stats are the words it stores, 8 bytes each (twice the
 // payload, plus the length word).
-func (t *Transport) Store(peer int, epoch uint32, data []byte) error {
+func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error {
 	if !t.guard.Acquire() {
 		return t.closedErr
 	}
@@ -123,6 +123,8 @@ func (t *Transport) Store(peer int, epoch uint32, data []byte) error {
 		return fault.New(fault.ErrInvalidArgument, peer, "shm: LL message of %d bytes to rank %d, slots hold %d", len(data), peer, t.slotBytes)
 	case epoch < transport.FirstEpoch:
 		return badEpoch(peer, epoch)
+	case tag >= 1<<transport.SlotTagBits:
+		return fault.New(fault.ErrInvalidArgument, peer, "shm: LL tag %#x wider than %d bits", tag, transport.SlotTagBits)
 	}
 	if err := t.goneErr(i, -1); err != nil {
 		return err
@@ -146,7 +148,7 @@ func (t *Transport) Store(peer int, epoch uint32, data []byte) error {
 		copy(b[:], src)
 		d[0] = uint64(binary.LittleEndian.Uint32(b[:])) | hi
 	}
-	atomic.StoreUint64(&w[0], uint64(n)|hi)
+	atomic.StoreUint64(&w[0], uint64(n)|uint64(tag)<<lenBits|hi)
 	t.stats[i].sent.Add(uint64(8 * (1 + nw)))
 	ringBell(t.segs[i])
 	return nil
@@ -169,7 +171,7 @@ func (t *Transport) Store(peer int, epoch uint32, data []byte) error {
 // for to Wait, which returns once that word carries epoch.
 //
 // Bytes counted in Stats are 8 per word, once the message is complete.
-func (t *Transport) Load(peer int, epoch uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
+func (t *Transport) Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
 	if !t.guard.Acquire() {
 		return false, t.closedErr
 	}
@@ -184,9 +186,9 @@ func (t *Transport) Load(peer int, epoch uint32, dst []byte, anyLen bool, st *tr
 		return false, badEpoch(peer, epoch)
 	}
 	w := p.rx[epoch&1]
-	done, err := t.take(peer, w, epoch, dst, anyLen, st)
+	done, err := t.take(peer, w, epoch, tag, dst, anyLen, st)
 	if !done && err == nil {
-		done, err = t.loadStall(p, i, peer, w, epoch, dst, anyLen, st)
+		done, err = t.loadStall(p, i, peer, w, epoch, tag, dst, anyLen, st)
 	}
 	if done || err != nil {
 		if p.watch.Load() != 0 {
@@ -200,13 +202,15 @@ func (t *Transport) Load(peer int, epoch uint32, dst []byte, anyLen bool, st *tr
 }
 
 // take copies the words of slot w that carry epoch into dst.
-func (t *Transport) take(peer int, w []uint64, epoch uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
+func (t *Transport) take(peer int, w []uint64, epoch, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
 	e := uint64(epoch)
 	if !st.Known {
 		lw := atomic.LoadUint64(&w[0])
 		if lw>>32 == e {
-			n := int(uint32(lw))
+			n, got := int(lw&lenMask), uint32(lw&lo32)>>lenBits
 			switch {
+			case got != tag:
+				return false, fault.New(fault.ErrMismatch, peer, "shm: LL from rank %d tagged %#x, this rank expects %#x: the ranks run different operations", peer, got, tag)
 			case n > t.slotBytes:
 				return false, fault.New(fault.ErrMismatch, peer, "shm: LL from rank %d: length word says %d bytes, slots hold %d", peer, n, t.slotBytes)
 			case !anyLen && n != len(dst):
@@ -264,6 +268,13 @@ func (t *Transport) take(peer int, w []uint64, epoch uint32, dst []byte, anyLen 
 
 const lo32 = 0xffffffff
 
+// The length word's payload: the message length in the low lenBits (slots
+// hold at most 1 MiB), the tag above it.
+const (
+	lenBits = 32 - transport.SlotTagBits
+	lenMask = 1<<lenBits - 1
+)
+
 // putWord stores the payload bytes of word v into b (at most 4).
 func putWord(b []byte, v uint64) {
 	if len(b) == 4 {
@@ -276,10 +287,10 @@ func putWord(b []byte, v uint64) {
 }
 
 // loadStall handles a load that cannot finish now (see Load).
-func (t *Transport) loadStall(p *llPeer, i, peer int, w []uint64, epoch uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
+func (t *Transport) loadStall(p *llPeer, i, peer int, w []uint64, epoch, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
 	if err := t.goneErr(i, -1); err != nil {
 		// What the peer stored before it went still counts.
-		if done, err := t.take(peer, w, epoch, dst, anyLen, st); done || err != nil {
+		if done, err := t.take(peer, w, epoch, tag, dst, anyLen, st); done || err != nil {
 			return done, err
 		}
 		return false, err
@@ -291,7 +302,7 @@ func (t *Transport) loadStall(p *llPeer, i, peer int, w []uint64, epoch uint32, 
 		if slot := alignFrag(c.rend); c.rx.stamp(slot).Load() > slot+8 {
 			// The peer sent a frame. Stores become visible in order: had it
 			// stored the LL message first, the message is complete now.
-			if done, err := t.take(peer, w, epoch, dst, anyLen, st); done || err != nil {
+			if done, err := t.take(peer, w, epoch, tag, dst, anyLen, st); done || err != nil {
 				return done, err
 			}
 			return false, fault.New(fault.ErrMismatch, peer,

@@ -33,7 +33,7 @@ func fill(n int) []byte { return bytes.Repeat([]byte{0xEE}, n) }
 func loadOnce(t *testing.T, tr *Transport, peer int, epoch uint32, dst []byte, anyLen bool) int {
 	t.Helper()
 	var st transport.SlotLoad
-	done, err := tr.Load(peer, epoch, dst, anyLen, &st)
+	done, err := tr.Load(peer, epoch, testTag, dst, anyLen, &st)
 	if err != nil || !done {
 		t.Fatalf("rank %d loading epoch %d from rank %d: done %v, err %v (state %+v)", tr.rank, epoch, peer, done, err, st)
 	}
@@ -60,7 +60,7 @@ func TestLLRoundTrip(t *testing.T) {
 			for src := range n {
 				for dst := range n {
 					if src != dst {
-						if err := ts[src].Store(dst, epoch, pattern(seed(epoch, src, dst), size)); err != nil {
+						if err := ts[src].Store(dst, epoch, testTag, pattern(seed(epoch, src, dst), size)); err != nil {
 							t.Fatalf("size %d epoch %d: rank %d storing to %d: %v", size, epoch, src, dst, err)
 						}
 					}
@@ -104,13 +104,13 @@ func TestLLEpochWrap(t *testing.T) {
 				dst = fill(2000)
 			}
 			var st transport.SlotLoad
-			done, err := ts[1].Load(0, epoch, dst, anyLen, &st)
+			done, err := ts[1].Load(0, epoch, testTag, dst, anyLen, &st)
 			if done || err != nil || st != (transport.SlotLoad{}) || !bytes.Equal(dst, fill(len(dst))) {
 				t.Fatalf("epoch %d before the store (anyLen %v): done %v err %v state %+v, dst touched %v",
 					epoch, anyLen, done, err, st, !bytes.Equal(dst, fill(len(dst))))
 			}
 		}
-		if err := ts[0].Store(1, epoch, msg); err != nil {
+		if err := ts[0].Store(1, epoch, testTag, msg); err != nil {
 			t.Fatal(err)
 		}
 		// Into a larger buffer: the length bounds what is written.
@@ -136,7 +136,7 @@ func TestLLEpochWrap(t *testing.T) {
 // length word.
 func llWord(msg []byte, j int, epoch uint32) uint64 {
 	if j < 0 {
-		return uint64(len(msg)) | uint64(epoch)<<32
+		return uint64(len(msg)) | testTag<<lenBits | uint64(epoch)<<32
 	}
 	var b [4]byte
 	copy(b[:], msg[4*j:min(len(msg), 4*j+4)])
@@ -188,7 +188,7 @@ func TestLLTornWrite(t *testing.T) {
 			ts := newCluster(t, 2, 1, ringOnly)
 			old, msg := pattern(1, 60), pattern(2, size)
 			const e0 = transport.FirstEpoch + 5
-			if err := ts[0].Store(1, e0, old); err != nil {
+			if err := ts[0].Store(1, e0, testTag, old); err != nil {
 				t.Fatal(err)
 			}
 			loadOnce(t, ts[1], 0, e0, make([]byte, len(old)), false)
@@ -204,7 +204,7 @@ func TestLLTornWrite(t *testing.T) {
 				for _, j := range s.words {
 					slot[1+j] = llWord(msg, j, e)
 				}
-				done, err := ts[1].Load(0, e, dst, s.anyLen, &st)
+				done, err := ts[1].Load(0, e, testTag, dst, s.anyLen, &st)
 				if err != nil || done != s.done || st.Known != s.known || st.Words != s.taken {
 					t.Fatalf("step %d: done %v err %v state %+v; want done %v known %v words %d", k, done, err, st, s.done, s.known, s.taken)
 				}
@@ -238,22 +238,22 @@ func TestLLErrors(t *testing.T) {
 			if n := ts[0].SlotBytes(peer); n != 0 {
 				t.Errorf("SlotBytes(%d) = %d, want 0", peer, n)
 			}
-			is(t, fmt.Sprintf("Store to rank %d", peer), ts[0].Store(peer, e, nil), fault.ErrInvalidArgument, peer)
-			_, err := ts[0].Load(peer, e, nil, false, new(transport.SlotLoad))
+			is(t, fmt.Sprintf("Store to rank %d", peer), ts[0].Store(peer, e, testTag, nil), fault.ErrInvalidArgument, peer)
+			_, err := ts[0].Load(peer, e, testTag, nil, false, new(transport.SlotLoad))
 			is(t, fmt.Sprintf("Load from rank %d", peer), err, fault.ErrInvalidArgument, peer)
 		}
 		if n := ts[0].SlotBytes(1); n != 100 {
 			t.Errorf("SlotBytes(1) = %d, want 100", n)
 		}
-		is(t, "Store of 101 bytes", ts[0].Store(1, e, make([]byte, 101)), fault.ErrInvalidArgument, 1)
-		is(t, "Store at epoch 1", ts[0].Store(1, 1, nil), fault.ErrInvalidArgument, 1)
-		_, err := ts[1].Load(0, e, make([]byte, 101), false, new(transport.SlotLoad))
+		is(t, "Store of 101 bytes", ts[0].Store(1, e, testTag, make([]byte, 101)), fault.ErrInvalidArgument, 1)
+		is(t, "Store at epoch 1", ts[0].Store(1, 1, testTag, nil), fault.ErrInvalidArgument, 1)
+		_, err := ts[1].Load(0, e, testTag, make([]byte, 101), false, new(transport.SlotLoad))
 		is(t, "Load of 101 bytes", err, fault.ErrInvalidArgument, 0)
-		_, err = ts[1].Load(0, 0, nil, false, new(transport.SlotLoad))
+		_, err = ts[1].Load(0, 0, testTag, nil, false, new(transport.SlotLoad))
 		is(t, "Load at epoch 0", err, fault.ErrInvalidArgument, 0)
 		// The refusals stored nothing: a full slot still works.
 		msg := pattern(3, 100)
-		if err := ts[0].Store(1, e, msg); err != nil {
+		if err := ts[0].Store(1, e, testTag, msg); err != nil {
 			t.Fatal(err)
 		}
 		got := make([]byte, 1000) // a larger buffer is fine with anyLen
@@ -263,7 +263,7 @@ func TestLLErrors(t *testing.T) {
 	})
 	t.Run("length", func(t *testing.T) {
 		ts := newCluster(t, 2, 1, ringOnly)
-		if err := ts[0].Store(1, e, pattern(4, 10)); err != nil {
+		if err := ts[0].Store(1, e, testTag, pattern(4, 10)); err != nil {
 			t.Fatal(err)
 		}
 		for _, tc := range []struct {
@@ -272,7 +272,7 @@ func TestLLErrors(t *testing.T) {
 			ok     bool
 		}{{12, false, false}, {8, false, false}, {10, false, true}, {12, true, true}, {10, true, true}, {8, true, false}} {
 			var st transport.SlotLoad
-			done, err := ts[1].Load(0, e, make([]byte, tc.dst), tc.anyLen, &st)
+			done, err := ts[1].Load(0, e, testTag, make([]byte, tc.dst), tc.anyLen, &st)
 			what := fmt.Sprintf("10 bytes into %d (anyLen %v)", tc.dst, tc.anyLen)
 			if tc.ok {
 				if !done || err != nil || st.Len != 10 {
@@ -288,17 +288,17 @@ func TestLLErrors(t *testing.T) {
 		if n := ts[0].SlotBytes(1); n != 0 {
 			t.Errorf("SlotBytes(1) = %d without LL slots", n)
 		}
-		is(t, "Store without LL slots", ts[0].Store(1, e, nil), fault.ErrInvalidArgument, 1)
+		is(t, "Store without LL slots", ts[0].Store(1, e, testTag, nil), fault.ErrInvalidArgument, 1)
 		exchangeOnce(t, ts) // the rings still work
 	})
 	t.Run("peer closed", func(t *testing.T) {
 		ts := newCluster(t, 2, 1, ringOnly)
 		msg := pattern(5, 300)
-		if err := ts[0].Store(1, e, msg); err != nil {
+		if err := ts[0].Store(1, e, testTag, msg); err != nil {
 			t.Fatal(err)
 		}
 		var st transport.SlotLoad
-		if done, err := ts[0].Load(1, e, make([]byte, 8), false, &st); done || err != nil {
+		if done, err := ts[0].Load(1, e, testTag, make([]byte, 8), false, &st); done || err != nil {
 			t.Fatalf("load of a message never stored: done %v, err %v", done, err)
 		}
 		ts[0].Close()
@@ -308,14 +308,14 @@ func TestLLErrors(t *testing.T) {
 		if !bytes.Equal(got, msg) {
 			t.Fatal("message stored before the close corrupted")
 		}
-		_, err := ts[1].Load(0, e+1, make([]byte, 8), false, new(transport.SlotLoad))
+		_, err := ts[1].Load(0, e+1, testTag, make([]byte, 8), false, new(transport.SlotLoad))
 		is(t, "Load from a closed peer", err, fault.ErrPeerLost, 0)
-		is(t, "Store to a closed peer", ts[1].Store(0, e+1, nil), fault.ErrPeerLost, 0)
-		_, err = ts[0].Load(1, e, make([]byte, 8), false, &st)
+		is(t, "Store to a closed peer", ts[1].Store(0, e+1, testTag, nil), fault.ErrPeerLost, 0)
+		_, err = ts[0].Load(1, e, testTag, make([]byte, 8), false, &st)
 		if !errors.Is(err, fault.ErrClosed) {
 			t.Errorf("Load on a closed transport: %v, want ErrClosed", err)
 		}
-		if err := ts[0].Store(1, e, nil); !errors.Is(err, fault.ErrClosed) {
+		if err := ts[0].Store(1, e, testTag, nil); !errors.Is(err, fault.ErrClosed) {
 			t.Errorf("Store on a closed transport: %v, want ErrClosed", err)
 		}
 	})
@@ -323,7 +323,7 @@ func TestLLErrors(t *testing.T) {
 		ts := newCluster(t, 2, 2, ringOnly)
 		var st transport.SlotLoad
 		dst := make([]byte, 16)
-		if done, err := ts[1].Load(0, e, dst, false, &st); done || err != nil {
+		if done, err := ts[1].Load(0, e, testTag, dst, false, &st); done || err != nil {
 			t.Fatalf("load before anything arrived: done %v, err %v", done, err)
 		}
 		frame := []byte("another operation")
@@ -331,7 +331,7 @@ func TestLLErrors(t *testing.T) {
 		if done, err := s.C.TrySend(s.Send); !done || err != nil {
 			t.Fatalf("send: done %v, err %v", done, err)
 		}
-		_, err := ts[1].Load(0, e, dst, false, &st)
+		_, err := ts[1].Load(0, e, testTag, dst, false, &st)
 		is(t, "Load with a frame waiting", err, fault.ErrMismatch, 0)
 		// The frame itself is intact.
 		r := recvJob(ts[1].Conn(0, 0), hdr(0, 0, 0, 1), make([]byte, len(frame)))
@@ -340,7 +340,7 @@ func TestLLErrors(t *testing.T) {
 		}
 		// A message stored before a frame is complete when the frame shows.
 		msg := pattern(6, 16)
-		if err := ts[0].Store(1, e+1, msg); err != nil {
+		if err := ts[0].Store(1, e+1, testTag, msg); err != nil {
 			t.Fatal(err)
 		}
 		s = sendJob(ts[0].Conn(1, 0), hdr(0, 0, 0, 2), frame)
@@ -404,13 +404,13 @@ func TestLLWaitWakes(t *testing.T) {
 			msg := pattern(7, 500)
 			dst := make([]byte, len(msg))
 			var st transport.SlotLoad
-			if done, err := ts[1].Load(0, e, dst, false, &st); done || err != nil {
+			if done, err := ts[1].Load(0, e, testTag, dst, false, &st); done || err != nil {
 				t.Fatalf("load: done %v, err %v", done, err)
 			}
 			act := func() {
 				if tc.close {
 					ts[0].Close()
-				} else if err := ts[0].Store(1, e, msg); err != nil {
+				} else if err := ts[0].Store(1, e, testTag, msg); err != nil {
 					t.Error(err)
 				}
 			}
@@ -436,7 +436,7 @@ func TestLLWaitWakes(t *testing.T) {
 				t.Fatalf("Wait returned after %v, before rank 0 acted", took)
 			}
 			t.Logf("Wait returned after %v", took)
-			done, err := ts[1].Load(0, e, dst, false, &st)
+			done, err := ts[1].Load(0, e, testTag, dst, false, &st)
 			if tc.close {
 				if !errors.Is(err, fault.ErrPeerLost) {
 					t.Fatalf("load after the peer closed: %v, want ErrPeerLost", err)
@@ -501,7 +501,7 @@ func loadLLAny(tr *Transport, peer int, epoch uint32, dst []byte, anyLen bool, s
 	var idleStart time.Time
 	for {
 		words := st.Words
-		done, err := tr.Load(peer, epoch, dst, anyLen, st)
+		done, err := tr.Load(peer, epoch, testTag, dst, anyLen, st)
 		if done || err != nil {
 			return parks, err
 		}
@@ -534,11 +534,11 @@ func TestLLZeroAllocs(t *testing.T) {
 	e := transport.FirstEpoch
 	var st transport.SlotLoad
 	one := func() {
-		if err := ts[0].Store(1, e, msg); err != nil {
+		if err := ts[0].Store(1, e, testTag, msg); err != nil {
 			panic(err)
 		}
 		st = transport.SlotLoad{}
-		if done, err := ts[1].Load(0, e, dst, false, &st); !done || err != nil {
+		if done, err := ts[1].Load(0, e, testTag, dst, false, &st); !done || err != nil {
 			panic(fmt.Sprint(done, err))
 		}
 		e = transport.NextEpoch(e)
@@ -568,7 +568,7 @@ func TestLLConcurrent(t *testing.T) {
 			in := make([]byte, 4096)
 			e := ^uint32(0) - 100 // crosses the wrap
 			for i := range epochs {
-				if err := ts[r].Store(1-r, e, pattern(uint64(i<<1|r), size(i))); err != nil {
+				if err := ts[r].Store(1-r, e, testTag, pattern(uint64(i<<1|r), size(i))); err != nil {
 					errs[r] = err
 					return
 				}
@@ -634,7 +634,7 @@ func benchLLExchange(b *testing.B, size int) {
 		e := transport.FirstEpoch
 		for i := range n {
 			start := time.Now()
-			if err := ts[r].Store(1-r, e, bufs[r][0]); err != nil {
+			if err := ts[r].Store(1-r, e, testTag, bufs[r][0]); err != nil {
 				b.Error(err)
 				return
 			}
@@ -679,7 +679,7 @@ func benchLLExchangeProcs(b *testing.B, size int) {
 	b.ResetTimer()
 	for i := range b.N {
 		start := time.Now()
-		if err := tr.Store(1, e, out); err != nil {
+		if err := tr.Store(1, e, testTag, out); err != nil {
 			b.Fatal(err)
 		}
 		var st transport.SlotLoad
@@ -708,15 +708,36 @@ func BenchmarkLLStoreLoad(b *testing.B) {
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := ts[0].Store(1, e, out); err != nil {
+				if err := ts[0].Store(1, e, testTag, out); err != nil {
 					b.Fatal(err)
 				}
 				var st transport.SlotLoad
-				if done, err := ts[1].Load(0, e, in, false, &st); !done || err != nil {
+				if done, err := ts[1].Load(0, e, testTag, in, false, &st); !done || err != nil {
 					b.Fatal(done, err)
 				}
 				e = transport.NextEpoch(e)
 			}
 		})
+	}
+}
+
+// testTag is the operation tag the tests' LL messages carry.
+const testTag = 0x5a
+
+// TestLLTagMismatch: a load expecting another operation's tag fails with
+// ErrMismatch instead of taking the message.
+func TestLLTagMismatch(t *testing.T) {
+	ts := newCluster(t, 2, 1, ringOnly)
+	e := transport.FirstEpoch
+	if err := ts[0].Store(1, e, 3, pattern(1, 16)); err != nil {
+		t.Fatal(err)
+	}
+	var st transport.SlotLoad
+	_, err := ts[1].Load(0, e, 4, make([]byte, 16), false, &st)
+	if !errors.Is(err, fault.ErrMismatch) {
+		t.Fatalf("load with another tag: %v, want ErrMismatch", err)
+	}
+	if err := ts[0].Store(1, e, 1<<transport.SlotTagBits, nil); !errors.Is(err, fault.ErrInvalidArgument) {
+		t.Fatalf("oversized tag: %v, want ErrInvalidArgument", err)
 	}
 }
