@@ -182,28 +182,55 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 			a, err = algo.AlgoFullmesh, nil
 		}
 	}
-	c.lastAlgo = a
 	args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts, Streams: c.cfg.Streams, Window: c.cfg.Window}
+	if a == algo.AlgoPairwise || a == algo.AlgoFullmesh || a == algo.AlgoLL {
+		args.LLCutoff = c.llCut
+	}
 	switch {
 	case err != nil:
 	case a == algo.AlgoPairwise:
 		err = algo.PlanPairwise(&c.sched, args)
 	case a == algo.AlgoFullmesh:
 		err = algo.PlanFullmesh(&c.sched, args)
+	case a == algo.AlgoLL:
+		err = algo.PlanLL(&c.sched, args)
 	}
 	if err != nil {
 		return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", a)
 	}
+	if args.LLCutoff != nil && allLL(&args) {
+		a = algo.AlgoLL // for reports: no block of this rank went by frames
+	}
+	c.lastAlgo = a
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = send, recv
 	err = c.eng.run(ctx, kind, seq, 0, &c.sched, &c.bufs, deadline)
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
+	// Every pair exchanged something in this op (a message or a frame, even
+	// an empty one), so a peer that starts the next op has finished reading
+	// the slots of the previous epoch of the same parity: the LL epoch may
+	// advance. Only all-to-all shaped ops advance it; a rooted collective
+	// would not give that guarantee.
+	c.eng.llEpoch = transport.NextEpoch(c.eng.llEpoch)
 	return a, err
+}
+
+// allLL reports whether every block to and from a peer travels by LL.
+func allLL(a *algo.AllToAllVArgs) bool {
+	for j := range a.World {
+		if j == a.Rank {
+			continue
+		}
+		if cut := a.LLCutoff[j]; cut < 0 || a.SendCounts[j] > cut || a.RecvCounts[j] > cut {
+			return false
+		}
+	}
+	return true
 }
 
 // chooseForMatrix picks an algorithm from the global matrix; every rank holds
 // the same matrix and hosts, so every rank picks the same one.
 func (c *Comm) chooseForMatrix(matrix []int) algo.Algo {
-	return algo.ChooseAllToAllVMatrix(c.size, c.numHosts, c.cfg.Streams, c.cfg.Window, matrix, algo.DefaultLink())
+	return algo.ChooseAllToAllVMatrix(c.size, c.numHosts, c.cfg.Streams, c.cfg.Window, matrix, c.links.Flat(c.numHosts))
 }
 
 // gatherMatrix builds the global traffic matrix on the data plane: every rank

@@ -51,6 +51,8 @@ type Comm struct {
 	mu       sync.Mutex // one operation at a time; guards everything below
 	seq      uint64
 	lastAlgo algo.Algo
+	llCut    []int      // LL cutoff by peer, nil without LL
+	links    algo.Links // the link table all ranks agreed on at join
 	sched    algo.Schedule
 	bufs     opBuffers
 	// scratch for AllToAll counts and the in-band counts exchange
@@ -173,13 +175,8 @@ func (c *Comm) join(ctx context.Context) error {
 		m.Abort(err)
 		return err
 	}
-	if c.algo == algo.AlgoAuto {
-		// Auto selection uses only what every rank holds identically (world
-		// size and config), so all ranks pick the same algorithm; it is fixed
-		// for the communicator's life until a counts matrix is available.
-		c.algo = algo.ChooseAllToAllV(c.size, cfg.Streams, cfg.Window, nil, algo.DefaultLink())
-	}
 	c.eng = newEngine(c.tr, c.rank, c.size, cfg.Streams, m.Epoch(), spinFor(cfg.Spin, m.Nodes(), c.rank), cfg.Yield, c.stopped)
+	c.llCut = c.llCutoffs()
 	c.equalSend = make([]int, c.size)
 	c.equalRecv = make([]int, c.size)
 	c.countsOut = make([]byte, 8*c.size)
@@ -193,7 +190,52 @@ func (c *Comm) join(ctx context.Context) error {
 		c.ringCheck.EndRound()
 	}
 	c.hosts, c.numHosts = hostOrdinals(m.Nodes())
+	if err := c.agreeLinks(ctx); err != nil {
+		m.Abort(err) // the caller's teardown closes the transports
+		return err
+	}
+	if c.algo == algo.AlgoAuto {
+		// Auto selection uses only what every rank holds identically (world
+		// size, config, the agreed link table), so all ranks pick the same
+		// algorithm; it is fixed for the communicator's life until a counts
+		// matrix is available.
+		c.algo = algo.ChooseAllToAllV(c.size, cfg.Streams, cfg.Window, nil, c.links.Flat(c.numHosts))
+	}
 	return nil
+}
+
+// llCutoffs is the LL cutoff of every peer (algo.AllToAllVArgs.LLCutoff),
+// from settings and link classes both ends of a pair share: under auto
+// selection, blocks of up to LLBytes to ranks of this host, capped by the
+// slot size; with A2A_ALGO=ll, to every rank, those without a slot by
+// frames. Nil when no pair uses LL.
+func (c *Comm) llCutoffs() []int {
+	forced := c.algo == algo.AlgoLL
+	if c.size < 2 || (!forced && (c.cfg.Algo != "" || c.cfg.LLBytes < 0)) {
+		return nil
+	}
+	cut := make([]int, c.size)
+	any := false
+	for r := range cut {
+		cut[r] = -1
+		if r == c.rank {
+			continue
+		}
+		limit := c.cfg.LLBytes
+		if limit < 0 {
+			limit = DefaultLLBytes
+		}
+		if slot := c.eng.slotBytes(r); slot > 0 {
+			cut[r] = min(limit, slot)
+		} else if forced {
+			cut[r] = limit
+		}
+		any = any || cut[r] >= 0
+	}
+	if !any {
+		return nil
+	}
+	return cut
 }
 
 // routeTransports picks the transport of every peer (Config.Transport): by
@@ -442,8 +484,8 @@ func parseAlgo(name string) (algo.Algo, error) {
 		return a, fault.Wrap(fault.ErrInvalidArgument, -1, err, "A2A_ALGO")
 	}
 	switch a {
-	case algo.AlgoAuto, algo.AlgoPairwise, algo.AlgoFullmesh, algo.AlgoStaged, algo.AlgoSkew:
+	case algo.AlgoAuto, algo.AlgoPairwise, algo.AlgoFullmesh, algo.AlgoStaged, algo.AlgoSkew, algo.AlgoLL:
 		return a, nil
 	}
-	return a, fault.New(fault.ErrInvalidArgument, -1, "algorithm %q is not available for AllToAllV (auto, pairwise, fullmesh, staged, skew)", name)
+	return a, fault.New(fault.ErrInvalidArgument, -1, "algorithm %q is not available for AllToAllV (auto, pairwise, fullmesh, staged, skew, ll)", name)
 }

@@ -18,7 +18,7 @@ type Config struct {
 	Rank          int           // A2A_RANK       -1: assigned at join
 	WorldSize     int           // A2A_WORLD_SIZE number of ranks in the group
 	Secret        string        // A2A_SECRET     data-plane authentication
-	Algo          string        // A2A_ALGO       "" = auto | pairwise | fullmesh | staged (AllToAllV)
+	Algo          string        // A2A_ALGO       "" = auto | pairwise | fullmesh | staged | skew | ll (AllToAllV)
 	AlgoAllReduce string        // A2A_ALGO_ALLREDUCE "" = auto | ring | recdoubling | hierarchical
 	Streams       int           // A2A_STREAMS    connections per peer pair (default 1)
 	Window        int           // A2A_WINDOW     peers in flight at once for fullmesh (default 4)
@@ -28,6 +28,8 @@ type Config struct {
 	Transport     string        // A2A_TRANSPORT  auto (shm on this host, TCP to others) | tcp | shm
 	Spin          time.Duration // A2A_SPIN       busy-poll time before yielding the core (0: 50us, or none when this host runs more ranks than cores; negative: none)
 	Yield         time.Duration // A2A_YIELD      sched_yield time before parking (default 1ms)
+	Links         string        // A2A_LINKS      link table: "" built-in | "probe" measured at join | path of `a2ad tune` output (rank 0's counts)
+	LLBytes       int           // A2A_LL_BYTES   largest block sent by the LL protocol (0: DefaultLLBytes; negative: no LL unless A2A_ALGO=ll)
 
 	// HeartbeatInterval and PeerTimeout tune failure detection (defaults
 	// 250ms and 1.5s: a dead rank is noticed by everyone within 3s).
@@ -50,11 +52,12 @@ func ConfigFromEnv() (Config, error) {
 		Listen:        os.Getenv("A2A_LISTEN"),
 		Host:          os.Getenv("A2A_HOST"),
 		Transport:     os.Getenv("A2A_TRANSPORT"),
+		Links:         os.Getenv("A2A_LINKS"),
 	}
 	ints := []struct {
 		name string
 		dst  *int
-	}{{"A2A_RANK", &cfg.Rank}, {"A2A_WORLD_SIZE", &cfg.WorldSize}, {"A2A_STREAMS", &cfg.Streams}, {"A2A_WINDOW", &cfg.Window}}
+	}{{"A2A_RANK", &cfg.Rank}, {"A2A_WORLD_SIZE", &cfg.WorldSize}, {"A2A_STREAMS", &cfg.Streams}, {"A2A_WINDOW", &cfg.Window}, {"A2A_LL_BYTES", &cfg.LLBytes}}
 	for _, v := range ints {
 		if s := os.Getenv(v.name); s != "" {
 			n, err := strconv.Atoi(s)
@@ -80,6 +83,14 @@ func ConfigFromEnv() (Config, error) {
 	return cfg, nil
 }
 
+// DefaultLLBytes is the largest block of an AllToAllV between two ranks of
+// one host that auto selection sends by the LL protocol (one-sided stores
+// into the peer's slot, no handshake) instead of as ring frames; the shm
+// slot size (shm.DefaultSlotBytes, 512 B: where LL and frames cross, see
+// its measurement) caps it. With A2A_ALGO=ll it is also the cutoff for
+// ranks on other hosts, whose LL messages travel as one frame each.
+const DefaultLLBytes = 4096
+
 // withDefaults fills unset fields and validates the rest.
 func (cfg Config) withDefaults() (Config, error) {
 	if cfg.NATSURL == "" {
@@ -102,6 +113,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.Yield == 0 {
 		cfg.Yield = time.Millisecond
+	}
+	if cfg.LLBytes == 0 {
+		cfg.LLBytes = DefaultLLBytes
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

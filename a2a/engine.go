@@ -2,6 +2,7 @@ package a2a
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"runtime"
 	"time"
@@ -52,6 +53,14 @@ type engine struct {
 	// Wait attribution for the last op: the peer whose data arrived last.
 	lastPeer int
 	lastWait time.Duration
+
+	// LL: the transport's one-sided window (nil without one), the epoch
+	// of the next run, and the 8-byte length announcements by peer.
+	slots    transport.Slots
+	llEpoch  uint32
+	llTag    uint32 // the op kind, which LL messages carry
+	countOut []byte
+	countIn  []byte
 }
 
 // localCopy is a copy or reduce step still to do; it shrinks as chunks are done.
@@ -74,15 +83,38 @@ type activeOp struct {
 	stream      int
 	idx         int
 	conn        transport.Conn
+
+	// LL loads: slot is set when the message comes one-sided (else it is
+	// the frame recvOps[idx]); load is its progress; announce is set when
+	// the message is the announcement of a count-byte block.
+	slot     bool
+	dst      []byte
+	load     transport.SlotLoad
+	announce bool
+	count    int
 }
 
 func newEngine(tr transport.Transport, rank, size, streams int, epoch uint32, spin, yield time.Duration, stopped func() error) *engine {
+	slots, _ := tr.(transport.Slots)
 	return &engine{
 		tr: tr, rank: rank, size: size, streams: streams, epoch: epoch,
 		spin: spin, yield: yield, stopped: stopped,
 		sendFrames: make([]uint32, size*streams),
 		recvFrames: make([]uint32, size*streams),
+		slots:      slots,
+		llEpoch:    transport.FirstEpoch,
+		countOut:   make([]byte, 8*size),
+		countIn:    make([]byte, 8*size),
 	}
+}
+
+// slotBytes is what one LL store to peer may carry one-sided; 0 when the
+// pair's LL messages travel as frames.
+func (e *engine) slotBytes(peer int) int {
+	if e.slots == nil {
+		return 0
+	}
+	return e.slots.SlotBytes(peer)
 }
 
 // opBuffers are the buffers a schedule's spans address.
@@ -104,6 +136,7 @@ func (e *engine) run(ctx context.Context, kind transport.OpKind, seq, aux uint64
 	e.lastPeer, e.lastWait = -1, 0
 	e.sent, e.received = 0, 0
 	e.dtype, e.op, e.aux = reduce.DType(s.DType), reduce.Op(s.Op), aux
+	e.llTag = uint32(kind)
 	if cap(e.scratch) < s.ScratchBytes {
 		e.scratch = make([]byte, s.ScratchBytes)
 	}
@@ -215,9 +248,101 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 					landedFirst: st.LandedFirst, conn: e.tr.Conn(st.Peer, st.Stream)})
 				nRecv++
 			}
+		case algo.StepStore, algo.StepLoad:
+			if st.Peer < 0 || st.Peer >= e.size || st.Peer == e.rank {
+				return fault.New(fault.ErrInvalidArgument, st.Peer, "schedule step %s to peer %d", st.Kind, st.Peer)
+			}
+			var err error
+			if st.Kind == algo.StepStore {
+				nSend, err = e.postStore(kind, seq, st, bufs, nSend)
+			} else {
+				nRecv, err = e.postLoad(kind, seq, st, bufs, nRecv)
+			}
+			if err != nil {
+				return err
+			}
 		default:
 			return fault.New(fault.ErrInvalidArgument, -1, "schedule step kind %s not supported by the engine", st.Kind)
 		}
+	}
+	return nil
+}
+
+// llHeader is the header of an LL message that travels as a frame: one per
+// pair and op, on stream 0, with the LL algorithm id whatever the schedule's
+// algorithm, so a peer expecting a data frame instead detects it.
+func (e *engine) llHeader(kind transport.OpKind, seq uint64, src, peer int, send bool) transport.Header {
+	h := transport.Header{Kind: kind, Algo: uint8(algo.AlgoLL), Flags: transport.FlagLast, Epoch: e.epoch, Seq: seq, Aux: e.aux, Src: uint32(src)}
+	if send {
+		h.Round = e.sendFrames[peer*e.streams]
+		e.sendFrames[peer*e.streams]++
+	} else {
+		h.Round = e.recvFrames[peer*e.streams]
+		e.recvFrames[peer*e.streams]++
+	}
+	return h
+}
+
+// postStore stores an LL message at once (it never waits), or posts it as a
+// frame when the peer has no slot. It returns the next free send op index.
+func (e *engine) postStore(kind transport.OpKind, seq uint64, st *algo.Step, bufs *opBuffers, nSend int) (int, error) {
+	data, err := bufs.span(st.Src)
+	if err != nil {
+		return nSend, err
+	}
+	if st.CountOnly {
+		data = e.countOut[8*st.Peer : 8*st.Peer+8]
+		binary.LittleEndian.PutUint64(data, uint64(st.Src.Len))
+	}
+	e.sent += int64(len(data))
+	if cap := e.slotBytes(st.Peer); cap > 0 {
+		if len(data) > cap {
+			return nSend, fault.New(fault.ErrInvalidArgument, st.Peer, "LL block of %d bytes for a %d-byte slot", len(data), cap)
+		}
+		if err := e.slots.Store(st.Peer, e.llEpoch, uint32(kind), data); err != nil {
+			return nSend, e.peerError(st.Peer, err)
+		}
+		return nSend, nil
+	}
+	if nSend == len(e.sendOps) {
+		e.sendOps = append(e.sendOps, transport.SendOp{})
+	}
+	e.sendOps[nSend].Reset(e.llHeader(kind, seq, e.rank, st.Peer, true), data)
+	e.active = append(e.active, activeOp{send: true, peer: st.Peer, idx: nSend, conn: e.tr.Conn(st.Peer, 0)})
+	return nSend + 1, nil
+}
+
+// postLoad posts the receipt of an LL message: polled in the peer's slot, or
+// a frame. It returns the next free receive op index.
+func (e *engine) postLoad(kind transport.OpKind, seq uint64, st *algo.Step, bufs *opBuffers, nRecv int) (int, error) {
+	dst, err := bufs.span(st.Dst)
+	if err != nil {
+		return nRecv, err
+	}
+	if st.CountOnly {
+		dst = e.countIn[8*st.Peer : 8*st.Peer+8]
+	}
+	e.received += int64(len(dst))
+	a := activeOp{peer: st.Peer, dst: dst, announce: st.CountOnly, count: st.Dst.Len}
+	if e.slotBytes(st.Peer) > 0 {
+		a.slot = true
+	} else {
+		if nRecv == len(e.recvOps) {
+			e.recvOps = append(e.recvOps, transport.RecvOp{})
+		}
+		e.recvOps[nRecv].Reset(e.llHeader(kind, seq, st.Peer, st.Peer, false), dst, false)
+		a.idx, a.conn = nRecv, e.tr.Conn(st.Peer, 0)
+		nRecv++
+	}
+	e.active = append(e.active, a)
+	return nRecv, nil
+}
+
+// checkCount verifies an LL length announcement against the block length
+// this rank expects from the peer.
+func (e *engine) checkCount(a *activeOp) error {
+	if got := binary.LittleEndian.Uint64(a.dst); got != uint64(a.count) {
+		return fault.New(fault.ErrMismatch, a.peer, "rank %d sends %d bytes, this rank expects %d", a.peer, got, a.count)
 	}
 	return nil
 }
@@ -235,7 +360,17 @@ func (e *engine) progress(ctx context.Context, deadline, opStart time.Time) erro
 			var done bool
 			var err error
 			var before, after int
-			if a.send {
+			if a.slot {
+				before = a.load.Words
+				if a.load.Known {
+					before++
+				}
+				done, err = e.slots.Load(a.peer, e.llEpoch, e.llTag, a.dst, false, &a.load)
+				after = a.load.Words
+				if a.load.Known {
+					after++
+				}
+			} else if a.send {
 				op := &e.sendOps[a.idx]
 				before = op.Progress
 				done, err = a.conn.TrySend(op)
@@ -251,6 +386,11 @@ func (e *engine) progress(ctx context.Context, deadline, opStart time.Time) erro
 			}
 			if done {
 				a.done, moved = true, true
+				if a.announce {
+					if err := e.checkCount(a); err != nil {
+						return err
+					}
+				}
 				if a.into != nil {
 					// Reduce at once: the next round may forward this result,
 					// and the landed frame is still in cache.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"time"
 
+	"a2a/a2a/internal/fault"
 	"a2a/a2a/transport"
 )
 
@@ -85,4 +86,40 @@ func (m *mixedTransport) Close() error {
 		errs = append(errs, p.Close())
 	}
 	return errors.Join(errs...)
+}
+
+var _ transport.Slots = (*mixedTransport)(nil)
+
+// slotsOf is the one-sided window that reaches peer, or nil.
+func (m *mixedTransport) slotsOf(peer int) transport.Slots {
+	if peer < 0 || peer >= len(m.byPeer) || m.byPeer[peer] == nil {
+		return nil
+	}
+	s, _ := m.byPeer[peer].(transport.Slots)
+	return s
+}
+
+// SlotBytes is the LL slot capacity to peer: the shm part's for ranks on
+// this host, 0 for the others (their LL messages travel as frames).
+func (m *mixedTransport) SlotBytes(peer int) int {
+	if s := m.slotsOf(peer); s != nil {
+		return s.SlotBytes(peer)
+	}
+	return 0
+}
+
+func (m *mixedTransport) Store(peer int, epoch, tag uint32, data []byte) error {
+	s := m.slotsOf(peer)
+	if s == nil {
+		return fault.New(fault.ErrInvalidArgument, peer, "no LL slot to rank %d", peer)
+	}
+	return s.Store(peer, epoch, tag, data)
+}
+
+func (m *mixedTransport) Load(peer int, epoch, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
+	s := m.slotsOf(peer)
+	if s == nil {
+		return false, fault.New(fault.ErrInvalidArgument, peer, "no LL slot from rank %d", peer)
+	}
+	return s.Load(peer, epoch, tag, dst, anyLen, st)
 }

@@ -1,0 +1,189 @@
+package a2a
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// TestLL runs AllToAllV through the LL epoch/slot protocol: forced over shm
+// and over TCP (frames), and under auto selection where small blocks go LL
+// and larger ones by frames in the same call. Many back-to-back calls with
+// sizes changing every call show that no rank takes a previous epoch's data.
+func TestLL(t *testing.T) {
+	url := startNATS(t)
+	for _, tc := range []struct {
+		name      string
+		n         int
+		algo      string
+		transport string
+		llBytes   int
+		wantAlgo  string // LastAlgo after an exchange of small blocks
+	}{
+		{"ll-shm", 4, "ll", "", 0, "ll"},
+		{"ll-tcp", 3, "ll", "tcp", 0, "ll"},
+		{"auto-shm", 3, "", "", 64, "ll"},
+		{"auto-shm-off", 3, "", "", -1, ""},
+		{"forced-fullmesh", 3, "fullmesh", "", 0, "fullmesh"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			comms := group(t, url, tc.n, func(c *Config) {
+				c.Algo, c.Transport, c.LLBytes = tc.algo, tc.transport, tc.llBytes
+			})
+			rng := rand.New(rand.NewPCG(uint64(tc.n), 11))
+			for i := range 60 {
+				m := make([]int, tc.n*tc.n)
+				for k := range m {
+					switch i % 3 {
+					case 0:
+						m[k] = rng.IntN(40) // all LL
+					case 1:
+						m[k] = rng.IntN(300) // some above the auto cutoff of 64
+					default:
+						m[k] = rng.IntN(9000) // some above the slot
+					}
+				}
+				exchange(t, comms, m, i%4 == 3)
+			}
+			exchange(t, comms, matrixOf("giant", tc.n, rng), false)
+			exchange(t, comms, matrixOf("uniform", tc.n, rng), false)
+			small := make([]int, tc.n*tc.n)
+			for k := range small {
+				small[k] = 24
+			}
+			exchange(t, comms, small, false)
+			if tc.wantAlgo != "" {
+				for _, c := range comms {
+					if got := c.LastAlgo(); got != tc.wantAlgo {
+						t.Errorf("rank %d ran %s, want %s", c.Rank(), got, tc.wantAlgo)
+					}
+				}
+			} else if got := comms[0].LastAlgo(); got == "ll" {
+				t.Errorf("LL with LLBytes < 0 under auto selection")
+			}
+		})
+	}
+}
+
+// TestLLMismatch: ranks that disagree on a block's length, or run different
+// operations, fail with ErrMismatch in the LL round instead of hanging or
+// delivering wrong data.
+func TestLLMismatch(t *testing.T) {
+	url := startNATS(t)
+	for _, tc := range []struct {
+		name      string
+		transport string
+		sent, exp int // rank 1 sends rank 0 sent bytes; rank 0 expects exp
+	}{
+		{"shm-small-small", "", 10, 12},
+		{"shm-small-large", "", 10, 9000},
+		{"shm-large-small", "", 9000, 10},
+		{"shm-large-large", "", 9000, 9001},
+		{"tcp-small-small", "tcp", 10, 12},
+		{"tcp-small-large", "tcp", 10, 9000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			comms := group(t, url, 2, func(c *Config) { c.Algo, c.Transport = "ll", tc.transport })
+			start := time.Now()
+			errs := onAll(comms, func(c *Comm) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				sc, rc := []int{0, 0}, []int{0, 0}
+				if c.Rank() == 1 {
+					sc[0] = tc.sent
+				} else {
+					rc[1] = tc.exp
+				}
+				return c.AllToAllV(ctx, make([]byte, sum(sc)), sc, make([]byte, sum(rc)), rc)
+			})
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("released after %v", d)
+			}
+			if !errors.Is(errs[0], ErrMismatch) {
+				t.Errorf("rank 0: %v, want ErrMismatch", errs[0])
+			}
+			if errs[1] != nil && !errors.Is(errs[1], ErrAborted) {
+				t.Errorf("rank 1: %v, want nil or ErrAborted", errs[1])
+			}
+		})
+	}
+	t.Run("different-operations", func(t *testing.T) {
+		comms := group(t, url, 2, func(c *Config) { c.Algo = "ll" })
+		errs := onAll(comms, func(c *Comm) error {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if c.Rank() == 0 {
+				return c.AllReduce(ctx, make([]byte, 8), make([]byte, 8), Float32, Sum)
+			}
+			return c.AllToAll(ctx, make([]byte, 8), make([]byte, 8))
+		})
+		for r, err := range errs {
+			if !errors.Is(err, ErrMismatch) && !errors.Is(err, ErrAborted) {
+				t.Errorf("rank %d: %v, want ErrMismatch or ErrAborted", r, err)
+			}
+		}
+		if !errors.Is(errs[0], ErrMismatch) && !errors.Is(errs[1], ErrMismatch) {
+			t.Errorf("no rank saw the mismatch: %v", errs)
+		}
+	})
+}
+
+// BenchmarkLL compares the LL protocol with ring frames for small blocks on
+// shared memory (in-process ranks; `a2ad bench` measures processes).
+func BenchmarkLL(b *testing.B) {
+	url := startNATS(b)
+	for _, algo := range []string{"ll", "fullmesh"} {
+		for _, n := range []int{2, 4} {
+			comms := group(b, url, n, func(c *Config) { c.Algo = algo })
+			for _, size := range []int{8, 1024, 4096, 8192} {
+				b.Run(fmt.Sprintf("%s/n%d/%dB", algo, n, size), func(b *testing.B) {
+					benchAllToAll(b, comms, size)
+				})
+			}
+		}
+	}
+}
+
+// benchAllToAll times rank 0's AllToAll of size bytes per peer while the
+// other ranks run the same calls in goroutines.
+func benchAllToAll(b *testing.B, comms []*Comm, size int) {
+	n := len(comms)
+	ctx := context.Background()
+	bufs := make([][2][]byte, n)
+	for r := range bufs {
+		bufs[r] = [2][]byte{make([]byte, n*size), make([]byte, n*size)}
+	}
+	for range 10 {
+		mustAllB(b, onAllB(comms, func(c *Comm) error { return c.AllToAll(ctx, bufs[c.Rank()][0], bufs[c.Rank()][1]) }))
+	}
+	iters := b.N
+	done := make(chan error, n)
+	for r := 1; r < n; r++ {
+		go func() {
+			for range iters {
+				if err := comms[r].AllToAll(ctx, bufs[r][0], bufs[r][1]); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	b.SetBytes(int64(n * size))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range iters {
+		if err := comms[0].AllToAll(ctx, bufs[0][0], bufs[0][1]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	for r := 1; r < n; r++ {
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+	}
+}
