@@ -9,7 +9,7 @@ import (
 // Every choice depends only on what all ranks share (world, sizes every rank
 // passes identically, hosts, config), so the ranks agree without a round.
 func (c *Comm) planCollective(k *coll, a *algo.CollArgs) (algo.Algo, error) {
-	s, link := &c.sched, algo.DefaultLink()
+	s, link := &c.sched, c.links.Flat(c.numHosts)
 	switch k.name {
 	case "allreduce":
 		choice := c.allReduceAlgo

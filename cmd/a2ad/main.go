@@ -27,7 +27,9 @@ usage:
   a2ad bench [--op alltoallv|alltoall] [-n N] [--algo A] [--sizes MIN:MAX] [--dist D]
              [--iters I] [--warmup W] [--check] [--json] [--nats URL]
   a2ad demo [-n N] [--steps S]
-  a2ad plan [--algo A] [-n N] [--dist D] [--sizes S]   print schedules and estimated times, run nothing
+  a2ad plan [--algo A] [-n N] [--dist D] [--sizes S] [--hosts H] [--links FILE]
+             print schedules and estimated times, run nothing
+  a2ad tune [-n N] [--out FILE]   measure the link table (alpha, beta per link class)
 
 Run "a2ad COMMAND -h" for a command's flags.
 `
@@ -47,6 +49,7 @@ func main() {
 		"demo":  cmdDemo,
 		"pin":   cmdPin,
 		"plan":  cmdPlan,
+		"tune":  cmdTune,
 	}
 	name := os.Args[1]
 	if name == "-h" || name == "--help" || name == "help" {

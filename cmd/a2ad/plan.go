@@ -26,8 +26,17 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	rank := fs.Int("rank", 0, "rank whose schedule is printed")
 	rounds := fs.Int("rounds", 6, "rounds of the schedule printed (0: none, -1: all)")
 	hosts := fs.Int("hosts", 1, "hosts the ranks are spread over (consecutive ranks per host)")
+	linksFile := fs.String("links", "", "link table written by `a2ad tune` (default: built-in)")
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
+	}
+	links := algo.DefaultLinks()
+	if *linksFile != "" {
+		l, err := algo.LoadLinks(*linksFile)
+		if err != nil {
+			return usageError{err}
+		}
+		links = l
 	}
 	szs, err := parseSizes(*sizes)
 	if err != nil {
@@ -58,7 +67,7 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 		}
 		cands = append(cands, a)
 	}
-	link := algo.DefaultLink()
+	link := links.Flat(*hosts)
 	var s algo.Schedule
 	hostOf := make([]int, *n)
 	for r := range hostOf {
@@ -72,11 +81,11 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 			send[j], recv[j] = m[*rank**n+j], m[j**n+*rank]
 		}
 		chosen := algo.ChooseAllToAllVMatrix(*n, *hosts, *streams, *window, m, link)
-		fmt.Printf("# plan n=%d size=%d dist=%s streams=%d window=%d hosts=%d link alpha=%.1fus beta=%.2fGB/s: auto picks %s\n",
-			*n, size, d, *streams, *window, *hosts, link.Alpha*1e6, 1/link.Beta/1e9, chosen)
+		fmt.Printf("# plan n=%d size=%d dist=%s streams=%d window=%d hosts=%d links local alpha=%.1fus beta=%.2fGB/s remote alpha=%.1fus beta=%.2fGB/s: auto picks %s\n",
+			*n, size, d, *streams, *window, *hosts, links.Local.Alpha*1e6, 1/links.Local.Beta/1e9, links.Remote.Alpha*1e6, 1/links.Remote.Beta/1e9, chosen)
 		for _, a := range cands {
 			args := algo.AllToAllVArgs{Rank: *rank, World: *n, SendCounts: send, RecvCounts: recv, Streams: *streams, Window: *window}
-			est := "         -" // staged needs per-link-class costs (not modelled yet)
+			var est string
 			var err error
 			switch a {
 			case algo.AlgoPairwise:
@@ -88,6 +97,7 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 				est = fmt.Sprintf("%10.1f", algo.EstimateSkew(m, *n, 1, link)*1e6)
 			case algo.AlgoStaged:
 				err = algo.PlanStaged(&s, algo.StagedArgs{Rank: *rank, World: *n, Matrix: m, Hosts: hostOf, Streams: *streams})
+				est = fmt.Sprintf("%10.1f", algo.EstimateStaged(m, hostOf, links)*1e6)
 			}
 			if err != nil {
 				return err

@@ -1,0 +1,158 @@
+package a2a
+
+import (
+	"context"
+	"encoding/binary"
+	"math"
+	"time"
+
+	"a2a/a2a/algo"
+	"a2a/a2a/internal/fault"
+)
+
+// Link table settings (Config.Links).
+const (
+	LinksDefault = ""      // the built-in algo.DefaultLinks
+	LinksProbe   = "probe" // measured at join by rank 0 against one peer of each class
+)
+
+// Probe sizes and repetitions: enough to average out scheduling noise on a
+// small machine, little enough that a probing join costs a few milliseconds.
+const (
+	probeSmall      = 8
+	probeLarge      = 256 << 10
+	probeSmallReps  = 40
+	probeLargeReps  = 8
+	probeWarmupReps = 4
+)
+
+// Links returns the link table every rank of the communicator agreed on at
+// join (rank 0's): what the cost model prices algorithms with.
+func (c *Comm) Links() algo.Links { return c.links }
+
+// agreeLinks gives every rank rank 0's link table: the built-in defaults, a
+// file written by `a2ad tune` (Config.Links is its path), or one rank 0
+// measures now ("probe") by ping-pong with its first peer of each link
+// class. Rank 0 broadcasts what it probes, then the table, so every rank
+// prices candidates identically even when their settings differ.
+func (c *Comm) agreeLinks(ctx context.Context) error {
+	c.links = algo.DefaultLinks()
+	if c.rank == 0 && c.cfg.Links != LinksDefault && c.cfg.Links != LinksProbe {
+		l, err := algo.LoadLinks(c.cfg.Links)
+		if err != nil {
+			return fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "A2A_LINKS")
+		}
+		c.links = l
+	}
+	if c.size < 2 {
+		return nil
+	}
+	// The join's own operations are not the user's: keep them out of the
+	// observer's figures.
+	obs := c.cfg.Observer
+	c.cfg.Observer = nil
+	defer func() { c.cfg.Observer = obs }()
+
+	plan := make([]byte, 24) // probe?, local peer, remote peer
+	local, remote := -1, -1
+	if c.rank == 0 && c.cfg.Links == LinksProbe {
+		for r := 1; r < c.size; r++ {
+			if c.hosts[r] == c.hosts[0] && local < 0 {
+				local = r
+			}
+			if c.hosts[r] != c.hosts[0] && remote < 0 {
+				remote = r
+			}
+		}
+		binary.LittleEndian.PutUint64(plan[0:], 1)
+		binary.LittleEndian.PutUint64(plan[8:], uint64(int64(local)))
+		binary.LittleEndian.PutUint64(plan[16:], uint64(int64(remote)))
+	}
+	if err := c.Broadcast(ctx, plan, 0); err != nil {
+		return err
+	}
+	if binary.LittleEndian.Uint64(plan[0:]) == 1 {
+		local = int(int64(binary.LittleEndian.Uint64(plan[8:])))
+		remote = int(int64(binary.LittleEndian.Uint64(plan[16:])))
+		for _, p := range []struct {
+			peer int
+			link *algo.Link
+		}{{local, &c.links.Local}, {remote, &c.links.Remote}} {
+			if p.peer < 0 || (c.rank != 0 && c.rank != p.peer) {
+				continue
+			}
+			l, err := c.probeLink(ctx, p.peer)
+			if err != nil {
+				return err
+			}
+			if c.rank == 0 {
+				*p.link = l
+			}
+		}
+	}
+	table := make([]byte, 48)
+	if c.rank == 0 {
+		for i, v := range []float64{c.links.Local.Alpha, c.links.Local.Beta, float64(c.links.Local.Lanes),
+			c.links.Remote.Alpha, c.links.Remote.Beta, float64(c.links.Remote.Lanes)} {
+			binary.LittleEndian.PutUint64(table[8*i:], math.Float64bits(v))
+		}
+	}
+	if err := c.Broadcast(ctx, table, 0); err != nil {
+		return err
+	}
+	f := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64(table[8*i:])) }
+	c.links = algo.Links{
+		Local:  algo.Link{Alpha: f(0), Beta: f(1), Lanes: int(f(2))},
+		Remote: algo.Link{Alpha: f(3), Beta: f(4), Lanes: int(f(5))},
+	}
+	return nil
+}
+
+// probeLink runs rank 0's ping-pong with peer (rank 0 measures; peer echoes)
+// and returns, on rank 0, the link it saw: Alpha is half the small round
+// trip, Beta the extra half round trip of a large message per byte.
+func (c *Comm) probeLink(ctx context.Context, peer int) (algo.Link, error) {
+	buf := make([]byte, probeLarge)
+	other := peer
+	if c.rank != 0 {
+		other = 0
+	}
+	pingPong := func(size, reps int) (time.Duration, error) {
+		var total time.Duration
+		for i := range probeWarmupReps + reps {
+			start := time.Now()
+			if c.rank == 0 {
+				if err := c.Send(ctx, buf[:size], other, i); err != nil {
+					return 0, err
+				}
+				if _, err := c.Recv(ctx, buf[:size], other, i); err != nil {
+					return 0, err
+				}
+			} else {
+				if _, err := c.Recv(ctx, buf[:size], other, i); err != nil {
+					return 0, err
+				}
+				if err := c.Send(ctx, buf[:size], other, i); err != nil {
+					return 0, err
+				}
+			}
+			if i >= probeWarmupReps {
+				total += time.Since(start)
+			}
+		}
+		return total / time.Duration(reps), nil
+	}
+	small, err := pingPong(probeSmall, probeSmallReps)
+	if err != nil {
+		return algo.Link{}, err
+	}
+	large, err := pingPong(probeLarge, probeLargeReps)
+	if err != nil {
+		return algo.Link{}, err
+	}
+	alpha := small.Seconds() / 2
+	// A large message that came back faster than a small one (noise) still
+	// gets a positive, finite Beta.
+	beta := max((large.Seconds()/2-alpha)/probeLarge, 1e-12)
+	return algo.Link{Alpha: alpha, Beta: beta, Lanes: 1}, nil
+}
