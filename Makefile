@@ -35,7 +35,7 @@ unit: build
 	$(GO) test -count=1 -race -timeout 300s $(RACE_PKGS)
 
 # Multi-host test bed: H network namespaces joined by a bridge (root; installs iproute2).
-TESTBED := ./scripts/testbed.sh -H 4 -L 2 --bench-sizes 1K,64K --algos pairwise,fullmesh,staged,skew
+TESTBED := ./scripts/testbed.sh -H 4 -L 2 --bench-sizes 1K,64K --algos pairwise,fullmesh,staged,skew,ll
 
 test-hosts: build
 	$(TESTBED)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"a2a/a2a/algo"
 	"bufio"
 	"bytes"
 	"context"
@@ -334,5 +335,38 @@ func TestBenchCollectives(t *testing.T) {
 				t.Errorf("%s row %q", op, line)
 			}
 		}
+	}
+}
+
+// TestTuneAndPlanWithLinks: `a2ad tune` measures a link table that loads
+// back, and `a2ad plan --links` prices every candidate with it, staged too.
+func TestTuneAndPlanWithLinks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	file := filepath.Join(t.TempDir(), "links.json")
+	if out, err := a2ad(t, ctx, "tune", "-n", "3", "--out", file).CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	links, err := algo.LoadLinks(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if links == algo.DefaultLinks() {
+		t.Errorf("tune wrote the built-in table %+v", links)
+	}
+	out, err := a2ad(t, ctx, "plan", "-n", "8", "--hosts", "2", "--sizes", "1K", "--rounds", "0", "--links", file).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "staged") && strings.Contains(line, " - ") {
+			t.Errorf("staged not priced: %s", line)
+		}
+	}
+	if !strings.Contains(string(out), "staged    estimated") {
+		t.Errorf("no staged estimate:\n%s", out)
+	}
+	if out, err := a2ad(t, ctx, "plan", "--links", filepath.Join(t.TempDir(), "missing.json")).CombinedOutput(); err == nil {
+		t.Errorf("missing link table accepted:\n%s", out)
 	}
 }
