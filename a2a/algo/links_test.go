@@ -3,6 +3,7 @@ package algo
 import (
 	"encoding/json"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
@@ -71,5 +72,39 @@ func TestLinksFile(t *testing.T) {
 	}
 	if DefaultLinks().Flat(1) != DefaultLinks().Local || DefaultLinks().Flat(3) != DefaultLinks().Remote {
 		t.Error("Flat picks the wrong class")
+	}
+}
+
+// TestLowerBound: no priced schedule beats LowerBoundAllToAllV, and the
+// bound is the busiest rank's traffic.
+func TestLowerBound(t *testing.T) {
+	link := Link{Alpha: 1e-6, Beta: 1e-9, Lanes: 1}
+	m := []int{
+		5, 10, 0,
+		1, 7, 2,
+		30, 0, 9,
+	}
+	// Rank 0 receives 31 bytes from others, more than any row or column.
+	if got, want := LowerBoundAllToAllV(m, 3, link), 1e-6+31e-9; math.Abs(got-want) > 1e-15 {
+		t.Errorf("bound %v, want %v", got, want)
+	}
+	if !math.IsInf(LowerBoundAllToAllV(m, 2, link), 1) {
+		t.Error("malformed matrix priced")
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 300 {
+		p := 2 + rng.IntN(12)
+		mat := generators[i%len(generators)].gen(rng, p, 1<<16)
+		lb := LowerBoundAllToAllV(mat, p, link)
+		for _, a := range []Algo{AlgoPairwise, AlgoFullmesh} {
+			if est := EstimateAllToAllV(a, mat, p, 1, 0, link); est < lb*(1-1e-12) {
+				t.Fatalf("%v estimated %v below the bound %v for %v", a, est, lb, mat)
+			}
+		}
+		if p <= SkewMaxWorld {
+			if est := EstimateSkew(mat, p, 1, link); est < lb*(1-1e-12) {
+				t.Fatalf("skew estimated %v below the bound %v for %v", est, lb, mat)
+			}
+		}
 	}
 }

@@ -2,6 +2,7 @@ package algo
 
 import (
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -196,4 +197,27 @@ func ChooseAllToAllVMatrix(world, hosts, streams, window int, matrix []int, link
 		return AlgoSkew
 	}
 	return ChooseAllToAllV(world, streams, window, matrix, link)
+}
+
+// LowerBoundAllToAllV is the time no AllToAllV schedule can beat under link:
+// the busiest rank's bytes sent or received to or from other ranks (the
+// largest off-diagonal row or column sum) at full bandwidth, plus one Alpha.
+// Skew-aware ordering aims at it; when plain pairwise is already close (a
+// hot receiver bounds every schedule), no ordering can gain much.
+func LowerBoundAllToAllV(matrix []int, world int, link Link) float64 {
+	if world < 1 || len(matrix) != world*world {
+		return math.Inf(1)
+	}
+	busiest := 0
+	for i := range world {
+		row, col := 0, 0
+		for j := range world {
+			if j != i {
+				row += matrix[i*world+j]
+				col += matrix[j*world+i]
+			}
+		}
+		busiest = max(busiest, row, col)
+	}
+	return link.Alpha + float64(link.Beta*float64(busiest))
 }

@@ -110,6 +110,7 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 				printRounds(s.String(), *rounds)
 			}
 		}
+		fmt.Printf("lower bound %10.1f us (busiest rank's bytes at full bandwidth)\n", algo.LowerBoundAllToAllV(m, *n, link)*1e6)
 		fmt.Printf("# planned in %v\n", time.Since(start).Round(time.Microsecond))
 	}
 	return nil
