@@ -34,6 +34,9 @@ type engine struct {
 	spin    time.Duration
 	yield   time.Duration
 	stopped func() error // abort cause or nil, checked while waiting
+	// sharedProcess: other ranks are goroutines of this process, which a
+	// waiting rank must let run too.
+	sharedProcess bool
 
 	sendOps []transport.SendOp
 	recvOps []transport.RecvOp
@@ -454,6 +457,9 @@ func (e *engine) progress(ctx context.Context, deadline, opStart time.Time) erro
 			return err
 		}
 		if idle < e.spin+e.yield {
+			if e.sharedProcess {
+				runtime.Gosched() // sched_yield alone keeps this goroutine's P
+			}
 			schedYield() // let an oversubscribed peer rank run on this core
 			continue
 		}
