@@ -27,6 +27,16 @@ func (st Step) String() string {
 			with = fmt.Sprintf(" with %v[%d:%d]%s", st.With.Buf, st.With.Off, st.With.End(), order)
 		}
 		return fmt.Sprintf("recvreduce %v[%d:%d] from %d stream %d into %v[%d:%d]%s%s", st.Src.Buf, st.Src.Off, st.Src.End(), st.Peer, st.Stream, st.Dst.Buf, st.Dst.Off, st.Dst.End(), with, last)
+	case StepStore:
+		if st.CountOnly {
+			return fmt.Sprintf("store length %d to %d", st.Src.Len, st.Peer)
+		}
+		return fmt.Sprintf("store %v[%d:%d] to %d", st.Src.Buf, st.Src.Off, st.Src.End(), st.Peer)
+	case StepLoad:
+		if st.CountOnly {
+			return fmt.Sprintf("load length %d from %d", st.Dst.Len, st.Peer)
+		}
+		return fmt.Sprintf("load %v[%d:%d] from %d", st.Dst.Buf, st.Dst.Off, st.Dst.End(), st.Peer)
 	default:
 		return fmt.Sprintf("%v %v[%d:%d] -> %v[%d:%d]", st.Kind, st.Src.Buf, st.Src.Off, st.Src.End(), st.Dst.Buf, st.Dst.Off, st.Dst.End())
 	}
@@ -49,7 +59,16 @@ func (s *Schedule) Describe(w io.Writer) error {
 		}
 		tot[StepRecv] += tot[StepRecvReduce]
 		tot[StepReduce] += tot[StepRecvReduce]
+		ll := 0
+		for _, st := range steps {
+			if (st.Kind == StepStore || st.Kind == StepLoad) && !st.CountOnly {
+				ll += st.Src.Len + st.Dst.Len
+			}
+		}
 		ew.printf("round %d: send %d B, recv %d B, copy %d B", i, tot[StepSend], tot[StepRecv], tot[StepCopy])
+		if ll > 0 {
+			ew.printf(", LL %d B", ll)
+		}
 		if tot[StepReduce] > 0 {
 			ew.printf(", reduce %d B", tot[StepReduce])
 		}
@@ -71,6 +90,16 @@ func (s *Schedule) Describe(w io.Writer) error {
 				ew.printf("  recv <- %d: %d B in %s\n", st.Peer, bytes, frames)
 			case StepRecvReduce:
 				ew.printf("  recvreduce <- %d: %d B in %s into %v\n", st.Peer, bytes, frames, st.Dst.Buf)
+			case StepStore, StepLoad:
+				dir, what := "store ->", "B"
+				if st.Kind == StepLoad {
+					dir = "load <-"
+				}
+				if st.CountOnly {
+					what = "B by frames (length only)"
+				}
+				ew.printf("  %s %d: %d %s\n", dir, st.Peer, bytes, what)
+				k = j + 1
 			default:
 				ew.printf("  %v %v -> %v: %d B\n", st.Kind, st.Src.Buf, st.Dst.Buf, bytes)
 				k = j + 1
@@ -89,7 +118,7 @@ func (s *Schedule) String() string {
 }
 
 func stepBytes(st Step) int {
-	if st.Kind == StepSend || st.Kind == StepRecvReduce {
+	if st.Kind == StepSend || st.Kind == StepRecvReduce || st.Kind == StepStore {
 		return st.Src.Len
 	}
 	return st.Dst.Len

@@ -1,6 +1,9 @@
 package algo
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // PlanLL plans an AllToAllV on the LL epoch/slot protocol (seeds 001 §4.2 and
 // 003, NCCL's LL and DeepEP's low-latency kernels): every block of at most
@@ -21,4 +24,40 @@ func PlanLL(s *Schedule, a AllToAllVArgs) error {
 	}
 	s.Algo = AlgoLL
 	return nil
+}
+
+// EstimateLL prices PlanLL when every pair has the same cutoff, in seconds:
+// one round for the LL messages (Alpha plus the busiest rank's LL bytes,
+// doubled because every 4 payload bytes travel in an 8-byte word), then, if
+// any block is larger than cutoff, the fullmesh estimate of those blocks.
+// It allocates (a matrix of the larger blocks); the plan tool uses it.
+func EstimateLL(matrix []int, world, streams, window, cutoff int, link Link) float64 {
+	m, ok := newCounts(matrix, world)
+	if !ok {
+		return math.Inf(1)
+	}
+	rest := make([]int, world*world)
+	large, busiest := false, 0
+	for i := range world {
+		sent, recvd := 0, 0
+		for j := range world {
+			if i == j {
+				continue
+			}
+			if n := m.at(i, j); n <= cutoff {
+				sent += n
+			} else {
+				rest[i*world+j], large = n, true
+			}
+			if n := m.at(j, i); n <= cutoff {
+				recvd += n
+			}
+		}
+		busiest = max(busiest, sent, recvd)
+	}
+	t := link.Alpha + float64(link.Beta*float64(2*busiest))
+	if large {
+		t += EstimateAllToAllV(AlgoFullmesh, rest, world, streams, window, link)
+	}
+	return t
 }

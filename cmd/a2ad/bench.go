@@ -41,7 +41,7 @@ type benchFlags struct {
 func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.op, "op", "alltoallv", "operation: alltoallv | alltoall | allreduce | reducescatter | allgather | broadcast | reduce | gather | scatter | barrier")
 	fs.IntVar(&f.n, "n", 2, "ranks")
-	fs.StringVar(&f.algo, "algo", "", "algorithm: pairwise | fullmesh (default: auto)")
+	fs.StringVar(&f.algo, "algo", "", "AllToAllV algorithm: pairwise | fullmesh | staged | skew | ll (default: auto)")
 	fs.StringVar(&f.sizes, "sizes", "8:1M", "per-peer bytes: MIN:MAX (x2 steps) or a comma list")
 	fs.StringVar(&f.dist, "dist", "uniform", "traffic: uniform | zipf:S | lognormal:SIGMA | hot:F")
 	fs.IntVar(&f.iters, "iters", 1000, "maximum timed iterations per size")

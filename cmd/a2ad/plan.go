@@ -16,7 +16,8 @@ import (
 // the cost model, and the one auto selection picks.
 func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
-	algos := fs.String("algo", "all", "candidates: all, or a comma list of pairwise, fullmesh, skew, staged")
+	algos := fs.String("algo", "all", "candidates: all, or a comma list of pairwise, fullmesh, skew, staged, ll")
+	llBytes := fs.Int("ll-bytes", 512, "LL cutoff for the ll candidate (the shm slot size by default)")
 	n := fs.Int("n", 8, "ranks")
 	sizes := fs.String("sizes", "64K", "per-peer bytes: MIN:MAX (x2 steps) or a comma list")
 	distFlag := fs.String("dist", "uniform", "traffic: uniform | zipf:S | lognormal:SIGMA | hot:F")
@@ -52,7 +53,7 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	var cands []algo.Algo
 	for _, name := range strings.Split(*algos, ",") {
 		if name == "all" {
-			cands = append(cands, algo.AlgoPairwise, algo.AlgoFullmesh)
+			cands = append(cands, algo.AlgoPairwise, algo.AlgoFullmesh, algo.AlgoLL)
 			if *n <= algo.SkewMaxWorld {
 				cands = append(cands, algo.AlgoSkew)
 			}
@@ -62,8 +63,8 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 			continue
 		}
 		a, err := algo.ParseAlgo(name)
-		if err != nil || (a != algo.AlgoPairwise && a != algo.AlgoFullmesh && a != algo.AlgoSkew && a != algo.AlgoStaged) {
-			return usagef("--algo %q: pairwise, fullmesh, skew or staged", name)
+		if err != nil || (a != algo.AlgoPairwise && a != algo.AlgoFullmesh && a != algo.AlgoSkew && a != algo.AlgoStaged && a != algo.AlgoLL) {
+			return usagef("--algo %q: pairwise, fullmesh, skew, staged or ll", name)
 		}
 		cands = append(cands, a)
 	}
@@ -95,6 +96,15 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 			case algo.AlgoSkew:
 				err = algo.PlanSkew(&s, algo.SkewArgs{Rank: *rank, World: *n, Matrix: m, Streams: *streams, Window: 1})
 				est = fmt.Sprintf("%10.1f", algo.EstimateSkew(m, *n, 1, link)*1e6)
+			case algo.AlgoLL:
+				cut := make([]int, *n)
+				for j := range cut {
+					cut[j] = *llBytes
+				}
+				cut[*rank] = -1
+				args.LLCutoff = cut
+				err = algo.PlanLL(&s, args)
+				est = fmt.Sprintf("%10.1f", algo.EstimateLL(m, *n, *streams, *window, *llBytes, links.Local)*1e6)
 			case algo.AlgoStaged:
 				err = algo.PlanStaged(&s, algo.StagedArgs{Rank: *rank, World: *n, Matrix: m, Hosts: hostOf, Streams: *streams})
 				est = fmt.Sprintf("%10.1f", algo.EstimateStaged(m, hostOf, links)*1e6)
