@@ -309,7 +309,6 @@ func HostIdentity() string {
 	return fmt.Sprintf("%s/%.8s/%s", name, strings.TrimSpace(string(boot)), strings.TrimSuffix(strings.TrimPrefix(netns, "net:["), "]"))
 }
 
-
 // Waiting defaults (Config.Spin, Config.Yield).
 const (
 	defaultSpin = 50 * time.Microsecond // busy-poll before yielding the core
