@@ -2,12 +2,13 @@
 # testbed.sh: a multi-host a2a job on one machine, each "host" a network namespace.
 #
 #   scripts/testbed.sh [-H HOSTS] [-L RANKS_PER_HOST] [--delay D] [--rate R] [--a2ad PATH]
-#                      [--algos A,B] [--bench-sizes S] [--bench-dist D] [--check-only]
-#                      [--timeout SECS] [--keep-logs]
+#                      [--algos A,B] [--bench-sizes S] [--bench-dist D] [--bench-counts C]
+#                      [--check-only] [--timeout SECS] [--keep-logs]
 #
 # Topology (nothing outside these namespaces is touched; needs root):
 #
-#   netns a2a-tb-<pid>-br        bridge br0, ports vh0..vh<H-1>, no address
+#   netns a2a-tb-<pid>-br        bridge br0, ports vh0..vh<H-1>, no address (or, for --delay
+#                                without netem, the user-space delay line on vh0..vh<H-1>)
 #   netns a2a-tb-<pid>-h<i>      lo + eth0 (veth; its peer is vh<i> in the bridge namespace),
 #                                address 10.77.<pid%256>.<i+1>/24
 #
@@ -20,8 +21,13 @@
 # the speed of every host's link in each direction. Both are applied as `tc netem delay D/2
 # rate R` on both ends of each host's link (egress of eth0 in the host namespace and egress
 # of vh<i> in the bridge namespace): a host's traffic to another crosses its own eth0 and the
-# other's vh, D/2 each. Ranks of one host talk over lo, unshaped. --rate without --delay
-# uses tbf when the kernel lacks netem; --delay needs sch_netem (exit 2 without it).
+# other's vh, D/2 each. Ranks of one host talk over lo, unshaped. Without sch_netem, --rate
+# uses tbf on the same link ends, and --delay replaces the bridge with the user-space delay
+# line internal/cmd/delayswitch (built with go into the log directory, run in the bridge
+# namespace): an L2 learning switch over AF_PACKET sockets on vh0..vh<H-1> that forwards
+# every frame D after it arrived, so host-to-host frames, which cross it once, take D. It
+# reports the measured round trip h0-h1 at setup and its own counters, lateness and CPU use
+# at the end; DELAYSWITCH_FLAGS (e.g. "--spin 0 --rtprio 0") tune it.
 #
 # Steps: namespaces and links; `a2ad serve` (NATS + control service) in h0 on
 # 10.77.x.1:4222; correctness: for every algorithm of --algos an AllToAllV bench with --check
@@ -37,7 +43,8 @@
 # script sets A2A_SPIN=-1ns (no busy-polling) unless A2A_SPIN is set.
 #
 # Exit status: 0 all checks passed; 1 a check failed; 2 usage or setup error (not root,
-# iproute2 missing after trying to install it, no netns, no netem for --delay, ...);
+# iproute2 missing after trying to install it, no netns, no netem and no go to build the
+# delay line for --delay, ...);
 # 128+N when stopped by signal N (after teardown).
 set -uo pipefail
 
@@ -49,6 +56,7 @@ A2AD=""
 ALGOS="pairwise,fullmesh"
 BENCH_SIZES="1K,64K"
 BENCH_DIST="uniform"
+BENCH_COUNTS="known"
 CHECK_ONLY=0
 TIMEOUT=120
 KEEP_LOGS=0
@@ -58,12 +66,17 @@ usage() {
 	cat <<'EOF'
   -H HOSTS             network namespaces ("hosts"), default 4
   -L RANKS_PER_HOST    ranks started in each, default 2
-  --delay D            one-way host-to-host latency, e.g. 200us, 1ms (tc netem)
+  --delay D            one-way host-to-host latency, e.g. 200us, 1ms (tc netem, else
+                       the user-space delay line)
   --rate R             link speed per host and direction, e.g. 1gbit, 100mbit
   --a2ad PATH          a2ad binary, default bin/a2ad of this repository (make build)
   --algos A,B          AllToAllV algorithms to check and benchmark, default pairwise,fullmesh
   --bench-sizes S      per-peer sizes of the benchmark (a2ad bench --sizes), default 1K,64K
   --bench-dist D       traffic of the benchmark (a2ad bench --dist), default uniform
+  --bench-counts C     how the benchmark's ranks know the counts (a2ad bench --counts):
+                       known (default; staged then gathers the matrix in-band every
+                       call), matrix (AllToAllVMatrix: staged gets it from the caller),
+                       nats or inband
   --check-only         correctness only, no benchmark
   --timeout SECS       limit of one job (all hosts), default 120
   --keep-logs          keep the per-host logs (their directory is printed)
@@ -116,6 +129,7 @@ while [ $# -gt 0 ]; do
 	--algos) need_arg "$opt" $#; ALGOS=$2; shift 2 ;;
 	--bench-sizes) need_arg "$opt" $#; BENCH_SIZES=$2; shift 2 ;;
 	--bench-dist) need_arg "$opt" $#; BENCH_DIST=$2; shift 2 ;;
+	--bench-counts) need_arg "$opt" $#; BENCH_COUNTS=$2; shift 2 ;;
 	--check-only) CHECK_ONLY=1; shift ;;
 	--timeout) need_arg "$opt" $#; TIMEOUT=$2; shift 2 ;;
 	--keep-logs) KEEP_LOGS=1; shift ;;
@@ -135,6 +149,10 @@ if ! is_uint "$TIMEOUT" || [ "$TIMEOUT" -lt 1 ]; then
 	die 2 "--timeout $TIMEOUT: seconds >= 1"
 fi
 [ -n "$ALGOS" ] || die 2 "--algos is empty"
+case $BENCH_COUNTS in
+known | matrix | nats | inband) ;;
+*) die 2 "--bench-counts $BENCH_COUNTS: known, matrix, nats or inband" ;;
+esac
 IFS=, read -r -a ALGO_LIST <<<"$ALGOS"
 for a in "${ALGO_LIST[@]}"; do
 	[[ $a =~ ^[a-z0-9_-]+$ ]] || die 2 "--algos: bad algorithm name '$a'"
@@ -316,7 +334,9 @@ shape() {
 		setup tc -n "$ns" qdisc replace dev "$dev" root "${args[@]}"
 		return 0
 	fi
-	# tbf: burst of 1 ms at the rate (at least 64 KiB so one GSO packet fits).
+	# Without netem the delay is the delay line's (USER_DELAY); tbf shapes the rate:
+	# burst of 1 ms at the rate (at least 64 KiB so one GSO packet fits).
+	[ -n "$RATE" ] || return 0
 	local burst=$((RATE_BPS / 1000))
 	[ "$burst" -ge 65536 ] || burst=65536
 	setup tc -n "$ns" qdisc replace dev "$dev" root tbf rate "$RATE" burst "$burst" latency 100ms
@@ -329,18 +349,31 @@ setup ip -n "$BRNS" link add br0 type bridge
 setup ip -n "$BRNS" link set br0 up
 
 # netem shapes when the kernel has it (probed on br0, which carries no shaping itself);
-# without it --delay is impossible and --rate falls back to tbf.
+# without it --delay takes the user-space delay line instead of the bridge and --rate
+# falls back to tbf.
 USE_NETEM=0
+USER_DELAY=0
 if [ -n "$DELAY$RATE" ]; then
 	modprobe sch_netem >/dev/null 2>&1 # built in, or no modules at all: the probe decides
 	if tc -n "$BRNS" qdisc replace dev br0 root netem delay 1us >/dev/null 2>&1; then
 		USE_NETEM=1
 		setup tc -n "$BRNS" qdisc del dev br0 root
-	elif [ -n "$DELAY" ]; then
-		die 2 "--delay needs tc netem, which this kernel lacks (CONFIG_NET_SCH_NETEM / module sch_netem)"
 	else
-		warn "this kernel lacks tc netem: shaping --rate $RATE with tbf"
+		[ -n "$RATE" ] && warn "this kernel lacks tc netem: shaping --rate $RATE with tbf"
+		[ -n "$DELAY" ] && USER_DELAY=1
 	fi
+fi
+SWITCH=""
+SWITCH_PID=""
+if [ "$USER_DELAY" = 1 ]; then
+	GO=${GO:-go}
+	command -v "$GO" >/dev/null 2>&1 ||
+		die 2 "--delay: this kernel lacks tc netem (CONFIG_NET_SCH_NETEM / module sch_netem) and there is no go ($GO) to build the user-space delay line"
+	SWITCH=$LOGDIR/delayswitch
+	if ! out=$(cd "$ROOT" && "$GO" build -o "$SWITCH" ./internal/cmd/delayswitch 2>&1); then
+		die 2 "--delay: building the user-space delay line failed: $out"
+	fi
+	setup ip -n "$BRNS" link del br0 # the delay line is the switch
 fi
 for ((i = 0; i < HOSTS; i++)); do
 	ns=$(host_ns "$i")
@@ -350,15 +383,41 @@ for ((i = 0; i < HOSTS; i++)); do
 	setup ip -n "$ns" link add eth0 type veth peer name "vh$i" netns "$BRNS"
 	setup ip -n "$ns" addr add "$(host_ip "$i")/24" dev eth0
 	setup ip -n "$ns" link set eth0 up
-	setup ip -n "$BRNS" link set "vh$i" master br0
+	[ "$USER_DELAY" = 1 ] || setup ip -n "$BRNS" link set "vh$i" master br0
 	setup ip -n "$BRNS" link set "vh$i" up
 	shape "$ns" eth0
 	shape "$BRNS" "vh$i"
 done
+# The delay line: every frame between two hosts leaves it DELAY after it arrived. It runs
+# in the bridge namespace, so teardown kills it with everything else there; it also dies
+# with this shell (parent-death signal). Real-time priority: the wire's delay should not
+# depend on how busy the hosts' ranks keep the cores (a SCHED_FIFO thread that sleeps
+# between frames and spins at most --spin before one).
+if [ "$USER_DELAY" = 1 ]; then
+	ports=()
+	for ((i = 0; i < HOSTS; i++)); do
+		ports+=("vh$i")
+	done
+	read -r -a switch_flags <<<"${DELAYSWITCH_FLAGS:-}"
+	"${PDEATH[@]}" ip netns exec "$BRNS" "$SWITCH" --delay "${DELAY_US}us" --rtprio 10 "${switch_flags[@]}" \
+		"${ports[@]}" >"$LOGDIR/delayswitch.log" 2>&1 &
+	SWITCH_PID=$!
+	PIDS+=("$SWITCH_PID")
+	deadline=$((SECONDS + 5))
+	until grep -q '^delayswitch: ready' "$LOGDIR/delayswitch.log"; do
+		kill -0 "$SWITCH_PID" 2>/dev/null || die 2 "the delay line exited: $(tail -n 5 "$LOGDIR/delayswitch.log")"
+		[ "$SECONDS" -lt "$deadline" ] || die 2 "the delay line is not ready after 5s: $(tail -n 5 "$LOGDIR/delayswitch.log")"
+		sleep 0.05
+	done
+fi
 SHAPING="none"
 if [ -n "$DELAY$RATE" ]; then
-	SHAPING="${DELAY:+delay $DELAY one-way ($HALF_DELAY per link end)}${DELAY:+${RATE:+, }}${RATE:+rate $RATE per direction}"
-	[ "$USE_NETEM" = 1 ] && SHAPING+=" (netem)" || SHAPING+=" (tbf)"
+	if [ "$USER_DELAY" = 1 ]; then
+		SHAPING="delay $DELAY one-way (user-space delay line)${RATE:+, rate $RATE per direction (tbf)}"
+	else
+		SHAPING="${DELAY:+delay $DELAY one-way ($HALF_DELAY per link end)}${DELAY:+${RATE:+, }}${RATE:+rate $RATE per direction}"
+		[ "$USE_NETEM" = 1 ] && SHAPING+=" (netem)" || SHAPING+=" (tbf)"
+	fi
 fi
 # Every "host" runs on this machine's cores: a rank's automatic spin decision sees only its
 # own host's ranks, so with more ranks in all than cores spinning ranks would starve the
@@ -387,6 +446,23 @@ for ((i = 0; i < HOSTS; i++)); do
 done
 T_SETUP=$(($(now_us) - T0))
 say "control plane at $NATS_URL in $(host_ns 0); setup took $(secs "$T_SETUP")"
+
+# The delay line's round trip h0-h1 as the ranks will see it (TCP, one byte each way):
+# 2 x --delay plus the hosts' own stack and wake-up costs.
+if [ "$USER_DELAY" = 1 ] && [ "$HOSTS" -ge 2 ]; then
+	"${PDEATH[@]}" ip netns exec "$(host_ns 1)" "$SWITCH" rtt --listen "$(host_ip 1):4299" \
+		>"$LOGDIR/rtt.log" 2>&1 &
+	rtt_pid=$!
+	PIDS+=("$rtt_pid")
+	if rtt=$(timeout 20 ip netns exec "$(host_ns 0)" "$SWITCH" rtt --connect "$(host_ip 1):4299" \
+		--count 100 --interval 500us 2>&1); then
+		say "delay line: round trip h0->h1 (TCP ping-pong) ${rtt#rtt * }; want 2 x $DELAY + the hosts' stack"
+	else
+		warn "delay line: could not measure the round trip h0-h1: $rtt"
+	fi
+	kill -TERM "$rtt_pid" 2>/dev/null
+	wait "$rtt_pid" 2>/dev/null
+fi
 
 # ---- jobs -----------------------------------------------------------------------------------
 
@@ -551,8 +627,9 @@ if [ "$CHECK_ONLY" = 0 ] && [ ${#FAILED[@]} -eq 0 ]; then
 	T2=$(now_us)
 	for algo in "${ACCEPTED[@]}"; do
 		name="bench/$algo"
-		say "benchmark: alltoallv algo=$algo hosts=$HOSTS ranks/host=$LOCAL dist=$BENCH_DIST shaping: $SHAPING"
-		if run_job "$name" --op alltoallv --algo "$algo" --dist "$BENCH_DIST" --sizes "$BENCH_SIZES"; then
+		say "benchmark: alltoallv algo=$algo hosts=$HOSTS ranks/host=$LOCAL dist=$BENCH_DIST counts=$BENCH_COUNTS shaping: $SHAPING"
+		if run_job "$name" --op alltoallv --algo "$algo" --dist "$BENCH_DIST" --counts "$BENCH_COUNTS" \
+			--sizes "$BENCH_SIZES"; then
 			rows "$name"
 			BENCHED+=("$algo")
 		fi
@@ -564,6 +641,13 @@ fi
 
 # ---- teardown and summary -------------------------------------------------------------------
 
+# The delay line prints its counters, the lateness of its sends and its CPU use on SIGTERM.
+if [ -n "$SWITCH_PID" ]; then
+	kill -TERM "$SWITCH_PID" 2>/dev/null
+	wait "$SWITCH_PID" 2>/dev/null
+	sed -n 's/^delayswitch: \(frames\|lateness\|cpu\|last\)/delay line: \1/p' "$LOGDIR/delayswitch.log" |
+		while IFS= read -r line; do say "$line"; done
+fi
 cleanup
 T_ALL=$(($(now_us) - T0))
 join() { [ $# -gt 0 ] && join_by , "$@" || echo none; }
