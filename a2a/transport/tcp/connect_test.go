@@ -371,6 +371,24 @@ func TestSizeOneAndWake(t *testing.T) {
 	if err := tr.Wait(1500 * time.Microsecond); err != nil || time.Since(start) < 1500*time.Microsecond {
 		t.Errorf("idle Wait(1.5ms): %v after %v, want nil after at least 1.5ms", err, time.Since(start))
 	}
+	// A sub-millisecond timeout is kept, not rounded up to epoll_wait's
+	// whole milliseconds: the fastest of a few idle Wait(100us) is well
+	// under 1 ms even on a loaded machine, and none returns early.
+	fastest := time.Hour
+	for range 20 {
+		start := time.Now()
+		if err := tr.Wait(100 * time.Microsecond); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		if took < 100*time.Microsecond {
+			t.Errorf("idle Wait(100us) returned after %v", took)
+		}
+		fastest = min(fastest, took)
+	}
+	if fastest >= 900*time.Microsecond {
+		t.Errorf("idle Wait(100us) took at least %v: rounded up to milliseconds", fastest)
+	}
 	tr.Wake()
 	start = time.Now()
 	if err := tr.Wait(10 * time.Second); err != nil || time.Since(start) > time.Second {
