@@ -3,6 +3,7 @@
 #
 #   scripts/testbed.sh [-H HOSTS] [-L RANKS_PER_HOST] [--delay D] [--rate R] [--a2ad PATH]
 #                      [--algos A,B] [--bench-sizes S] [--bench-dist D] [--bench-counts C]
+#                      [--bench-timing T]
 #                      [--check-only] [--timeout SECS] [--keep-logs]
 #
 # Topology (nothing outside these namespaces is touched; needs root):
@@ -57,6 +58,7 @@ ALGOS="pairwise,fullmesh"
 BENCH_SIZES="1K,64K"
 BENCH_DIST="uniform"
 BENCH_COUNTS="known"
+BENCH_TIMING="barrier"
 CHECK_ONLY=0
 TIMEOUT=120
 KEEP_LOGS=0
@@ -77,6 +79,10 @@ usage() {
                        known (default; staged then gathers the matrix in-band every
                        call), matrix (AllToAllVMatrix: staged gets it from the caller),
                        nats or inband
+  --bench-timing T     a2ad bench --timing: barrier (default; slowest rank after a
+                       barrier) or span (last start to last end: the hosts share this
+                       machine's clock, and the barrier's exit skew of up to one
+                       inter-host delay stays out)
   --check-only         correctness only, no benchmark
   --timeout SECS       limit of one job (all hosts), default 120
   --keep-logs          keep the per-host logs (their directory is printed)
@@ -130,6 +136,7 @@ while [ $# -gt 0 ]; do
 	--bench-sizes) need_arg "$opt" $#; BENCH_SIZES=$2; shift 2 ;;
 	--bench-dist) need_arg "$opt" $#; BENCH_DIST=$2; shift 2 ;;
 	--bench-counts) need_arg "$opt" $#; BENCH_COUNTS=$2; shift 2 ;;
+	--bench-timing) need_arg "$opt" $#; BENCH_TIMING=$2; shift 2 ;;
 	--check-only) CHECK_ONLY=1; shift ;;
 	--timeout) need_arg "$opt" $#; TIMEOUT=$2; shift 2 ;;
 	--keep-logs) KEEP_LOGS=1; shift ;;
@@ -152,6 +159,10 @@ fi
 case $BENCH_COUNTS in
 known | matrix | nats | inband) ;;
 *) die 2 "--bench-counts $BENCH_COUNTS: known, matrix, nats or inband" ;;
+esac
+case $BENCH_TIMING in
+barrier | span) ;;
+*) die 2 "--bench-timing $BENCH_TIMING: barrier or span" ;;
 esac
 IFS=, read -r -a ALGO_LIST <<<"$ALGOS"
 for a in "${ALGO_LIST[@]}"; do
@@ -419,13 +430,21 @@ if [ -n "$DELAY$RATE" ]; then
 		[ "$USE_NETEM" = 1 ] && SHAPING+=" (netem)" || SHAPING+=" (tbf)"
 	fi
 fi
-# Every "host" runs on this machine's cores: a rank's automatic spin decision sees only its
+# Every "host" runs on this machine's cores: a rank's automatic wait policy sees only its
 # own host's ranks, so with more ranks in all than cores spinning ranks would starve the
-# others. Spin off then, unless A2A_SPIN says otherwise.
+# others. Use what a2a picks for an oversubscribed host then (no spin, a long yield before
+# parking), unless A2A_SPIN / A2A_YIELD say otherwise.
 SPIN_NOTE=""
-if [ -z "${A2A_SPIN:-}" ] && [ "$WORLD" -gt "$(nproc)" ]; then
-	export A2A_SPIN=-1ns
-	SPIN_NOTE="; spin off (A2A_SPIN=-1ns: $WORLD ranks share $(nproc) cores)"
+if [ "$WORLD" -gt "$(nproc)" ]; then
+	if [ -z "${A2A_SPIN:-}" ]; then
+		export A2A_SPIN=-1ns
+		SPIN_NOTE="; spin off (A2A_SPIN=-1ns"
+	fi
+	if [ -z "${A2A_YIELD:-}" ]; then
+		export A2A_YIELD=50ms
+		SPIN_NOTE="${SPIN_NOTE:-;}${SPIN_NOTE:+,} A2A_YIELD=50ms"
+	fi
+	[ -n "$SPIN_NOTE" ] && SPIN_NOTE+=": $WORLD ranks share $(nproc) cores)"
 fi
 say "$HOSTS hosts x $LOCAL ranks in namespaces $PFX-h0..h$((HOSTS - 1)) on $NET.0/24, bridge in $BRNS; shaping: $SHAPING$SPIN_NOTE"
 
@@ -627,9 +646,9 @@ if [ "$CHECK_ONLY" = 0 ] && [ ${#FAILED[@]} -eq 0 ]; then
 	T2=$(now_us)
 	for algo in "${ACCEPTED[@]}"; do
 		name="bench/$algo"
-		say "benchmark: alltoallv algo=$algo hosts=$HOSTS ranks/host=$LOCAL dist=$BENCH_DIST counts=$BENCH_COUNTS shaping: $SHAPING"
+		say "benchmark: alltoallv algo=$algo hosts=$HOSTS ranks/host=$LOCAL dist=$BENCH_DIST counts=$BENCH_COUNTS timing=$BENCH_TIMING shaping: $SHAPING"
 		if run_job "$name" --op alltoallv --algo "$algo" --dist "$BENCH_DIST" --counts "$BENCH_COUNTS" \
-			--sizes "$BENCH_SIZES"; then
+			--timing "$BENCH_TIMING" --sizes "$BENCH_SIZES"; then
 			rows "$name"
 			BENCHED+=("$algo")
 		fi

@@ -52,12 +52,13 @@ func a2ad(t *testing.T, ctx context.Context, args ...string) *exec.Cmd {
 func TestBenchJSONAndCheck(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for _, tc := range []struct{ op, dist, algo string }{
-		{"alltoallv", "uniform", "pairwise"},
-		{"alltoallv", "zipf:1.2", "fullmesh"},
-		{"alltoall", "uniform", ""},
+	for _, tc := range []struct{ op, dist, algo, timing string }{
+		{"alltoallv", "uniform", "pairwise", "barrier"},
+		{"alltoallv", "zipf:1.2", "fullmesh", "span"},
+		{"alltoallv", "uniform", "ll", "barrier"},
+		{"alltoall", "uniform", "", "span"},
 	} {
-		out, err := a2ad(t, ctx, "bench", "--op", tc.op, "-n", "3", "--algo", tc.algo, "--dist", tc.dist,
+		out, err := a2ad(t, ctx, "bench", "--op", tc.op, "-n", "3", "--algo", tc.algo, "--dist", tc.dist, "--timing", tc.timing,
 			"--sizes", "0:4K", "--iters", "20", "--warmup", "2", "--check", "--json").Output()
 		if err != nil {
 			t.Fatalf("%v: %v\n%s", tc, err, out)
@@ -83,13 +84,21 @@ func TestBenchJSONAndCheck(t *testing.T) {
 			if row["check"] != "ok" || row["op"] != tc.op || row["ranks"] != 3.0 {
 				t.Errorf("row %q", line)
 			}
-			if tc.algo != "" && row["algo"] != tc.algo {
+			if tc.algo == "ll" {
+				// Blocks above the LL cutoff travel by frames after the LL round.
+				if size := row["size"].(float64); size <= 512 && row["algo"] != "ll" {
+					t.Errorf("algo %v at %v B, want ll", row["algo"], size)
+				}
+			} else if tc.algo != "" && row["algo"] != tc.algo {
 				t.Errorf("algo %v, want %s", row["algo"], tc.algo)
 			}
 			if row["p50_us"].(float64) <= 0 || row["p99_us"].(float64) < row["p50_us"].(float64) {
 				t.Errorf("latencies in %q", line)
 			}
 		}
+	}
+	if out, err := a2ad(t, ctx, "bench", "--timing", "bogus").CombinedOutput(); err == nil {
+		t.Errorf("--timing bogus accepted:\n%s", out)
 	}
 }
 

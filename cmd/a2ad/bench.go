@@ -36,6 +36,7 @@ type benchFlags struct {
 	bind    string
 	counts  string
 	trans   string
+	timing  string
 }
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
@@ -56,6 +57,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.worker, "worker", false, "internal: run as one rank of the benchmark")
 	fs.StringVar(&f.counts, "counts", "known", "alltoallv receive counts: known (given), matrix (AllToAllVMatrix with the global matrix: staged/skew-aware choice), nats (ExchangeCountsMatrix each call) or inband (AllToAllVInBand)")
 	fs.StringVar(&f.trans, "transport", "", "data plane: auto (shm on one host) | tcp | shm (default: A2A_TRANSPORT or auto)")
+	fs.StringVar(&f.timing, "timing", "barrier", "barrier: per-rank time after a barrier, slowest rank (as the MPI harness); span: last rank's start to last rank's end (ranks must share a clock: one machine, e.g. the test bed), which leaves out the barrier's exit skew")
 	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (unless oversubscribed); none")
 }
 
@@ -91,6 +93,9 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	}
 	if !benchOps[f.op] {
 		return usagef("unknown --op %q", f.op)
+	}
+	if f.timing != "barrier" && f.timing != "span" {
+		return usagef("--timing %q: barrier or span", f.timing)
 	}
 	if f.counts != "known" && f.counts != "matrix" && f.counts != "nats" && f.counts != "inband" {
 		return usagef("--counts %q: known, matrix, nats or inband", f.counts)
@@ -174,7 +179,7 @@ type bench struct {
 	zeros        []int
 	one, gather  []int
 	send, recv   []byte
-	times        []float64
+	stamps       []int64 // start and end (Unix ns) of each timed call
 	gatherSend   []byte
 	gatherRecv   []byte
 	agreeS       []byte
@@ -295,7 +300,7 @@ func (b *bench) measure(ctx context.Context, row benchRow, op collective) (bench
 	if err != nil {
 		return row, err
 	}
-	b.times = b.times[:0]
+	b.stamps = b.stamps[:0]
 	for range iters {
 		if err := b.barrier(ctx); err != nil {
 			return row, err
@@ -304,21 +309,25 @@ func (b *bench) measure(ctx context.Context, row benchRow, op collective) (bench
 		if err := op.call(ctx); err != nil {
 			return row, err
 		}
-		b.times = append(b.times, float64(time.Since(start).Nanoseconds())/1e3)
+		end := time.Now()
+		// Wall-clock stamps, for --timing span across ranks; the duration
+		// itself comes from the monotonic clock.
+		b.stamps = append(b.stamps, start.UnixNano(), start.UnixNano()+end.Sub(start).Nanoseconds())
 	}
 	row.Algo = c.LastAlgo()
 	if b.f.check && ok {
 		ok = op.verify()
 	}
-	// Gather every rank's per-iteration times (and its check result) on rank 0.
-	per := 8*iters + 1
+	// Gather every rank's per-iteration start and end stamps (and its check
+	// result) on rank 0.
+	per := 16*iters + 1
 	b.gatherSend = grow(b.gatherSend, per)
-	for i, t := range b.times {
-		binary.LittleEndian.PutUint64(b.gatherSend[8*i:], math.Float64bits(t))
+	for i, t := range b.stamps {
+		binary.LittleEndian.PutUint64(b.gatherSend[8*i:], uint64(t))
 	}
-	b.gatherSend[8*iters] = 0
+	b.gatherSend[16*iters] = 0
 	if ok {
-		b.gatherSend[8*iters] = 1
+		b.gatherSend[16*iters] = 1
 	}
 	for j := range n {
 		b.one[j], b.gather[j] = 0, 0
@@ -335,13 +344,27 @@ func (b *bench) measure(ctx context.Context, row benchRow, op collective) (bench
 		return row, nil
 	}
 	slowest := make([]float64, iters)
+	lastStart, lastEnd := make([]int64, iters), make([]int64, iters)
 	allOK := true
 	for r := range n {
 		block := b.gatherRecv[r*per:]
 		for i := range iters {
-			slowest[i] = max(slowest[i], math.Float64frombits(binary.LittleEndian.Uint64(block[8*i:])))
+			start := int64(binary.LittleEndian.Uint64(block[16*i:]))
+			end := int64(binary.LittleEndian.Uint64(block[16*i+8:]))
+			slowest[i] = max(slowest[i], float64(end-start)/1e3)
+			if r == 0 || start > lastStart[i] {
+				lastStart[i] = start
+			}
+			if r == 0 || end > lastEnd[i] {
+				lastEnd[i] = end
+			}
 		}
-		allOK = allOK && block[8*iters] == 1
+		allOK = allOK && block[16*iters] == 1
+	}
+	if b.f.timing == "span" {
+		for i := range iters {
+			slowest[i] = float64(max(lastEnd[i]-lastStart[i], 0)) / 1e3
+		}
 	}
 	slices.Sort(slowest)
 	row.P50 = percentile(slowest, 0.50)
