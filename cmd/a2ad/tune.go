@@ -38,7 +38,9 @@ func cmdTune(ctx context.Context, log *slog.Logger, args []string) error {
 		return err
 	}
 	return launchRanks(ctx, log, launch.Spec{
-		N: *n, NATSURL: *nats, Prog: self, BindVia: bindVia("core"),
+		// Unbound: only two ranks are busy at a time (rank 0 and the peer it
+		// probes), and the scheduler gives them a core each.
+		N: *n, NATSURL: *nats, Prog: self,
 		Env:  []string{"A2A_LINKS=" + a2a.LinksProbe},
 		Args: append([]string{"tune", "--worker"}, args...),
 	})
