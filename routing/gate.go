@@ -135,13 +135,21 @@ func (g Gate) Route(logits []float32, tokens int, d *Decision) error {
 		return invalidf("logits length %d, want tokens %d x experts %d", len(logits), tokens, E)
 	}
 	d.resize(tokens, K)
+	if K == 2 {
+		return route2(logits, tokens, E, d)
+	}
+	return routeK(logits, tokens, E, K, d)
+}
+
+// routeK is Route for any k, on a decision already sized.
+func routeK(logits []float32, tokens, E, K int, d *Decision) error {
 	for t := range tokens {
 		row := logits[t*E : (t+1)*E]
 		sel := d.Expert[t*K : (t+1)*K]
 		n := 0 // experts selected so far, sel[:n] sorted by (logit desc, id asc)
 		for e, v := range row {
-			if v != v || v > math.MaxFloat32 {
-				return invalidf("token %d expert %d: logit %v, want a number below +Inf", t, e, v)
+			if !(v <= math.MaxFloat32) { // NaN or +Inf
+				return badLogit(t, e, v)
 			}
 			i := n
 			if n == K {
@@ -167,7 +175,10 @@ func (g Gate) Route(logits []float32, tokens int, d *Decision) error {
 		w := d.Weight[t*K : (t+1)*K]
 		sum := 0.0
 		for s, e := range sel {
-			x := math.Exp(float64(row[e]) - top)
+			x := 1.0 // exp(0): slot 0 holds the top logit
+			if s > 0 {
+				x = math.Exp(float64(row[e]) - top)
+			}
 			w[s] = float32(x)
 			sum += x
 		}
@@ -176,6 +187,55 @@ func (g Gate) Route(logits []float32, tokens int, d *Decision) error {
 		}
 	}
 	return nil
+}
+
+// route2 is routeK for k = 2, the common top-2 gate: the same selection and
+// arithmetic, bit for bit, with the two leaders kept in registers.
+func route2(logits []float32, tokens, E int, d *Decision) error {
+	for t := range tokens {
+		row := logits[t*E : (t+1)*E]
+		// The first two experts fill the slots in (logit desc, id asc) order;
+		// a later one must beat a leader strictly, since every earlier expert
+		// has a lower id and wins ties.
+		i0, i1, v0, v1 := 0, 1, row[0], row[1] // k <= experts: row has two logits
+		if !(v0 <= math.MaxFloat32) {          // NaN or +Inf
+			return badLogit(t, 0, v0)
+		}
+		if !(v1 <= math.MaxFloat32) {
+			return badLogit(t, 1, v1)
+		}
+		if v1 > v0 {
+			i0, i1, v0, v1 = 1, 0, v1, v0
+		}
+		for e := 2; e < len(row); e++ {
+			v := row[e]
+			if !(v <= math.MaxFloat32) {
+				return badLogit(t, e, v)
+			}
+			if v > v1 {
+				if v > v0 {
+					i1, v1 = i0, v0
+					i0, v0 = e, v
+				} else {
+					i1, v1 = e, v
+				}
+			}
+		}
+		top := float64(v0)
+		if math.IsInf(top, -1) {
+			return invalidf("token %d: every logit is -Inf", t)
+		}
+		x := math.Exp(float64(v1) - top)
+		sum := 1 + x
+		d.Expert[2*t], d.Expert[2*t+1] = int32(i0), int32(i1)
+		d.Weight[2*t] = float32(1 / sum)
+		d.Weight[2*t+1] = float32(float64(float32(x)) / sum)
+	}
+	return nil
+}
+
+func badLogit(t, e int, v float32) error {
+	return invalidf("token %d expert %d: logit %v, want a number below +Inf", t, e, v)
 }
 
 // FromAssignments fills d with caller-chosen experts and weights, both of

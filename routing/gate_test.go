@@ -236,3 +236,78 @@ func TestRouteAllocs(t *testing.T) {
 		t.Errorf("Route allocates %v times per call on a reused decision", n)
 	}
 }
+
+// TestRoute2MatchesGeneral checks the top-2 fast path against the general
+// selection loop bit for bit: random logits, logits drawn from a few values
+// (ties), masked experts, two experts only, and the same errors for NaN, +Inf
+// and all-masked rows.
+func TestRoute2MatchesGeneral(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	inf := float32(math.Inf(-1))
+	for _, experts := range []int{2, 3, 5, 16, 64} {
+		for trial := range 200 {
+			const tokens = 37
+			logits := make([]float32, tokens*experts)
+			for i := range logits {
+				switch trial % 4 {
+				case 0:
+					logits[i] = float32(rng.NormFloat64() * 3)
+				case 1:
+					logits[i] = float32(rng.IntN(3)) // many ties
+				case 2:
+					logits[i] = float32(rng.NormFloat64())
+					if rng.IntN(3) == 0 {
+						logits[i] = inf
+					}
+				case 3:
+					logits[i] = float32(rng.NormFloat64() * 1e3)
+				}
+			}
+			if trial%4 == 2 {
+				logits[experts] = 1 // token 1 keeps a finite logit
+			}
+			bad := -1
+			if trial%10 == 9 {
+				bad = rng.IntN(len(logits))
+				logits[bad] = []float32{float32(math.NaN()), float32(math.Inf(1))}[rng.IntN(2)]
+			}
+			var fast, slow Decision
+			fast.resize(tokens, 2)
+			slow.resize(tokens, 2)
+			errFast := route2(logits, tokens, experts, &fast)
+			errSlow := routeK(logits, tokens, experts, 2, &slow)
+			if (errFast == nil) != (errSlow == nil) || errFast != nil && errFast.Error() != errSlow.Error() {
+				t.Fatalf("experts %d trial %d: errors %v and %v", experts, trial, errFast, errSlow)
+			}
+			if errFast != nil {
+				continue
+			}
+			if !slices.Equal(fast.Expert, slow.Expert) {
+				t.Fatalf("experts %d trial %d: experts %v, want %v", experts, trial, fast.Expert, slow.Expert)
+			}
+			for i := range fast.Weight {
+				if math.Float32bits(fast.Weight[i]) != math.Float32bits(slow.Weight[i]) {
+					t.Fatalf("experts %d trial %d slot %d: weight %v, want %v", experts, trial, i, fast.Weight[i], slow.Weight[i])
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkRoute is the gate of the dispatch benchmarks' target step: 4096
+// tokens, 16 experts, top-2.
+func BenchmarkRoute(b *testing.B) {
+	const tokens, experts, k = 4096, 16, 2
+	rng := rand.New(rand.NewPCG(42, 0))
+	logits := make([]float32, tokens*experts)
+	if err := SkewedLogits(rng, tokens, experts, 0, logits); err != nil {
+		b.Fatal(err)
+	}
+	var d Decision
+	g := Gate{Experts: experts, K: k}
+	for b.Loop() {
+		if err := g.Route(logits, tokens, &d); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
