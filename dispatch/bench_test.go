@@ -17,9 +17,15 @@ type benchRank struct {
 	tokens, out []byte
 	logits      []float32
 	dec         routing.Decision
-	// The byte counts a dispatch of dec sends and receives, for the baseline.
+	// The byte counts a dispatch of dec sends to and receives from the
+	// other ranks (0 for this rank itself).
 	sendCounts, recvCounts []int
-	send, recv             []byte
+	// The baseline's counts: forward, the dispatch's plus this rank's own
+	// rows, which Dispatch copies into Recv as the engine copies a local
+	// block; reverse, the combine's (the experts' outputs for this rank's
+	// own rows are read where they are, not moved).
+	fwdSend, fwdRecv []int
+	send, recv       []byte
 }
 
 // benchLayer sets up ranks in-process ranks with one dispatcher each, and
@@ -52,7 +58,10 @@ func benchLayer(b *testing.B, ranks, experts, k, tokens, hidden int, dt reduce.D
 		}
 		br.sendCounts = append([]int(nil), h.sendCounts...)
 		br.recvCounts = append([]int(nil), h.recvCounts...)
-		br.send, br.recv = make([]byte, len(h.send)), make([]byte, len(h.recv))
+		br.fwdSend = append([]int(nil), h.sendCounts...)
+		br.fwdRecv = append([]int(nil), h.recvCounts...)
+		br.fwdSend[r], br.fwdRecv[r] = h.selfBytes, h.selfBytes
+		br.send, br.recv = make([]byte, len(h.send)+h.selfBytes), make([]byte, len(h.recv))
 		if err := ds[r].Combine(context.Background(), h, h.Recv(), br.out); err != nil {
 			return err
 		}
@@ -104,15 +113,18 @@ func moeStep(ds []*Dispatcher, in []*benchRank, gate routing.Gate) func(r int) e
 }
 
 // baseStep is one rank's baseline step: the forward and reverse AllToAllV of
-// the byte counts the MoE step moves, known in advance, nothing else.
+// exactly the bytes the MoE step moves, with counts known in advance, nothing
+// else. Forward, that includes this rank's own rows (the engine copies the
+// local block as Dispatch copies them into Recv); reverse, it does not
+// (Combine reads the outputs for them in place).
 func baseStep(ds []*Dispatcher, in []*benchRank) func(r int) error {
 	ctx := context.Background()
 	return func(r int) error {
 		br, c := in[r], ds[r].comm
-		if err := c.AllToAllV(ctx, br.send, br.sendCounts, br.recv, br.recvCounts); err != nil {
+		if err := c.AllToAllV(ctx, br.send, br.fwdSend, br.recv, br.fwdRecv); err != nil {
 			return err
 		}
-		return c.AllToAllV(ctx, br.recv, br.recvCounts, br.send, br.sendCounts)
+		return c.AllToAllV(ctx, br.recv[:len(br.recv)-br.fwdRecv[r]], br.recvCounts, br.send[:len(br.send)-br.fwdSend[r]], br.sendCounts)
 	}
 }
 
@@ -241,27 +253,35 @@ func BenchmarkLocalCost(b *testing.B) {
 
 // BenchmarkAxpby measures the top-2 combine kernel alone on one 4096-token
 // step of 1024-element rows: 16 MiB of expert outputs in, 8 MiB out
-// (bfloat16). SetBytes counts both, so MB/s compares with memory bandwidth.
+// (bfloat16), with ordinary and with streaming stores. SetBytes counts both,
+// so MB/s compares with memory bandwidth.
 func BenchmarkAxpby(b *testing.B) {
 	const tokens, hidden = 4096, 1024
 	for _, dt := range []reduce.DType{reduce.BFloat16, reduce.Float32} {
-		b.Run(dt.String(), func(b *testing.B) {
-			rb := hidden * dt.Size()
-			in, out := make([]byte, 2*tokens*rb), make([]byte, tokens*rb)
-			// Real values in real memory: not the kernel's shared zero page,
-			// not subnormals (slow microcode path).
-			rng := rand.New(rand.NewPCG(1, 2))
-			for i := range len(in) / dt.Size() {
-				putElem(dt, in, i, float32(rng.NormFloat64()))
+		for _, stream := range []bool{false, true} {
+			name := dt.String()
+			if stream {
+				name += "/stream"
 			}
-			clear(out)
-			b.SetBytes(int64(len(in) + len(out)))
-			for range b.N {
-				for t := range tokens {
-					axpbyRow(dt, out[t*rb:(t+1)*rb], in[2*t*rb:(2*t+1)*rb], in[(2*t+1)*rb:(2*t+2)*rb], 0.25, 0.75)
+			b.Run(name, func(b *testing.B) {
+				rb := hidden * dt.Size()
+				in, out := make([]byte, 2*tokens*rb), make([]byte, tokens*rb)
+				// Real values in real memory: not the kernel's shared zero page,
+				// not subnormals (slow microcode path).
+				rng := rand.New(rand.NewPCG(1, 2))
+				for i := range len(in) / dt.Size() {
+					putElem(dt, in, i, float32(rng.NormFloat64()))
 				}
-			}
-		})
+				clear(out)
+				b.SetBytes(int64(len(in) + len(out)))
+				for range b.N {
+					for t := range tokens {
+						axpbyRow(dt, out[t*rb:(t+1)*rb], in[2*t*rb:(2*t+1)*rb], in[(2*t+1)*rb:(2*t+2)*rb], 0.25, 0.75, stream)
+					}
+					storeFence()
+				}
+			})
+		}
 	}
 }
 

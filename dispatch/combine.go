@@ -12,11 +12,24 @@ import (
 //
 // The sum runs in float32 in slot order and is rounded once: for one or two
 // kept slots with fused kernels (the common top-1 and top-2 cases), beyond
-// that through a float32 accumulator row.
+// that through a float32 accumulator row. Each expert output is read once.
+// For large steps (an output of streamBytes or more) the rows of the next
+// token are prefetched while this one is summed (they sit anywhere in
+// megabytes of outputs, each row a new stream the hardware prefetcher would
+// only pick up after a few misses), and the sums are written with streaming
+// stores.
 func (h *Handle) weightedSum() {
 	d := h.d
 	K, rb, dt := d.cfg.K, d.rowBytes, d.cfg.DType
+	stream := h.T*rb >= streamBytes
 	for t := range h.T {
+		if stream && t+1 < h.T {
+			for a := (t + 1) * K; a < (t+2)*K; a++ {
+				if off := h.slotOff[a]; off != -1 {
+					prefetchRow(h.slotRow(off))
+				}
+			}
+		}
 		dst := h.out[t*rb : (t+1)*rb]
 		n := 0
 		for s := range K {
@@ -32,7 +45,7 @@ func (h *Handle) weightedSum() {
 		case n == 1 && dt != reduce.Float16:
 			scaleRow(dt, dst, h.expertRow(0), h.ws[0])
 		case n == 2 && dt != reduce.Float16:
-			axpbyRow(dt, dst, h.expertRow(0), h.expertRow(1), h.ws[0], h.ws[1])
+			axpbyRow(dt, dst, h.expertRow(0), h.expertRow(1), h.ws[0], h.ws[1], stream)
 		default:
 			H := d.cfg.Hidden
 			h.acc, h.tmp = growFloats(h.acc, H), growFloats(h.tmp, H)
@@ -52,18 +65,24 @@ func (h *Handle) weightedSum() {
 			narrow(dt, dst, h.acc)
 		}
 	}
+	if stream {
+		storeFence()
+	}
 }
 
-// expertRow is the expert output row of the i-th kept slot collected in h.offs:
-// in the send buffer the reverse exchange filled, or for rows this rank kept
-// for itself, in the expert outputs.
-func (h *Handle) expertRow(i int) []byte {
+// expertRow is the expert output row of the i-th kept slot collected in h.offs.
+func (h *Handle) expertRow(i int) []byte { return h.slotRow(h.offs[i]) }
+
+// slotRow is the expert output row at slot offset off (not -1): in the send
+// buffer the reverse exchange filled, or for rows this rank kept for itself,
+// in the expert outputs.
+func (h *Handle) slotRow(off int) []byte {
 	rb := h.d.rowBytes
-	if o := h.offs[i]; o >= 0 {
-		return h.send[o : o+rb]
+	if off >= 0 {
+		return h.send[off : off+rb]
 	}
-	o := -2 - h.offs[i]
-	return h.expertOut[o : o+rb]
+	off = -2 - off
+	return h.expertOut[off : off+rb]
 }
 
 // scaleRow sets dst = w*a elementwise (float32 or bfloat16 rows).
@@ -96,11 +115,13 @@ func scaleRow(dt reduce.DType, dst, a []byte, w float32) {
 // axpbyRow sets dst = wa*a + wb*b elementwise (float32 or bfloat16 rows),
 // rounding the products and the sum to float32 (the explicit conversions
 // forbid a fused multiply-add, so that every architecture and the vector
-// kernels agree bit for bit) and the result once to the row type.
-func axpbyRow(dt reduce.DType, dst, a, b []byte, wa, wb float32) {
+// kernels agree bit for bit) and the result once to the row type. With
+// stream, the vector kernels may use non-temporal stores: call storeFence
+// after the last row.
+func axpbyRow(dt reduce.DType, dst, a, b []byte, wa, wb float32, stream bool) {
 	le := binary.LittleEndian
 	a, b = a[:len(dst)], b[:len(dst)]
-	n := vecAxpby(dt == reduce.BFloat16, dst, a, b, wa, wb)
+	n := vecAxpby(dt == reduce.BFloat16, dst, a, b, wa, wb, stream)
 	dst, a, b = dst[n:], a[n:], b[n:]
 	if dt == reduce.Float32 {
 		i := 0

@@ -24,14 +24,101 @@ GLOBL bf16one<>(SB), RODATA|NOPTR, $4
 	VPACKUSDW    X6, X5, X5      \
 	VMOVDQU      X5, (DI)
 
-// func axpbyBF16AVX2(dst, a, b *byte, n int, wa, wb float32)
-TEXT ·axpbyBF16AVX2(SB), NOSPLIT, $0-40
+// ROUND_BF16_512 rounds the 16 float32 lanes of Z2 to bfloat16, leaving them
+// in the low half of each lane of Z4: as ROUND_BF16, with the NaN lanes
+// (mask K1) truncated. Uses Z5; Z7 = 0x7fff, Z8 = 1 in every lane.
+#define ROUND_BF16_512(Z2, Z4, K1) \
+	VPSRLD    $16, Z2, Z4     \
+	VPANDD    Z8, Z4, Z4      \
+	VPADDD    Z7, Z4, Z4      \
+	VPADDD    Z2, Z4, Z4      \
+	VCMPPS    $3, Z2, Z2, K1  \
+	VMOVDQA32 Z2, K1, Z4      \
+	VPSRLD    $16, Z4, Z4
+
+// func axpbyBF16AVX512(dst, a, b *byte, n int, wa, wb float32, nt bool)
+// n is a multiple of 16. With nt, 64-byte blocks are stored with VMOVNTDQ:
+// dst must be 64-byte aligned.
+TEXT ·axpbyBF16AVX512(SB), NOSPLIT, $0-41
+	MOVQ         dst+0(FP), DI
+	MOVQ         a+8(FP), SI
+	MOVQ         b+16(FP), DX
+	MOVQ         n+24(FP), CX
+	VBROADCASTSS wa+32(FP), Z0
+	VBROADCASTSS wb+36(FP), Z1
+	MOVBQZX      nt+40(FP), R8
+	VPBROADCASTD bf16half<>(SB), Z7
+	VPBROADCASTD bf16one<>(SB), Z8
+
+axpby512loop32:
+	CMPQ      CX, $32
+	JLT       axpby512loop16
+	VPMOVZXWD (SI), Z2
+	VPMOVZXWD 32(SI), Z9
+	VPSLLD    $16, Z2, Z2
+	VPSLLD    $16, Z9, Z9
+	VPMOVZXWD (DX), Z3
+	VPMOVZXWD 32(DX), Z10
+	VPSLLD    $16, Z3, Z3
+	VPSLLD    $16, Z10, Z10
+	VMULPS    Z0, Z2, Z2
+	VMULPS    Z0, Z9, Z9
+	VMULPS    Z1, Z3, Z3
+	VMULPS    Z1, Z10, Z10
+	VADDPS    Z3, Z2, Z2
+	VADDPS    Z10, Z9, Z9
+	ROUND_BF16_512(Z2, Z4, K1)
+	ROUND_BF16_512(Z9, Z11, K2)
+	VPMOVDW   Z4, Y4
+	VPMOVDW   Z11, Y11
+	VINSERTI64X4 $1, Y11, Z4, Z4
+	TESTQ     R8, R8
+	JNZ       axpby512stream
+	VMOVDQU64 Z4, (DI)
+	JMP       axpby512stored
+
+axpby512stream:
+	VMOVNTDQ Z4, (DI)
+
+axpby512stored:
+	ADDQ      $64, SI
+	ADDQ      $64, DX
+	ADDQ      $64, DI
+	SUBQ      $32, CX
+	JMP       axpby512loop32
+
+axpby512loop16:
+	CMPQ      CX, $16
+	JLT       axpby512done
+	VPMOVZXWD (SI), Z2
+	VPSLLD    $16, Z2, Z2
+	VPMOVZXWD (DX), Z3
+	VPSLLD    $16, Z3, Z3
+	VMULPS    Z0, Z2, Z2
+	VMULPS    Z1, Z3, Z3
+	VADDPS    Z3, Z2, Z2
+	ROUND_BF16_512(Z2, Z4, K1)
+	VPMOVDW   Z4, (DI)
+	ADDQ      $32, SI
+	ADDQ      $32, DX
+	ADDQ      $32, DI
+	SUBQ      $16, CX
+	JMP       axpby512loop16
+
+axpby512done:
+	VZEROUPPER
+	RET
+
+// func axpbyBF16AVX2(dst, a, b *byte, n int, wa, wb float32, nt bool)
+// With nt, the main loop stores with VMOVNTDQ: dst must be 32-byte aligned.
+TEXT ·axpbyBF16AVX2(SB), NOSPLIT, $0-41
 	MOVQ         dst+0(FP), DI
 	MOVQ         a+8(FP), SI
 	MOVQ         b+16(FP), DX
 	MOVQ         n+24(FP), CX
 	VBROADCASTSS wa+32(FP), Y0
 	VBROADCASTSS wb+36(FP), Y1
+	MOVBQZX      nt+40(FP), R8
 	VPBROADCASTD bf16half<>(SB), Y7
 	VPBROADCASTD bf16one<>(SB), Y8
 
@@ -68,7 +155,15 @@ axpbyBF16loop16:
 	VPSRLD    $16, Y12, Y12
 	VPACKUSDW Y12, Y5, Y5
 	VPERMQ    $0xd8, Y5, Y5
+	TESTQ     R8, R8
+	JNZ       axpbyBF16stream
 	VMOVDQU   Y5, (DI)
+	JMP       axpbyBF16stored
+
+axpbyBF16stream:
+	VMOVNTDQ Y5, (DI)
+
+axpbyBF16stored:
 	ADDQ      $32, SI
 	ADDQ      $32, DX
 	ADDQ      $32, DI
@@ -121,14 +216,16 @@ scaleBF16done:
 	VZEROUPPER
 	RET
 
-// func axpbyF32AVX2(dst, a, b *byte, n int, wa, wb float32)
-TEXT ·axpbyF32AVX2(SB), NOSPLIT, $0-40
+// func axpbyF32AVX2(dst, a, b *byte, n int, wa, wb float32, nt bool)
+// With nt, stores are VMOVNTPS: dst must be 32-byte aligned.
+TEXT ·axpbyF32AVX2(SB), NOSPLIT, $0-41
 	MOVQ         dst+0(FP), DI
 	MOVQ         a+8(FP), SI
 	MOVQ         b+16(FP), DX
 	MOVQ         n+24(FP), CX
 	VBROADCASTSS wa+32(FP), Y0
 	VBROADCASTSS wb+36(FP), Y1
+	MOVBQZX      nt+40(FP), R8
 
 axpbyF32loop:
 	CMPQ    CX, $8
@@ -136,7 +233,15 @@ axpbyF32loop:
 	VMULPS  (SI), Y0, Y2
 	VMULPS  (DX), Y1, Y3
 	VADDPS  Y3, Y2, Y2
+	TESTQ   R8, R8
+	JNZ     axpbyF32stream
 	VMOVUPS Y2, (DI)
+	JMP     axpbyF32stored
+
+axpbyF32stream:
+	VMOVNTPS Y2, (DI)
+
+axpbyF32stored:
 	ADDQ    $32, SI
 	ADDQ    $32, DX
 	ADDQ    $32, DI
@@ -166,4 +271,60 @@ scaleF32loop:
 
 scaleF32done:
 	VZEROUPPER
+	RET
+
+// func copyNTAVX2(dst, src *byte, n int)
+// Copies n bytes, a multiple of 32, with non-temporal (streaming) stores;
+// dst is 32-byte aligned. The caller orders the stores with storeFence.
+TEXT ·copyNTAVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+
+copyNTloop128:
+	CMPQ     CX, $128
+	JLT      copyNTloop32
+	VMOVDQU  (SI), Y0
+	VMOVDQU  32(SI), Y1
+	VMOVDQU  64(SI), Y2
+	VMOVDQU  96(SI), Y3
+	VMOVNTDQ Y0, (DI)
+	VMOVNTDQ Y1, 32(DI)
+	VMOVNTDQ Y2, 64(DI)
+	VMOVNTDQ Y3, 96(DI)
+	ADDQ     $128, SI
+	ADDQ     $128, DI
+	SUBQ     $128, CX
+	JMP      copyNTloop128
+
+copyNTloop32:
+	CMPQ     CX, $32
+	JLT      copyNTdone
+	VMOVDQU  (SI), Y0
+	VMOVNTDQ Y0, (DI)
+	ADDQ     $32, SI
+	ADDQ     $32, DI
+	SUBQ     $32, CX
+	JMP      copyNTloop32
+
+copyNTdone:
+	VZEROUPPER
+	RET
+
+// func storeFence()
+TEXT ·storeFence(SB), NOSPLIT, $0-0
+	SFENCE
+	RET
+
+// func prefetchT0(p *byte, n int)
+// Prefetches the cache lines of n > 0 bytes from p into every cache level.
+TEXT ·prefetchT0(SB), NOSPLIT, $0-16
+	MOVQ p+0(FP), SI
+	MOVQ n+8(FP), CX
+
+prefetchLoop:
+	PREFETCHT0 (SI)
+	ADDQ       $64, SI
+	SUBQ       $64, CX
+	JGT        prefetchLoop
 	RET

@@ -4,6 +4,14 @@ package dispatch
 
 // Without vector kernels the Go kernels do all the work.
 
-func vecAxpby(bf16 bool, dst, a, b []byte, wa, wb float32) int { return 0 }
+var useAVX512 bool // what the amd64 kernels' tests toggle
+
+func vecAxpby(bf16 bool, dst, a, b []byte, wa, wb float32, stream bool) int { return 0 }
 
 func vecScale(bf16 bool, dst, a []byte, w float32) int { return 0 }
+
+func copyStream(dst, src []byte) { copy(dst, src) }
+
+func storeFence() {}
+
+func prefetchRow(row []byte) {}

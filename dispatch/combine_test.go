@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"a2a/a2a/reduce"
 )
@@ -13,15 +14,31 @@ import (
 // against the plain float32 formula rounded once, element by element and
 // bit for bit, including the tails of rows that are not a multiple of the
 // 64-bit lane width and the special values (NaN, ±Inf, ±0, subnormals,
-// values that round up to Inf).
+// values that round up to Inf), with and without streaming stores (on
+// aligned and unaligned outputs).
 func TestKernelsMatchReference(t *testing.T) {
+	for _, wide := range []bool{false, true} {
+		if wide && !useAVX512 {
+			continue
+		}
+		t.Run(map[bool]string{false: "avx2", true: "avx512"}[wide], func(t *testing.T) {
+			defer func(saved bool) { useAVX512 = saved }(useAVX512)
+			useAVX512 = wide
+			testKernels(t)
+		})
+	}
+}
+
+func testKernels(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	specials := []float32{0, float32(math.Copysign(0, -1)), float32(math.Inf(1)), float32(math.Inf(-1)),
 		float32(math.NaN()), 1e-40, -3e-39, math.MaxFloat32, 3.3895e38, 1, -1}
 	for _, dt := range []reduce.DType{reduce.Float32, reduce.BFloat16} {
-		for _, hidden := range []int{1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33, 64, 1027} {
+		for _, hidden := range []int{1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 24, 31, 33, 48, 64, 80, 1027} {
 			rb := hidden * dt.Size()
-			a, b, got := make([]byte, rb), make([]byte, rb), make([]byte, rb)
+			a, b := make([]byte, rb), make([]byte, rb)
+			store := make([]byte, rb+128)
+			aligned := int(-uintptr(unsafe.Pointer(&store[0])) & 63)
 			for trial := range 50 {
 				for j := range hidden {
 					va, vb := float32(rng.NormFloat64()*10), float32(rng.NormFloat64())
@@ -45,7 +62,18 @@ func TestKernelsMatchReference(t *testing.T) {
 						binary.LittleEndian.PutUint16(b[2*j:], h&0x8000|(h>>7&0xff-8)<<7)
 					}
 				}
-				axpbyRow(dt, got, a, b, wa, wb)
+				stream := trial%2 == 1
+				got := store[aligned : aligned+rb] // 64-byte aligned
+				switch trial % 8 {
+				case 3:
+					got = store[aligned+4 : aligned+4+rb]
+				case 5:
+					got = store[aligned+32 : aligned+32+rb]
+				}
+				axpbyRow(dt, got, a, b, wa, wb, stream)
+				if stream {
+					storeFence()
+				}
 				for j := range hidden {
 					want := float32(wa*getElem(dt, a, j)) + float32(wb*getElem(dt, b, j))
 					if !sameBits(dt, got, j, want) {
@@ -90,6 +118,33 @@ func TestWidenNarrow(t *testing.T) {
 			}
 			if got := binary.LittleEndian.Uint16(dst[2*i:]); got != uint16(i) {
 				t.Fatalf("%v: 0x%04x came back as 0x%04x", dt, i, got)
+			}
+		}
+	}
+}
+
+// TestCopyStream checks the streaming row copy on every alignment of the
+// destination and lengths around the vector widths.
+func TestCopyStream(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	src := make([]byte, 4096+64)
+	for i := range src {
+		src[i] = byte(rng.Uint32())
+	}
+	dst := make([]byte, len(src)+64)
+	for _, n := range []int{0, 1, 31, 32, 33, 63, 64, 65, 127, 128, 129, 160, 2000, 2048, 4095, 4096} {
+		for doff := range 33 {
+			soff := rng.IntN(64)
+			clear(dst)
+			copyStream(dst[doff:doff+n], src[soff:soff+n])
+			storeFence()
+			if string(dst[doff:doff+n]) != string(src[soff:soff+n]) {
+				t.Fatalf("length %d, destination offset %d: copy differs", n, doff)
+			}
+			for i, c := range dst {
+				if (i < doff || i >= doff+n) && c != 0 {
+					t.Fatalf("length %d, destination offset %d: byte %d outside the row written", n, doff, i)
+				}
 			}
 		}
 	}

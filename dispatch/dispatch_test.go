@@ -60,6 +60,13 @@ func TestDispatchCombine(t *testing.T) {
 			l: layer{experts: 16, k: 2, hidden: 6, tokens: 50, dtype: reduce.Float16, capacity: 1.25, skew: 1.5, preDrop: true}},
 		{name: "5ranks/nats/bf16/k4", ranks: 5, counts: CountsNATS, inPlace: true,
 			l: layer{experts: 11, k: 4, hidden: 10, tokens: 21, dtype: reduce.BFloat16, skew: 0.5}},
+		// Steps large enough (over streamBytes) for streaming stores and
+		// prefetching, with rows that are not a multiple of 32 bytes and, in
+		// NATS mode, 16-byte headers in front of the blocks.
+		{name: "3ranks/inband/bf16/large/drops", ranks: 3,
+			l: layer{experts: 6, k: 2, hidden: 1000, tokens: 600, dtype: reduce.BFloat16, capacity: 1.1, skew: 1}},
+		{name: "2ranks/nats/f32/large", ranks: 2, counts: CountsNATS, inPlace: true,
+			l: layer{experts: 4, k: 2, hidden: 300, tokens: 1000, dtype: reduce.Float32}},
 	}
 	url := startNATS(t)
 	groups := map[int][]*a2a.Comm{}

@@ -380,6 +380,7 @@ func (d *Dispatcher) handle() *Handle {
 		sendDispl:  make([]int, P),
 		recvCounts: make([]int, P),
 		recvDispl:  make([]int, P),
+		rowBase:    make([]int, P),
 		rowsFrom:   make([]int, P*d.nLocal),
 		expertRows: make([]int, d.nLocal),
 		segs:       make([]Segment, P*d.nLocal),

@@ -5,7 +5,7 @@
 //
 // One layer step on every rank of the group:
 //
-//	h, err := d.Dispatch(ctx, tokens, &decision) // route -> pack -> counts -> AllToAllV
+//	h, err := d.Dispatch(ctx, tokens, &decision) // route -> counts -> pack -> AllToAllV
 //	for l := range h.LocalExperts() {
 //		for _, seg := range h.Segments(l) {           // rows of local expert l, by source rank
 //			in := h.Recv()[seg.Offset : seg.Offset+seg.Rows*rowBytes]
@@ -22,12 +22,17 @@
 // capacity factor on the copy ([routing.Capacity]: each rank keeps at most
 // ceil(T*k/E*factor) of its own T tokens' assignments per expert, dropping the
 // lowest gate weights), builds the permutation ([routing.Plan]: rows grouped by
-// destination rank, then expert, then token), gathers the token rows into that
-// order, tells every rank how many rows it will get for each of its local
-// experts, and runs one AllToAllV of the rows. Rows for this rank's own
+// destination rank, then expert, then token), tells every rank how many rows
+// it will get for each of its local experts, copies the token rows into that
+// order, and runs one AllToAllV of the rows. Rows for this rank's own
 // experts stay out of the collective: they are copied once, straight from the
 // tokens to the front of the receive buffer, instead of being packed and then
-// copied again by the engine.
+// copied again by the engine. The copy walks the tokens in order, so each
+// token row is read once for all its k destinations, and for steps of 1 MiB
+// or more it uses streaming (non-temporal) stores, as Go's memmove does for
+// large copies: the packed rows are read next by the peers, not by this
+// core, so reading their old contents into the cache first would only add
+// memory traffic.
 //
 // # Learning the receive counts
 //
@@ -65,8 +70,11 @@
 // order) of weight[t,s] * output[row(t,s)] in float32, rounded once to the
 // layer's element type. Each product and partial sum is rounded to float32
 // (no fused multiply-add), so results are the same on every architecture; on
-// amd64 with AVX2 the top-1 and top-2 cases run in vector kernels (build tag
-// purego disables them). A dropped assignment contributes nothing, and a
+// amd64 with AVX2 the top-1 and top-2 cases run in vector kernels (512-bit
+// for top-2 bfloat16 on cores with AVX-512 VBMI2; build tag purego disables
+// them all). For outputs of 1 MiB or more, the rows of the next token are
+// prefetched while one is summed and the sums are written with streaming
+// stores. A dropped assignment contributes nothing, and a
 // token whose assignments were all dropped gets a zero row: the caller's
 // residual connection carries it (the usual MoE convention; weights are not
 // renormalised after drops). The expert outputs must be laid out like
@@ -112,9 +120,12 @@
 // every expert output once and writes every token once. BenchmarkLocalCost
 // measures these alone for 4096 tokens of 1024 bf16 elements, 16 experts,
 // top-2; BenchmarkOverhead compares whole steps with two plain AllToAllV of
-// the same bytes. Over loopback TCP the exchanges are themselves memory
-// copies done by the kernel, so the layer's extra passes over the data weigh
-// more than they would on a real network.
+// the same bytes (forward with the local block, which Dispatch copies too;
+// reverse without it, which Combine reads in place). Between ranks of one
+// host the exchanges are themselves single memory copies (shared memory and
+// process_vm_readv, or loopback TCP), so the layer's pack and weighted sum,
+// which move about as many bytes again, weigh far more than they would next
+// to a real network.
 //
 // # Errors
 //

@@ -89,6 +89,7 @@ type Handle struct {
 	expertRows         []int  // rows per local expert
 	segs               []Segment
 	slotOff            []int // offset of each (token, slot)'s output: send offset, selfOffset, or -1 if dropped
+	rowBase            []int // pack: byte offset of packed row 0 in rank j's block (send, or recv for this rank)
 	offs               []int // combine scratch: the kept slots of one token
 	ws                 []float32
 	acc, tmp           []float32
@@ -201,12 +202,14 @@ func (h *Handle) exec() error {
 	return err
 }
 
-// runDispatch packs the rows, learns the receive counts and exchanges the rows.
+// runDispatch learns the receive counts, packs the rows and exchanges them.
 //
 // Rows for this rank's own experts never enter the collective: they are
-// gathered straight from the tokens into the front of the receive buffer (one
+// copied straight from the tokens into the front of the receive buffer (one
 // copy instead of a pack plus the engine's local copy), and combine reads
-// their outputs where the experts wrote them.
+// their outputs where the experts wrote them. The counts go first: they
+// depend only on the plan, and the receive buffer they size takes this rank's
+// own rows in the same pass over the tokens that packs the other ranks'.
 func (h *Handle) runDispatch() error {
 	start := time.Now()
 	d, p := h.d, &h.plan
@@ -223,33 +226,6 @@ func (h *Handle) runDispatch() error {
 		off += h.sendCounts[j]
 	}
 	h.send = grow(h.send, off)
-	h.slotOff = growInts(h.slotOff, len(p.Row))
-	for a, r := range p.Row {
-		if r < 0 {
-			h.slotOff[a] = -1
-		}
-	}
-	K := int32(p.K)
-	for j := range P {
-		if j == me {
-			continue
-		}
-		pos := h.sendDispl[j]
-		if hb := d.hdr[j]; hb > 0 {
-			hdr := h.send[pos : pos+hb]
-			clear(hdr)
-			for l, e := range d.pl.PerRank[j] {
-				le.PutUint32(hdr[4*l:], uint32(p.ExpertRows[e]))
-			}
-			pos += hb
-		}
-		for _, a := range p.Order[p.RankStart[j]:p.RankStart[j+1]] {
-			t := int(a / K)
-			copy(h.send[pos:pos+rb], h.tokens[t*rb:(t+1)*rb])
-			h.slotOff[a] = pos
-			pos += rb
-		}
-	}
 	for l, e := range d.pl.PerRank[me] {
 		h.rowsFrom[me*nLocal+l] = p.ExpertRows[e]
 	}
@@ -301,13 +277,7 @@ func (h *Handle) runDispatch() error {
 		off += h.recvCounts[i]
 	}
 	h.recv = grow(h.recv, off)
-	pos := 0
-	for _, a := range p.Order[p.RankStart[me]:p.RankStart[me+1]] {
-		t := int(a / K)
-		copy(h.recv[pos:pos+rb], h.tokens[t*rb:(t+1)*rb])
-		h.slotOff[a] = selfOffset(pos)
-		pos += rb
-	}
+	h.pack()
 	if err := d.comm.AllToAllV(h.ctx, h.send, h.sendCounts, h.recv[h.selfBytes:], h.recvCounts); err != nil {
 		return err
 	}
@@ -354,6 +324,69 @@ func (h *Handle) runDispatch() error {
 		o.ObserveDispatch(h.dispatchTime, p.ExpertRows, h.dropped, routing.Imbalance(p.RankRows))
 	}
 	return nil
+}
+
+// streamBytes is the size of a pack or combine output from which rows are
+// written with streaming (non-temporal) stores, as Go's memmove does for
+// copies from 1 MiB: outputs that large leave the caches before anyone reads
+// them back (the send buffer is read by the peers), so reading their lines in
+// before overwriting them would only add traffic.
+const streamBytes = 1 << 20
+
+// pack copies every kept row once, walking the assignments in token order so
+// that each token row is read once for all its slots: rows for other ranks go
+// to their place in the send buffer (after the CountsNATS header of their
+// block), rows for this rank's experts to the front of the receive buffer.
+// It records where each slot's row went for combine.
+func (h *Handle) pack() {
+	d, p := h.d, &h.plan
+	P, rb, me := d.size, d.rowBytes, d.rank
+	le := binary.LittleEndian
+	for j := range P {
+		if j == me {
+			// Packed row r of this rank's experts lands at (r-RankStart)*rb of recv.
+			h.rowBase[j] = -p.RankStart[j] * rb
+			continue
+		}
+		pos := h.sendDispl[j]
+		if hb := d.hdr[j]; hb > 0 {
+			hdr := h.send[pos : pos+hb]
+			clear(hdr)
+			for l, e := range d.pl.PerRank[j] {
+				le.PutUint32(hdr[4*l:], uint32(p.ExpertRows[e]))
+			}
+		}
+		h.rowBase[j] = pos + d.hdr[j] - p.RankStart[j]*rb
+	}
+	h.slotOff = growInts(h.slotOff, len(p.Row))
+	stream := p.Rows*rb >= streamBytes
+	K, owner := p.K, d.pl.Owner
+	for a, r := range p.Row {
+		if r < 0 {
+			h.slotOff[a] = -1
+			continue
+		}
+		t := a / K
+		src := h.tokens[t*rb : (t+1)*rb]
+		j := owner[h.dec.Expert[a]]
+		pos := h.rowBase[j] + int(r)*rb
+		var dst []byte
+		if j == me {
+			dst = h.recv[pos : pos+rb]
+			h.slotOff[a] = selfOffset(pos)
+		} else {
+			dst = h.send[pos : pos+rb]
+			h.slotOff[a] = pos
+		}
+		if stream {
+			copyStream(dst, src)
+		} else {
+			copy(dst, src)
+		}
+	}
+	if stream {
+		storeFence()
+	}
 }
 
 // selfOffset encodes the offset of a row this rank keeps for itself (in the
