@@ -5,7 +5,7 @@
 //
 // One layer step on every rank of the group:
 //
-//	h, err := d.Dispatch(ctx, tokens, &decision) // route -> counts -> pack -> AllToAllV
+//	h, err := d.Dispatch(ctx, tokens, &decision) // route -> pack -> counts -> AllToAllV
 //	for l := range h.LocalExperts() {
 //		for _, seg := range h.Segments(l) {           // rows of local expert l, by source rank
 //			in := h.Recv()[seg.Offset : seg.Offset+seg.Rows*rowBytes]
@@ -22,9 +22,9 @@
 // capacity factor on the copy ([routing.Capacity]: each rank keeps at most
 // ceil(T*k/E*factor) of its own T tokens' assignments per expert, dropping the
 // lowest gate weights), builds the permutation ([routing.Plan]: rows grouped by
-// destination rank, then expert, then token), tells every rank how many rows
-// it will get for each of its local experts, copies the token rows into that
-// order, and runs one AllToAllV of the rows. Rows for this rank's own
+// destination rank, then expert, then token), copies the token rows into that
+// order, tells every rank how many rows it will get for each of its local
+// experts, and runs one AllToAllV of the rows. Rows for this rank's own
 // experts stay out of the collective: they are copied once, straight from the
 // tokens to the front of the receive buffer, instead of being packed and then
 // copied again by the engine. The copy walks the tokens in order, so each

@@ -202,14 +202,15 @@ func (h *Handle) exec() error {
 	return err
 }
 
-// runDispatch learns the receive counts, packs the rows and exchanges them.
+// runDispatch packs the rows, learns the receive counts and exchanges the rows.
 //
 // Rows for this rank's own experts never enter the collective: they are
 // copied straight from the tokens into the front of the receive buffer (one
-// copy instead of a pack plus the engine's local copy), and combine reads
-// their outputs where the experts wrote them. The counts go first: they
-// depend only on the plan, and the receive buffer they size takes this rank's
-// own rows in the same pass over the tokens that packs the other ranks'.
+// copy instead of a pack plus the engine's local copy), in the same pass over
+// the tokens that packs the other ranks' rows, and combine reads their
+// outputs where the experts wrote them. The receive buffer is sized for the
+// pack by what this rank sends (loads are usually about symmetric) and grown,
+// keeping those rows, if the counts then ask for more.
 func (h *Handle) runDispatch() error {
 	start := time.Now()
 	d, p := h.d, &h.plan
@@ -226,6 +227,12 @@ func (h *Handle) runDispatch() error {
 		off += h.sendCounts[j]
 	}
 	h.send = grow(h.send, off)
+	h.selfBytes = p.RankRows[me] * rb
+	if cap(h.recv) < h.selfBytes+off {
+		h.recv = make([]byte, h.selfBytes+off)
+	}
+	h.recv = h.recv[:cap(h.recv)]
+	h.pack()
 	for l, e := range d.pl.PerRank[me] {
 		h.rowsFrom[me*nLocal+l] = p.ExpertRows[e]
 	}
@@ -270,14 +277,17 @@ func (h *Handle) runDispatch() error {
 	}
 	// Layout of recv: this rank's own rows, then the other ranks' blocks
 	// in rank order as the AllToAllV delivers them.
-	h.selfBytes = p.RankRows[me] * rb
 	off = h.selfBytes
 	for i := range P {
 		h.recvDispl[i] = off
 		off += h.recvCounts[i]
 	}
-	h.recv = grow(h.recv, off)
-	h.pack()
+	if cap(h.recv) < off {
+		r := make([]byte, off)
+		copy(r, h.recv[:h.selfBytes])
+		h.recv = r
+	}
+	h.recv = h.recv[:off]
 	if err := d.comm.AllToAllV(h.ctx, h.send, h.sendCounts, h.recv[h.selfBytes:], h.recvCounts); err != nil {
 		return err
 	}
