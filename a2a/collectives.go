@@ -325,6 +325,11 @@ func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64, deadline 
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = k.send, k.recv
 	err = c.eng.run(ctx, k.kind, seq, k.signature(), &c.sched, &c.bufs, deadline)
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
+	if a == algo.AlgoLL {
+		// An LL barrier is all-to-all shaped (every pair exchanged a
+		// message), so it may advance the LL epoch like an AllToAllV.
+		c.eng.llEpoch = transport.NextEpoch(c.eng.llEpoch)
+	}
 	k.sent, k.received = c.eng.sent, c.eng.received
 	if err == nil && k.op == Avg && len(k.recv) > 0 {
 		if err = reduce.Finish(k.dt, reduce.Avg, k.recv, c.size); err != nil {

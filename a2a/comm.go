@@ -51,10 +51,13 @@ type Comm struct {
 	mu       sync.Mutex // one operation at a time; guards everything below
 	seq      uint64
 	lastAlgo algo.Algo
-	llCut    []int      // LL cutoff by peer, nil without LL
-	links    algo.Links // the link table all ranks agreed on at join
-	sched    algo.Schedule
-	bufs     opBuffers
+	llCut    []int // LL cutoff by peer, nil without LL
+	// llBarrier: every peer has an LL slot, so Barrier is one LL round
+	// instead of log2(p) dissemination rounds.
+	llBarrier bool
+	links     algo.Links // the link table all ranks agreed on at join
+	sched     algo.Schedule
+	bufs      opBuffers
 	// scratch for AllToAll counts and the in-band counts exchange
 	equalSend, equalRecv []int
 	countsOut, countsIn  []byte
@@ -179,6 +182,10 @@ func (c *Comm) join(ctx context.Context) error {
 	c.eng = newEngine(c.tr, c.rank, c.size, cfg.Streams, m.Epoch(), spin, yield, c.stopped)
 	c.eng.sharedProcess = shared
 	c.llCut = c.llCutoffs()
+	c.llBarrier = c.llCut != nil && c.size <= llBarrierMaxRanks
+	for r := range c.size {
+		c.llBarrier = c.llBarrier && (r == c.rank || c.eng.slotBytes(r) > 0)
+	}
 	c.equalSend = make([]int, c.size)
 	c.equalRecv = make([]int, c.size)
 	c.countsOut = make([]byte, 8*c.size)
@@ -205,6 +212,11 @@ func (c *Comm) join(ctx context.Context) error {
 	}
 	return nil
 }
+
+// llBarrierMaxRanks bounds the one-round LL barrier: p-1 stores and loads
+// per rank are cheaper than log2(p) rounds of wake-ups while p is small
+// (4 ranks on 2 cores: 8 B AllToAll after a barrier, see BenchmarkBarrier).
+const llBarrierMaxRanks = 64
 
 // llCutoffs is the LL cutoff of every peer (algo.AllToAllVArgs.LLCutoff),
 // from settings and link classes both ends of a pair share: under auto

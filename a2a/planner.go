@@ -43,6 +43,9 @@ func (c *Comm) planCollective(k *coll, a *algo.CollArgs) (algo.Algo, error) {
 	case "scatterv":
 		return algo.AlgoDirect, algo.PlanScatterVDirect(s, *a)
 	case "barrier":
+		if c.llBarrier {
+			return algo.AlgoLL, algo.PlanBarrierLL(s, *a)
+		}
 		return algo.AlgoDissemination, algo.PlanBarrierDissemination(s, *a)
 	}
 	return algo.AlgoAuto, fault.New(fault.ErrInvalidArgument, c.rank, "no planner for %s", k.name)

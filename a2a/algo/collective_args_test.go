@@ -29,6 +29,7 @@ var collPlanners = []struct {
 	{"scatter-direct", PlanScatterDirect, collRooted},
 	{"scatterv-direct", PlanScatterVDirect, collRooted | collCounts},
 	{"barrier-dissemination", PlanBarrierDissemination, collNoData},
+	{"barrier-ll", PlanBarrierLL, collNoData},
 }
 
 // validArgs is a call every planner of needs accepts, at rank 1 of 4.
@@ -403,5 +404,33 @@ round 1: send 8 B, recv 8 B, copy 0 B
 	}
 	if !errors.Is(s.Describe(failWriter{}), errWrite) {
 		t.Fatal("Describe swallowed a write error")
+	}
+}
+
+// TestBarrierLL: one round in which every rank stores to and loads from
+// every peer, deadlock-free on the simulator for every world size.
+func TestBarrierLL(t *testing.T) {
+	for p := 1; p <= 16; p++ {
+		scheds := newScheds(p)
+		send, recv := make([][]byte, p), make([][]byte, p)
+		for r := range p {
+			if err := PlanBarrierLL(scheds[r], CollArgs{Rank: r, World: p, Streams: 1}); err != nil {
+				t.Fatal(err)
+			}
+			s := scheds[r]
+			if s.NumRounds() != min(1, p-1) || len(s.Steps) != 2*(p-1) {
+				t.Fatalf("p=%d rank %d: %d rounds, %d steps", p, r, s.NumRounds(), len(s.Steps))
+			}
+			peers := map[[2]int]bool{}
+			for _, st := range s.Steps {
+				if (st.Kind != StepStore && st.Kind != StepLoad) || st.Peer == r || peers[[2]int{int(st.Kind), st.Peer}] {
+					t.Fatalf("p=%d rank %d: unexpected %v", p, r, st)
+				}
+				peers[[2]int{int(st.Kind), st.Peer}] = true
+			}
+		}
+		if err := Simulate(scheds, send, recv); err != nil {
+			t.Fatalf("p=%d: %v", p, err)
+		}
 	}
 }
