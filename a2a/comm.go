@@ -215,7 +215,8 @@ func (c *Comm) join(ctx context.Context) error {
 
 // llBarrierMaxRanks bounds the one-round LL barrier: p-1 stores and loads
 // per rank are cheaper than log2(p) rounds of wake-ups while p is small
-// (4 ranks on 2 cores: 8 B AllToAll after a barrier, see BenchmarkBarrier).
+// (`a2ad bench --op barrier --transport shm`: 2 ranks 0.6-0.8 us against
+// 0.87 us for dissemination, 4 ranks on 2 cores 4.6 us against 5.2 us).
 const llBarrierMaxRanks = 64
 
 // llCutoffs is the LL cutoff of every peer (algo.AllToAllVArgs.LLCutoff),

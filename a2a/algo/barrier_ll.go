@@ -5,8 +5,8 @@ package algo
 // leaves before all have entered. It has O(p) messages per rank but a single
 // round, and on shared memory a store costs tens of nanoseconds: where every
 // peer has a slot and p is small it beats the log2(p) rounds of
-// dissemination, each of which is a wake-up of some peer (4 ranks on 2
-// cores: ~5 us with dissemination; see Comm's barrier choice). Peers without
+// dissemination, each of which waits for some peer to be scheduled (Comm
+// picks it when every peer has a slot; measurements there). Peers without
 // a slot get the empty message as one frame.
 //
 // It writes into s, reusing its storage: planning into a reused Schedule
