@@ -58,7 +58,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.counts, "counts", "known", "alltoallv receive counts: known (given), matrix (AllToAllVMatrix with the global matrix: staged/skew-aware choice), nats (ExchangeCountsMatrix each call) or inband (AllToAllVInBand)")
 	fs.StringVar(&f.trans, "transport", "", "data plane: auto (shm on one host) | tcp | shm (default: A2A_TRANSPORT or auto)")
 	fs.StringVar(&f.timing, "timing", "barrier", "barrier: per-rank time after a barrier, slowest rank (as the MPI harness); span: last rank's start to last rank's end (ranks must share a clock: one machine, e.g. the test bed), which leaves out the barrier's exit skew")
-	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (cores in turn when oversubscribed); none")
+	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (unless oversubscribed); none")
 }
 
 // benchRow is one line of output; the JSON keys are a stable interface.

@@ -74,7 +74,7 @@ func launchRanks(ctx context.Context, log *slog.Logger, spec launch.Spec) error 
 // bindFlag registers --bind: like mpirun, ranks are bound to one core each
 // unless there are more ranks than cores.
 func bindFlag(fs *flag.FlagSet) *string {
-	return fs.String("bind", "core", "bind each rank to a core (core; cores in turn when there are more ranks than cores) or let the scheduler place them (none)")
+	return fs.String("bind", "core", "bind each rank to a core (core) or let the scheduler place them (none); oversubscribed ranks are never bound")
 }
 
 // bindVia is the launcher's trampoline for a --bind value.
