@@ -37,6 +37,7 @@ type benchFlags struct {
 	counts  string
 	trans   string
 	timing  string
+	alloc   string
 }
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
@@ -58,6 +59,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.counts, "counts", "known", "alltoallv receive counts: known (given), matrix (AllToAllVMatrix with the global matrix: staged/skew-aware choice), nats (ExchangeCountsMatrix each call) or inband (AllToAllVInBand)")
 	fs.StringVar(&f.trans, "transport", "", "data plane: auto (shm on one host) | tcp | shm (default: A2A_TRANSPORT or auto)")
 	fs.StringVar(&f.timing, "timing", "barrier", "barrier: per-rank time after a barrier, slowest rank (as the MPI harness); span: last rank's start to last rank's end (ranks must share a clock: one machine, e.g. the test bed), which leaves out the barrier's exit skew")
+	fs.StringVar(&f.alloc, "alloc", "huge", "send and receive buffers: huge (a2a.AllocBuffer: 2 MiB aligned, transparent huge pages) or heap (make)")
 	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (unless oversubscribed); none")
 }
 
@@ -93,6 +95,9 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	}
 	if !benchOps[f.op] {
 		return usagef("unknown --op %q", f.op)
+	}
+	if f.alloc != "huge" && f.alloc != "heap" {
+		return usagef("--alloc %q: huge or heap", f.alloc)
 	}
 	if f.timing != "barrier" && f.timing != "span" {
 		return usagef("--timing %q: barrier or span", f.timing)
@@ -263,8 +268,8 @@ func (b *bench) setupAllToAll(size int, d dist) {
 		sendTotal += b.sendC[j]
 		recvTotal += b.recvC[j]
 	}
-	b.send = grow(b.send, sendTotal)
-	b.recv = grow(b.recv, recvTotal)
+	b.send = b.data(b.send, sendTotal)
+	b.recv = b.data(b.recv, recvTotal)
 	fillSend(b.send, rank, b.sendC)
 }
 
@@ -388,6 +393,28 @@ func percentile(sorted []float64, p float64) float64 {
 	}
 	i := int(math.Ceil(p*float64(len(sorted)))) - 1
 	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+// data resizes a send or receive buffer: from a2a.AllocBuffer (the old one
+// freed) unless --alloc heap. Only this method allocates b.send and b.recv,
+// so the old buffer's origin is known.
+func (b *bench) data(old []byte, n int) []byte {
+	if cap(old) >= n {
+		return old[:n]
+	}
+	if b.f.alloc == "heap" {
+		return make([]byte, n)
+	}
+	if cap(old) > 0 {
+		if err := a2a.FreeBuffer(old); err != nil {
+			panic(err) // a bug: old came from AllocBuffer
+		}
+	}
+	buf, err := a2a.AllocBuffer(n)
+	if err != nil {
+		panic(fmt.Sprintf("bench: %d-byte buffer: %v", n, err))
+	}
+	return buf
 }
 
 func grow(b []byte, n int) []byte {

@@ -72,7 +72,7 @@ func (b *bench) collectiveFor(size int) (collective, error) {
 	switch b.f.op {
 	case "allreduce", "reduce":
 		size -= size % 4
-		b.send, b.recv = grow(b.send, size), grow(b.recv, size)
+		b.send, b.recv = b.data(b.send, size), b.data(b.recv, size)
 		fillFloats(b.send, r, 0)
 		op := collective{algBytes: size, busFactor: 1}
 		if b.f.op == "allreduce" {
@@ -86,13 +86,13 @@ func (b *bench) collectiveFor(size int) (collective, error) {
 		return op, nil
 	case "reducescatter":
 		size -= size % (4 * n)
-		b.send, b.recv = grow(b.send, size), grow(b.recv, size/n)
+		b.send, b.recv = b.data(b.send, size), b.data(b.recv, size/n)
 		fillFloats(b.send, r, 0)
 		return collective{algBytes: size, busFactor: float64(nf) / float64(n),
 			call:   func(ctx context.Context) error { return c.ReduceScatter(ctx, b.send, b.recv, a2a.Float32, a2a.Sum) },
 			verify: func() bool { return sumOK(b.recv, n, r*len(b.recv)/4) }}, nil
 	case "allgather":
-		b.send, b.recv = grow(b.send, size), grow(b.recv, n*size)
+		b.send, b.recv = b.data(b.send, size), b.data(b.recv, n*size)
 		fillBlock(b.send, r)
 		return collective{algBytes: n * size, busFactor: float64(nf) / float64(n),
 			call: func(ctx context.Context) error { return c.AllGather(ctx, b.send, b.recv) },
@@ -105,7 +105,7 @@ func (b *bench) collectiveFor(size int) (collective, error) {
 				return true
 			}}, nil
 	case "broadcast":
-		b.recv = grow(b.recv, size)
+		b.recv = b.data(b.recv, size)
 		return collective{algBytes: size, busFactor: 1,
 			call: func(ctx context.Context) error {
 				if r == root {
@@ -115,7 +115,7 @@ func (b *bench) collectiveFor(size int) (collective, error) {
 			},
 			verify: func() bool { return blockOK(b.recv, root) }}, nil
 	case "gather":
-		b.send, b.recv = grow(b.send, size), grow(b.recv, n*size)
+		b.send, b.recv = b.data(b.send, size), b.data(b.recv, n*size)
 		fillBlock(b.send, r)
 		return collective{algBytes: n * size, busFactor: float64(nf) / float64(n),
 			call: func(ctx context.Context) error { return c.Gather(ctx, b.send, b.recv, root) },
@@ -128,7 +128,7 @@ func (b *bench) collectiveFor(size int) (collective, error) {
 				return true
 			}}, nil
 	case "scatter":
-		b.send, b.recv = grow(b.send, n*size), grow(b.recv, size)
+		b.send, b.recv = b.data(b.send, n*size), b.data(b.recv, size)
 		if r == root {
 			for i := range n {
 				fillBlock(b.send[i*size:(i+1)*size], i)
