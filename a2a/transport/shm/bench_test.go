@@ -20,18 +20,49 @@ const (
 	benchYield = time.Millisecond
 )
 
+// idler is the engine's idle policy for the tests' progress loops: after a
+// pass that moved nothing, spin (letting other goroutines run) for
+// benchSpin, then give the core away with sched_yield until benchYield,
+// then park in Wait.
+type idler struct {
+	start time.Time // of the current idle stretch; zero while moving
+	parks int
+}
+
+// moved ends an idle stretch.
+func (d *idler) moved() { d.start = time.Time{} }
+
+// idle waits one step of the policy and returns how long the stretch has
+// lasted.
+func (d *idler) idle(tr *Transport) time.Duration {
+	now := time.Now()
+	if d.start.IsZero() {
+		d.start = now
+	}
+	switch idle := now.Sub(d.start); {
+	case idle < benchSpin:
+		runtime.Gosched()
+	case idle < benchSpin+benchYield:
+		unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	default:
+		d.parks++
+		tr.Wait(time.Millisecond)
+	}
+	return now.Sub(d.start)
+}
+
 // progress drives one send and one receive (either may be nil) on c until
 // both are done, idling like the engine. It returns how often it parked.
 func progress(tr *Transport, c transport.Conn, s *transport.SendOp, r *transport.RecvOp) (parks int, err error) {
 	sDone, rDone := s == nil, r == nil
-	var idleStart time.Time
+	var d idler
 	for !sDone || !rDone {
 		moved := false
 		if !sDone {
 			before := s.Progress
 			done, err := c.TrySend(s)
 			if err != nil {
-				return parks, err
+				return d.parks, err
 			}
 			sDone, moved = done, done || s.Progress != before
 		}
@@ -39,29 +70,17 @@ func progress(tr *Transport, c transport.Conn, s *transport.SendOp, r *transport
 			before := r.Progress
 			done, err := c.TryRecv(r)
 			if err != nil {
-				return parks, err
+				return d.parks, err
 			}
 			rDone, moved = done, moved || done || r.Progress != before
 		}
 		if moved {
-			idleStart = time.Time{}
+			d.moved()
 			continue
 		}
-		now := time.Now()
-		if idleStart.IsZero() {
-			idleStart = now
-		}
-		switch idle := now.Sub(idleStart); {
-		case idle < benchSpin:
-			runtime.Gosched()
-		case idle < benchSpin+benchYield:
-			unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-		default:
-			parks++
-			tr.Wait(time.Millisecond)
-		}
+		d.idle(tr)
 	}
-	return parks, nil
+	return d.parks, nil
 }
 
 // mustProgress is progress failing b on error.
