@@ -591,43 +591,17 @@ func BenchmarkLLExchangeProcs(b *testing.B) {
 
 func benchLLExchange(b *testing.B, size int) {
 	ts := newCluster(b, 2, 1, 0, withSlot(benchSlot))
-	bufs := [2][2][]byte{{pattern(1, size), make([]byte, size)}, {pattern(2, size), make([]byte, size)}}
-	var parks [2]int
-	n := b.N
-	lat := make([]time.Duration, n)
-	run := func(r int) {
-		e := transport.FirstEpoch
-		for i := range n {
-			start := time.Now()
-			if err := ts[r].Store(1-r, e, testTag, bufs[r][0]); err != nil {
-				b.Error(err)
-				return
-			}
-			var st transport.SlotLoad
-			p, err := loadLL(ts[r], 1-r, e, bufs[r][1], &st, 10*time.Second)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			parks[r] += p
-			if r == 0 {
-				lat[i] = time.Since(start)
-			}
-			e = transport.NextEpoch(e)
+	var epochs [2]uint32
+	epochs[0], epochs[1] = transport.FirstEpoch, transport.FirstEpoch
+	benchPair(b, size, func(r, _ int, out, in []byte) (int, error) {
+		e := epochs[r]
+		epochs[r] = transport.NextEpoch(e)
+		if err := ts[r].Store(1-r, e, testTag, out); err != nil {
+			return 0, err
 		}
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		run(1)
-	}()
-	b.SetBytes(int64(size))
-	b.ReportAllocs()
-	b.ResetTimer()
-	run(0)
-	b.StopTimer()
-	<-done
-	reportExchange(b, lat, float64(parks[0]+parks[1]))
+		var st transport.SlotLoad
+		return loadLL(ts[r], 1-r, e, in, &st, 10*time.Second)
+	})
 }
 
 func benchLLExchangeProcs(b *testing.B, size int) {
