@@ -375,7 +375,7 @@ func TestSizeOneAndWake(t *testing.T) {
 	// whole milliseconds: the fastest of a few idle Wait(100us) is well
 	// under 1 ms even on a loaded machine, and none returns early.
 	fastest := time.Hour
-	for range 20 {
+	for range 50 {
 		start := time.Now()
 		if err := tr.Wait(100 * time.Microsecond); err != nil {
 			t.Fatal(err)
