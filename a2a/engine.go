@@ -298,11 +298,11 @@ func (e *engine) postStore(kind transport.OpKind, seq uint64, st *algo.Step, buf
 		binary.LittleEndian.PutUint64(data, uint64(st.Src.Len))
 	}
 	e.sent += int64(len(data))
-	if cap := e.slotBytes(st.Peer); cap > 0 {
-		if len(data) > cap {
-			return nSend, fault.New(fault.ErrInvalidArgument, st.Peer, "LL block of %d bytes for a %d-byte slot", len(data), cap)
+	if room := e.slotBytes(st.Peer); room > 0 {
+		if len(data) > room {
+			return nSend, fault.New(fault.ErrInvalidArgument, st.Peer, "LL block of %d bytes for a %d-byte slot", len(data), room)
 		}
-		if err := e.slots.Store(st.Peer, e.llEpoch, uint32(kind), data); err != nil {
+		if err := e.slots.Store(st.Peer, e.llEpoch, e.llTag, data); err != nil {
 			return nSend, e.peerError(st.Peer, err)
 		}
 		return nSend, nil
