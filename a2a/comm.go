@@ -326,25 +326,23 @@ func HostIdentity() string {
 const (
 	defaultSpin = 50 * time.Microsecond // busy-poll before yielding the core
 	// defaultYield is how long a rank gives its core away with sched_yield
-	// before parking; parking costs a 30-70 us wake-up on these VMs.
+	// before parking; parking costs a 30-70 us wake-up on these VMs (2
+	// ranks, 8 B AllToAll: 52-62 us parking at once against 0.55 us). A
+	// longer yield when ranks outnumber cores was tried: 4 ranks on 2
+	// cores ran 4.9-6.9 us with 50 ms against 4.9-8.4 us with 1 ms, within
+	// the noise, while a yielding goroutine keeps its P from the
+	// application's goroutines (GOMAXPROCS is 1 for a rank bound to a
+	// core), so the yield stays short.
 	defaultYield = time.Millisecond
-	// oversubscribedYield replaces it when the host runs more ranks than
-	// cores: the rank waited for is then usually runnable on the same core,
-	// and yielding hands it the core at once, while a parked rank misses
-	// its turn (Open MPI's yield_when_idle never parks). 4 ranks on 2
-	// cores, 8 B AllToAll, three runs each: 4.9-6.9 us with 50 ms, 4.9-8.4
-	// us with 1 ms, 4.9-8.6 us parking at once; 2 ranks parking at once
-	// take 52-62 us against 0.55 us.
-	oversubscribedYield = 50 * time.Millisecond
 )
 
 // waitPolicy resolves Config.Spin and Config.Yield. By default a rank
 // busy-polls, then yields, then parks; when its host runs more ranks than it
-// has cores a spinning rank would hold the core the rank it waits for needs,
-// so it does not spin and yields longer (Open MPI's yield_when_idle makes
-// the same call). Ranks that are goroutines of one process (tests, in-process
-// groups) share the process's Ps instead of cores: they keep the short
-// yield, and shared reports them so the engine also yields to goroutines.
+// may use cores a spinning rank would hold the core the rank it waits for
+// needs, so it does not spin (Open MPI's yield_when_idle makes the same
+// call). Ranks that are goroutines of one process (tests, in-process groups)
+// share the process's Ps instead of cores: shared reports them, so the
+// engine also yields to goroutines.
 func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, rank int) (time.Duration, time.Duration, bool) {
 	local, shared := 0, false
 	for r, n := range nodes {
@@ -353,6 +351,8 @@ func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, rank int) (
 			shared = shared || (r != rank && n.PID == nodes[rank].PID)
 		}
 	}
+	// NumCPU counts the CPUs this process may run on: a rank bound to one
+	// core counts one, so bound ranks do not spin either.
 	over := local > runtime.NumCPU()
 	switch {
 	case spin < 0:
@@ -361,11 +361,7 @@ func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, rank int) (
 	case spin == 0:
 		spin = defaultSpin
 	}
-	switch {
-	case yield != 0:
-	case over && !shared:
-		yield = oversubscribedYield
-	default:
+	if yield == 0 {
 		yield = defaultYield
 	}
 	return spin, yield, shared
@@ -457,6 +453,11 @@ func (c *Comm) Err() error { return c.stopped() }
 // TransportName names the data plane in use: "tcp", or "tcp+shm" when the
 // ranks of this host talk through shared memory.
 func (c *Comm) TransportName() string { return c.tr.Name() }
+
+// WaitPolicy returns how long an idle operation busy-polls and then yields
+// its core before parking: Config.Spin and Config.Yield as resolved at join
+// (see waitPolicy for the defaults).
+func (c *Comm) WaitPolicy() (spin, yield time.Duration) { return c.eng.spin, c.eng.yield }
 
 // Stats returns the data-plane transport's counters (bytes per peer, rejected connections).
 func (c *Comm) Stats() transport.Stats { return c.tr.Stats() }

@@ -27,7 +27,7 @@ type Config struct {
 	Host          string        // A2A_HOST       host identity; ranks with equal ones share memory (default HostIdentity())
 	Transport     string        // A2A_TRANSPORT  auto (shm on this host, TCP to others) | tcp | shm
 	Spin          time.Duration // A2A_SPIN       busy-poll time before yielding the core (0: 50us, or none when this host runs more ranks than cores; negative: none)
-	Yield         time.Duration // A2A_YIELD      sched_yield time before parking (0: 1ms, or 50ms when this host runs more ranks than cores)
+	Yield         time.Duration // A2A_YIELD      sched_yield time before parking (default 1ms)
 	Links         string        // A2A_LINKS      link table: "" built-in | "probe" measured at join | path of `a2ad tune` output (rank 0's counts)
 	LLBytes       int           // A2A_LL_BYTES   largest block sent by the LL protocol (0: DefaultLLBytes; negative: no LL unless A2A_ALGO=ll)
 

@@ -430,21 +430,13 @@ if [ -n "$DELAY$RATE" ]; then
 		[ "$USE_NETEM" = 1 ] && SHAPING+=" (netem)" || SHAPING+=" (tbf)"
 	fi
 fi
-# Every "host" runs on this machine's cores: a rank's automatic wait policy sees only its
+# Every "host" runs on this machine's cores: a rank's automatic spin decision sees only its
 # own host's ranks, so with more ranks in all than cores spinning ranks would starve the
-# others. Use what a2a picks for an oversubscribed host then (no spin, a long yield before
-# parking), unless A2A_SPIN / A2A_YIELD say otherwise.
+# others. Spin off then, unless A2A_SPIN says otherwise.
 SPIN_NOTE=""
-if [ "$WORLD" -gt "$(nproc)" ]; then
-	if [ -z "${A2A_SPIN:-}" ]; then
-		export A2A_SPIN=-1ns
-		SPIN_NOTE="; spin off (A2A_SPIN=-1ns"
-	fi
-	if [ -z "${A2A_YIELD:-}" ]; then
-		export A2A_YIELD=50ms
-		SPIN_NOTE="${SPIN_NOTE:-;}${SPIN_NOTE:+,} A2A_YIELD=50ms"
-	fi
-	[ -n "$SPIN_NOTE" ] && SPIN_NOTE+=": $WORLD ranks share $(nproc) cores)"
+if [ -z "${A2A_SPIN:-}" ] && [ "$WORLD" -gt "$(nproc)" ]; then
+	export A2A_SPIN=-1ns
+	SPIN_NOTE="; spin off (A2A_SPIN=-1ns: $WORLD ranks share $(nproc) cores)"
 fi
 say "$HOSTS hosts x $LOCAL ranks in namespaces $PFX-h0..h$((HOSTS - 1)) on $NET.0/24, bridge in $BRNS; shaping: $SHAPING$SPIN_NOTE"
 
