@@ -573,7 +573,9 @@ func (t *Transport) goneErr(i, stream int) error {
 }
 
 // checkPeers polls the pidfds of peers in other processes and marks those
-// that exited. It reports whether it found a new death.
+// that exited. It reports whether it found a new death. The log line is
+// Info: ranks of a finished job exit at different times, and an exit that
+// breaks an operation surfaces as that operation's ErrPeerLost.
 func (t *Transport) checkPeers() bool {
 	if !t.pollMu.TryLock() {
 		return false
@@ -583,7 +585,7 @@ func (t *Transport) checkPeers() bool {
 	for i, seg := range t.segs {
 		if seg != nil && seg.pidfd >= 0 && !t.dead[i].Load() && exited(&seg.pfd) {
 			t.dead[i].Store(true)
-			t.log.Warn("shm: peer exited", "rank", t.rank, "peer", seg.rank, "pid", seg.pid)
+			t.log.Info("shm: peer exited", "rank", t.rank, "peer", seg.rank, "pid", seg.pid)
 			found = true
 		}
 	}
@@ -598,7 +600,7 @@ func (t *Transport) checkPeer(i int) {
 	}
 	if exited(&seg.pfd) {
 		t.dead[i].Store(true)
-		t.log.Warn("shm: peer exited", "rank", t.rank, "peer", seg.rank, "pid", seg.pid)
+		t.log.Info("shm: peer exited", "rank", t.rank, "peer", seg.rank, "pid", seg.pid)
 	}
 	t.pollMu.Unlock()
 }
