@@ -454,6 +454,10 @@ func (c *Comm) Err() error { return c.stopped() }
 // ranks of this host talk through shared memory.
 func (c *Comm) TransportName() string { return c.tr.Name() }
 
+// Config returns the configuration the communicator runs with, defaults
+// filled in.
+func (c *Comm) Config() Config { return c.cfg }
+
 // WaitPolicy returns how long an idle operation busy-polls and then yields
 // its core before parking: Config.Spin and Config.Yield as resolved at join
 // (see waitPolicy for the defaults).

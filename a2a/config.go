@@ -20,7 +20,7 @@ type Config struct {
 	Secret        string        // A2A_SECRET     data-plane authentication
 	Algo          string        // A2A_ALGO       "" = auto | pairwise | fullmesh | staged | skew | ll (AllToAllV)
 	AlgoAllReduce string        // A2A_ALGO_ALLREDUCE "" = auto | ring | recdoubling | hierarchical
-	Streams       int           // A2A_STREAMS    connections per peer pair (default 1)
+	Streams       int           // A2A_STREAMS    connections (and shm rings) per peer pair (default DefaultStreams)
 	Window        int           // A2A_WINDOW     peers in flight at once for fullmesh (default 4)
 	Timeout       time.Duration // A2A_TIMEOUT    per-operation deadline when ctx has none (default 60s)
 	Listen        string        // A2A_LISTEN     data-plane listen address (default 127.0.0.1:0)
@@ -83,6 +83,13 @@ func ConfigFromEnv() (Config, error) {
 	return cfg, nil
 }
 
+// DefaultStreams is the number of streams per peer pair. Two let the
+// frames of one large message alternate between connections: 4 ranks on 2
+// cores over TCP, 1 MiB AllToAll 1434-1544 us with two against 2647-2891 us
+// with one (Open MPI 1849 us), 4 MiB 8289-8633 against 14163-14597 us; 2
+// ranks, small messages and shared memory showed no difference.
+const DefaultStreams = 2
+
 // DefaultLLBytes is the largest block of an AllToAllV between two ranks of
 // one host that auto selection sends by the LL protocol (one-sided stores
 // into the peer's slot, no handshake) instead of as ring frames; the shm
@@ -100,7 +107,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		cfg.Group = "a2a"
 	}
 	if cfg.Streams == 0 {
-		cfg.Streams = 1
+		cfg.Streams = DefaultStreams
 	}
 	if cfg.Window == 0 {
 		cfg.Window = 4

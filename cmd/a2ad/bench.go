@@ -155,7 +155,7 @@ func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []in
 	if rank == 0 && !f.json {
 		spin, yield := c.WaitPolicy()
 		fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s counts=%s streams=%d seed=%d transport=%s spin=%v yield=%v timing=%s alloc=%s\n",
-			f.op, n, d, f.counts, max(cfg.Streams, 1), f.seed, c.TransportName(), spin, yield, f.timing, f.alloc)
+			f.op, n, d, f.counts, c.Config().Streams, f.seed, c.TransportName(), spin, yield, f.timing, f.alloc)
 		fmt.Printf("# %10s %12s %-9s %10s %10s %11s %11s %6s\n", "size", "count", "algo", "p50_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "check")
 	}
 	b := newBench(c, f)
