@@ -9,6 +9,7 @@ import (
 
 	"a2a/a2a/internal/fault"
 	"a2a/a2a/transport"
+	"a2a/a2a/transport/transporttest"
 )
 
 // frameSizes cover empty frames, frames smaller and equal to a header, a page,
@@ -19,74 +20,9 @@ var frameSizes = []int{0, 1, 48, 4096, 1<<20 + 3, 8 << 20}
 // TestExchange sends every frame size from every rank to every peer on every
 // stream, all at once, and checks every byte and the byte counters.
 func TestExchange(t *testing.T) {
-	maxSize := 0
-	total := 0
-	for _, s := range frameSizes {
-		maxSize = max(maxSize, s)
-		total += s
-	}
-	const spread = 1 << 16 // room for distinct offsets into a rank's pattern
 	for _, tc := range []struct{ n, streams int }{{2, 1}, {2, 3}, {3, 1}, {3, 3}, {4, 1}, {4, 3}} {
 		t.Run(fmt.Sprintf("ranks%d_streams%d", tc.n, tc.streams), func(t *testing.T) {
-			n, S := tc.n, tc.streams
-			ts := newCluster(t, n, S)
-			pats := make([][]byte, n)
-			for r := range n {
-				pats[r] = pattern(uint64(r)+1, maxSize+spread)
-			}
-			// The frame src sends dst on stream s, round k, is a window of
-			// src's pattern at an offset unique to (dst, s, k), so that a frame
-			// delivered to the wrong place shows in its bytes.
-			frame := func(src, dst, s, k int) []byte {
-				off := ((dst*S+s)*len(frameSizes) + k) * 97 % spread
-				return pats[src][off : off+frameSizes[k]]
-			}
-			jobs := make([][]job, n)
-			recvBufs := make(map[[3]int][]byte) // (dst, src, s) -> all of the frames
-			for r := range n {
-				for p := range n {
-					if p == r {
-						continue
-					}
-					for s := range S {
-						c := ts[r].Conn(p, s)
-						buf := make([]byte, total)
-						recvBufs[[3]int{r, p, s}] = buf
-						off := 0
-						for k, size := range frameSizes {
-							jobs[r] = append(jobs[r], sendJob(c, hdr(r, s, k, 11), frame(r, p, s, k)))
-							jobs[r] = append(jobs[r], recvJob(c, hdr(p, s, k, 11), buf[off:off+size]))
-							off += size
-						}
-					}
-				}
-			}
-			if err := firstErr(driveAll(ts, jobs, 20*time.Second)); err != nil {
-				t.Fatal(err)
-			}
-			for key, buf := range recvBufs {
-				dst, src, s := key[0], key[1], key[2]
-				off := 0
-				for k, size := range frameSizes {
-					if !bytes.Equal(buf[off:off+size], frame(src, dst, s, k)) {
-						t.Fatalf("rank %d: frame %d (%d bytes) from rank %d stream %d corrupted", dst, k, size, src, s)
-					}
-					off += size
-				}
-			}
-			wire := uint64(S * (total + len(frameSizes)*transport.HeaderSize))
-			for r, tr := range ts {
-				st := tr.Stats()
-				for p := range n {
-					want := wire
-					if p == r {
-						want = 0
-					}
-					if st.BytesSent[p] != want || st.BytesReceived[p] != want {
-						t.Errorf("rank %d stats for peer %d: sent %d received %d, want %d", r, p, st.BytesSent[p], st.BytesReceived[p], want)
-					}
-				}
-			}
+			transporttest.Exchange(t, newCluster(t, tc.n, tc.streams), frameSizes)
 		})
 	}
 }
