@@ -141,17 +141,8 @@ func (s *Schedule) displacements(a *AllToAllVArgs) (sd, rd []int) {
 // [f*block, (f+1)*block) of the message, travels on stream f % streams, and the
 // final frame carries Last.
 func (s *Schedule) addMessage(kind StepKind, peer int, span Span, streams, block int) {
-	nf := FrameCount(span.Len, block)
-	for f := 0; f < nf; f++ {
-		off := f * block
-		sub := Span{Buf: span.Buf, Off: span.Off + off, Len: min(block, span.Len-off)}
-		st := Step{Kind: kind, Peer: peer, Stream: f % streams, Last: f == nf-1}
-		if kind == StepSend {
-			st.Src = sub
-		} else {
-			st.Dst = sub
-		}
-		s.Add(st)
+	for f := range FrameCount(span.Len, block) {
+		s.addFrame(kind, peer, span, f, streams, block)
 	}
 }
 
