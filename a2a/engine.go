@@ -131,6 +131,15 @@ func (b *opBuffers) span(s algo.Span) ([]byte, error) {
 	return buf[s.Off:s.End()], nil
 }
 
+// srcDst resolves a local step's source and destination spans.
+func (b *opBuffers) srcDst(st *algo.Step) (src, dst []byte, err error) {
+	if src, err = b.span(st.Src); err != nil {
+		return nil, nil, err
+	}
+	dst, err = b.span(st.Dst)
+	return src, dst, err
+}
+
 // run executes s for the operation (kind, seq) and returns when every step of
 // every round is done, or at the first error.
 func (e *engine) run(ctx context.Context, kind transport.OpKind, seq, aux uint64, s *algo.Schedule, bufs *opBuffers, deadline time.Time) error {
@@ -165,11 +174,7 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 		st := &steps[i]
 		switch st.Kind {
 		case algo.StepCopy:
-			src, err := bufs.span(st.Src)
-			if err != nil {
-				return err
-			}
-			dst, err := bufs.span(st.Dst)
+			src, dst, err := bufs.srcDst(st)
 			if err != nil {
 				return err
 			}
@@ -177,11 +182,7 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 				e.copies = append(e.copies, localCopy{dst: dst, src: src})
 			}
 		case algo.StepReduce:
-			src, err := bufs.span(st.Src)
-			if err != nil {
-				return err
-			}
-			dst, err := bufs.span(st.Dst)
+			src, dst, err := bufs.srcDst(st)
 			if err != nil {
 				return err
 			}
