@@ -33,8 +33,9 @@ func (c *Comm) Links() algo.Links { return c.links }
 // agreeLinks gives every rank rank 0's link table: the built-in defaults, a
 // file written by `a2ad tune` (Config.Links is its path), or one rank 0
 // measures now ("probe") by ping-pong with its first peer of each link
-// class. Rank 0 broadcasts what it probes, then the table, so every rank
-// prices candidates identically even when their settings differ.
+// class. Rank 0 broadcasts the table (when probing, first whom it probes and
+// then the table), so every rank prices candidates identically even when
+// their settings differ; a join without probing costs one small Broadcast.
 func (c *Comm) agreeLinks(ctx context.Context) error {
 	c.links = algo.DefaultLinks()
 	if c.rank == 0 && c.cfg.Links != LinksDefault && c.cfg.Links != LinksProbe {
@@ -53,27 +54,33 @@ func (c *Comm) agreeLinks(ctx context.Context) error {
 	c.cfg.Observer = nil
 	defer func() { c.cfg.Observer = obs }()
 
-	plan := make([]byte, 24) // probe?, local peer, remote peer
+	// One broadcast carries the table, or, when rank 0 probes, the peers it
+	// probes; a second one then carries the measured table.
+	msg := make([]byte, 24+linksBytes) // probe?, local peer, remote peer, table
 	local, remote := -1, -1
-	if c.rank == 0 && c.cfg.Links == LinksProbe {
-		for r := 1; r < c.size; r++ {
-			if c.hosts[r] == c.hosts[0] && local < 0 {
-				local = r
+	if c.rank == 0 {
+		if c.cfg.Links == LinksProbe {
+			for r := 1; r < c.size; r++ {
+				if c.hosts[r] == c.hosts[0] && local < 0 {
+					local = r
+				}
+				if c.hosts[r] != c.hosts[0] && remote < 0 {
+					remote = r
+				}
 			}
-			if c.hosts[r] != c.hosts[0] && remote < 0 {
-				remote = r
-			}
+			binary.LittleEndian.PutUint64(msg[0:], 1)
 		}
-		binary.LittleEndian.PutUint64(plan[0:], 1)
-		binary.LittleEndian.PutUint64(plan[8:], uint64(int64(local)))
-		binary.LittleEndian.PutUint64(plan[16:], uint64(int64(remote)))
+		binary.LittleEndian.PutUint64(msg[8:], uint64(int64(local)))
+		binary.LittleEndian.PutUint64(msg[16:], uint64(int64(remote)))
+		encodeLinks(msg[24:], c.links)
 	}
-	if err := c.Broadcast(ctx, plan, 0); err != nil {
+	if err := c.Broadcast(ctx, msg, 0); err != nil {
 		return err
 	}
-	if binary.LittleEndian.Uint64(plan[0:]) == 1 {
-		local = int(int64(binary.LittleEndian.Uint64(plan[8:])))
-		remote = int(int64(binary.LittleEndian.Uint64(plan[16:])))
+	table := msg[24:]
+	if binary.LittleEndian.Uint64(msg[0:]) == 1 {
+		local = int(int64(binary.LittleEndian.Uint64(msg[8:])))
+		remote = int(int64(binary.LittleEndian.Uint64(msg[16:])))
 		for _, p := range []struct {
 			peer int
 			link *algo.Link
@@ -89,22 +96,14 @@ func (c *Comm) agreeLinks(ctx context.Context) error {
 				*p.link = l
 			}
 		}
-	}
-	table := make([]byte, 48)
-	if c.rank == 0 {
-		for i, v := range []float64{c.links.Local.Alpha, c.links.Local.Beta, float64(c.links.Local.Lanes),
-			c.links.Remote.Alpha, c.links.Remote.Beta, float64(c.links.Remote.Lanes)} {
-			binary.LittleEndian.PutUint64(table[8*i:], math.Float64bits(v))
+		if c.rank == 0 {
+			encodeLinks(table, c.links)
+		}
+		if err := c.Broadcast(ctx, table, 0); err != nil {
+			return err
 		}
 	}
-	if err := c.Broadcast(ctx, table, 0); err != nil {
-		return err
-	}
-	f := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64(table[8*i:])) }
-	c.links = algo.Links{
-		Local:  algo.Link{Alpha: f(0), Beta: f(1), Lanes: int(f(2))},
-		Remote: algo.Link{Alpha: f(3), Beta: f(4), Lanes: int(f(5))},
-	}
+	c.links = decodeLinks(table)
 	return nil
 }
 
@@ -155,4 +154,23 @@ func (c *Comm) probeLink(ctx context.Context, peer int) (algo.Link, error) {
 	// gets a positive, finite Beta.
 	beta := max((large.Seconds()/2-alpha)/probeLarge, 1e-12)
 	return algo.Link{Alpha: alpha, Beta: beta, Lanes: 1}, nil
+}
+
+// linksBytes is the size of an encoded link table: alpha, beta and lanes of
+// each class as float64s.
+const linksBytes = 48
+
+func encodeLinks(b []byte, l algo.Links) {
+	for i, v := range []float64{l.Local.Alpha, l.Local.Beta, float64(l.Local.Lanes),
+		l.Remote.Alpha, l.Remote.Beta, float64(l.Remote.Lanes)} {
+		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
+	}
+}
+
+func decodeLinks(b []byte) algo.Links {
+	f := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:])) }
+	return algo.Links{
+		Local:  algo.Link{Alpha: f(0), Beta: f(1), Lanes: int(f(2))},
+		Remote: algo.Link{Alpha: f(3), Beta: f(4), Lanes: int(f(5))},
+	}
 }
