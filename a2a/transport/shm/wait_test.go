@@ -9,6 +9,7 @@ import (
 
 	"a2a/a2a/internal/fault"
 	"a2a/a2a/transport"
+	"a2a/a2a/transport/transporttest"
 )
 
 // TestWaitWakes parks rank 0 in Wait on a stalled op and checks that the
@@ -182,39 +183,7 @@ func TestSizeOneAndWake(t *testing.T) {
 			if err := tr.Wait(5 * time.Millisecond); err != nil || time.Since(start) < 5*time.Millisecond {
 				t.Errorf("second Wait after one Wake: %v after %v, want a full park", err, time.Since(start))
 			}
-			woke := make(chan error, 1)
-			go func() { woke <- tr.Wait(10 * time.Second) }()
-			time.Sleep(10 * time.Millisecond)
-			tr.Wake()
-			select {
-			case err := <-woke:
-				if err != nil {
-					t.Errorf("Wait woken by Wake: %v", err)
-				}
-			case <-time.After(2 * time.Second):
-				t.Fatal("Wake did not end a concurrent Wait")
-			}
-			// Close ends a parked Wait too.
-			go func() { woke <- tr.Wait(10 * time.Second) }()
-			time.Sleep(10 * time.Millisecond)
-			if err := tr.Close(); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case err := <-woke:
-				if err != nil && !errors.Is(err, fault.ErrClosed) {
-					t.Errorf("Wait ended by Close: %v", err)
-				}
-			case <-time.After(2 * time.Second):
-				t.Fatal("Close did not end a parked Wait")
-			}
-			tr.Wake() // no panic after Close
-			if err := tr.Wait(0); !errors.Is(err, fault.ErrClosed) {
-				t.Errorf("Wait after Close: %v, want ErrClosed", err)
-			}
-			if err := tr.Close(); err != nil {
-				t.Errorf("second Close: %v", err)
-			}
+			transporttest.WakeAndClose(t, tr)
 		})
 	}
 }
