@@ -460,26 +460,14 @@ func (d *Dispatcher) prepare(ctx context.Context, tokens []byte, dec *routing.De
 }
 
 // checkAssignments reports the first expert id out of range, expert named
-// twice by one token, or non-finite weight.
+// twice by one token (routing's rules), or non-finite weight.
 func checkAssignments(dec *routing.Decision, experts int) error {
-	K := dec.K
-	for t := range dec.Tokens {
-		ids := dec.Expert[t*K : (t+1)*K]
-		for s, e := range ids {
-			if e == routing.Dropped {
-				continue
-			}
-			if e < 0 || int(e) >= experts {
-				return invalidf("token %d slot %d: expert id %d out of range [0, %d)", t, s, e, experts)
-			}
-			for p := range s {
-				if ids[p] == e {
-					return invalidf("token %d: expert %d in both slot %d and slot %d", t, e, p, s)
-				}
-			}
-			if w := dec.Weight[t*K+s]; w != w || math.IsInf(float64(w), 0) {
-				return invalidf("token %d slot %d: gate weight %v, want a finite number", t, s, w)
-			}
+	if err := dec.CheckExperts(experts); err != nil {
+		return wrapInvalid(err, "decision")
+	}
+	for i, w := range dec.Weight {
+		if dec.Expert[i] != routing.Dropped && (w != w || math.IsInf(float64(w), 0)) {
+			return invalidf("token %d slot %d: gate weight %v, want a finite number", i/dec.K, i%dec.K, w)
 		}
 	}
 	return nil

@@ -89,6 +89,29 @@ func (d *Decision) check(experts int) error {
 	return nil
 }
 
+// CheckExperts reports, for a decision of the right shape, the first expert
+// id outside [0, experts) (Dropped aside) and the first expert one token
+// names twice: what a caller-made decision must satisfy before dispatch.
+func (d *Decision) CheckExperts(experts int) error {
+	if err := d.check(experts); err != nil {
+		return err
+	}
+	for t := range d.Tokens {
+		ids := d.Expert[t*d.K : (t+1)*d.K]
+		for s, e := range ids {
+			if e == Dropped {
+				continue
+			}
+			for p := range s {
+				if ids[p] == e {
+					return invalidf("token %d: expert %d in both slot %d and slot %d", t, e, p, s)
+				}
+			}
+		}
+	}
+	return nil
+}
+
 // Gate is a top-k softmax gate over Experts experts choosing K of them per
 // token. The zero value is not usable: set both fields.
 type Gate struct {
@@ -263,28 +286,19 @@ func FromAssignments(expert []int32, weight []float32, tokens, k, experts int, d
 		return invalidf("weights length %d, want tokens %d x k %d", len(weight), tokens, k)
 	}
 	d.resize(tokens, k)
-	for t := range tokens {
-		ids := expert[t*k : (t+1)*k]
-		for s, e := range ids {
-			i := t*k + s
-			if e == Dropped {
-				d.Expert[i], d.Weight[i] = Dropped, 0
-				continue
-			}
-			if e < 0 || int(e) >= experts {
-				return invalidf("token %d slot %d: expert id %d out of range [0, %d)", t, s, e, experts)
-			}
-			for p := range s {
-				if ids[p] == e {
-					return invalidf("token %d: expert %d in both slot %d and slot %d", t, e, p, s)
-				}
-			}
-			w := weight[i]
-			if !(w >= 0) || w > math.MaxFloat32 {
-				return invalidf("token %d slot %d: weight %v, want finite and >= 0", t, s, w)
-			}
-			d.Expert[i], d.Weight[i] = e, w
+	copy(d.Expert, expert)
+	if err := d.CheckExperts(experts); err != nil {
+		return err
+	}
+	for i, e := range d.Expert {
+		w := weight[i]
+		switch {
+		case e == Dropped:
+			w = 0
+		case !(w >= 0) || w > math.MaxFloat32:
+			return invalidf("token %d slot %d: weight %v, want finite and >= 0", i/k, i%k, w)
 		}
+		d.Weight[i] = w
 	}
 	return nil
 }
