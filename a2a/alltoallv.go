@@ -118,7 +118,7 @@ func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matri
 	start := time.Now()
 	seq, deadline, err := c.begin(ctx)
 	if err != nil {
-		if o := c.cfg.Observer; o != nil {
+		if o := c.observer; o != nil {
 			o.CountsExchanged(time.Since(start), err)
 		}
 		return err
@@ -134,7 +134,7 @@ func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matri
 	if err != nil {
 		err = c.fail(err)
 	}
-	if o := c.cfg.Observer; o != nil {
+	if o := c.observer; o != nil {
 		o.CountsExchanged(time.Since(start), err)
 	}
 	c.mu.Unlock()
@@ -299,14 +299,14 @@ func (c *Comm) checkCounts(what string, counts []int, n int) error {
 // observeRejected reports a call refused before it started (the
 // communicator was already aborted or closed, or ctx was done).
 func (c *Comm) observeRejected(op string, start time.Time, err error) {
-	if o := c.cfg.Observer; o != nil {
+	if o := c.observer; o != nil {
 		o.OpDone(OpEvent{Op: op, Algo: algo.AlgoAuto.String(), Rank: c.rank, Size: c.size, Duration: time.Since(start), Err: err, LastPeer: -1})
 	}
 }
 
 // observe reports a finished operation to the Observer.
 func (c *Comm) observe(op string, a algo.Algo, seq uint64, sendCounts, recvCounts []int, start time.Time, err error) {
-	o := c.cfg.Observer
+	o := c.observer
 	if o == nil {
 		return
 	}

@@ -288,7 +288,7 @@ func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) e
 	if err != nil {
 		err = c.fail(err)
 	}
-	if o := c.cfg.Observer; o != nil { // under the lock: the engine's figures are this call's
+	if o := c.observer; o != nil { // under the lock: the engine's figures are this call's
 		ev := OpEvent{Op: k.name, Algo: a.String(), Rank: c.rank, Size: c.size, Seq: seq, Duration: time.Since(start), Err: err,
 			BytesSent: k.sent, BytesReceived: k.received, LastPeer: c.eng.lastPeer, LastWait: c.eng.lastWait}
 		o.OpDone(ev)

@@ -36,9 +36,12 @@ import (
 // the group calls the same ones in the same order. A Comm runs one operation at
 // a time; concurrent calls are serialised.
 type Comm struct {
-	cfg  Config
-	log  *slog.Logger
-	algo algo.Algo
+	cfg Config
+	log *slog.Logger
+	// observer is Config.Observer once Join returns: the join's own
+	// collectives (agreeing on the link table) are not reported.
+	observer Observer
+	algo     algo.Algo
 	// allReduceAlgo is forced by A2A_ALGO_ALLREDUCE, or auto.
 	allReduceAlgo algo.Algo
 	nc            *nats.Conn
@@ -100,6 +103,7 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 		c.teardown()
 		return nil, err
 	}
+	c.observer = cfg.Observer
 	c.watchWG.Add(1)
 	go c.watchControl()
 	c.log.Debug("a2a: joined", "group", cfg.Group, "rank", c.rank, "size", c.size, "epoch", c.member.Epoch())

@@ -48,12 +48,6 @@ func (c *Comm) agreeLinks(ctx context.Context) error {
 	if c.size < 2 {
 		return nil
 	}
-	// The join's own operations are not the user's: keep them out of the
-	// observer's figures.
-	obs := c.cfg.Observer
-	c.cfg.Observer = nil
-	defer func() { c.cfg.Observer = obs }()
-
 	// One broadcast carries the table, or, when rank 0 probes, the peers it
 	// probes; a second one then carries the measured table.
 	msg := make([]byte, 24+linksBytes) // probe?, local peer, remote peer, table

@@ -61,7 +61,7 @@ func (c *Comm) p2p(ctx context.Context, send bool, buf []byte, peer, tag int) (i
 	if err != nil {
 		err = c.fail(err)
 	}
-	if o := c.cfg.Observer; o != nil { // under the lock: the engine's figures are this call's
+	if o := c.observer; o != nil { // under the lock: the engine's figures are this call's
 		o.OpDone(OpEvent{Op: name, Algo: "direct", Rank: c.rank, Size: c.size, Duration: time.Since(start), Err: err,
 			BytesSent: c.eng.sent, BytesReceived: c.eng.received, LastPeer: c.eng.lastPeer, LastWait: c.eng.lastWait})
 	}
