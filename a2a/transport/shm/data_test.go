@@ -17,6 +17,11 @@ import (
 // that streams through the ring 128 times.
 var frameSizes = []int{0, 1, 48, 4096, testRing + 3, 8 << 20}
 
+// clusterOf is newCluster in one ZCopy mode, for transporttest's checks.
+func clusterOf(zcopy int) func(t testing.TB, n, streams int) []*Transport {
+	return func(t testing.TB, n, streams int) []*Transport { return newCluster(t, n, streams, zcopy) }
+}
+
 // TestExchange sends every frame size from every rank to every peer on every
 // stream, all at once, through the rings and by CMA, and checks every byte
 // and the byte counters.
@@ -76,55 +81,10 @@ func TestRingSizes(t *testing.T) {
 // sender whose CMA descriptor is rejected fails too, instead of waiting for
 // an acknowledgment forever.
 func TestHeaderMismatch(t *testing.T) {
-	const want = 100
 	for _, zcopy := range []int{ringOnly, cmaAll} {
-		for _, tc := range []struct {
-			name   string
-			mutate func(h *transport.Header)
-			size   int
-			anyLen bool
-		}{
-			{"seq", func(h *transport.Header) { h.Seq++ }, want, false},
-			{"kind", func(h *transport.Header) { h.Kind = transport.OpAllReduce }, want, false},
-			{"flags", func(h *transport.Header) { h.Flags = 0 }, want, false},
-			{"epoch", func(h *transport.Header) { h.Epoch++ }, want, false},
-			{"round", func(h *transport.Header) { h.Round++ }, want, false},
-			{"shorter", nil, want / 2, false},
-			{"longer", nil, want * 2, false},
-			{"empty", nil, 0, false},
-			{"anylen longer than buffer", nil, want + 1, true},
-		} {
-			t.Run(modeName(zcopy)+"_"+tc.name, func(t *testing.T) {
-				ts := newCluster(t, 2, 1, zcopy)
-				h := hdr(0, 0, 0, 5)
-				if tc.mutate != nil {
-					tc.mutate(&h)
-				}
-				recv := recvJob(ts[1].Conn(0, 0), hdr(0, 0, 0, 5), make([]byte, want))
-				recv.Recv.AnyLen = tc.anyLen
-				errs := driveAll(ts, [][]job{
-					{sendJob(ts[0].Conn(1, 0), h, make([]byte, tc.size))},
-					{recv},
-				}, 5*time.Second)
-				var fe *fault.Error
-				if !errors.Is(errs[1], fault.ErrMismatch) || !errors.As(errs[1], &fe) || fe.Rank != 0 {
-					t.Fatalf("receiver: got %v, want ErrMismatch naming rank 0", errs[1])
-				}
-				if zcopy == cmaAll && tc.size > 0 {
-					if !errors.Is(errs[0], fault.ErrMismatch) || !errors.As(errs[0], &fe) || fe.Rank != 1 {
-						t.Fatalf("CMA sender: got %v, want ErrMismatch naming rank 1", errs[0])
-					}
-				} else if errs[0] != nil {
-					t.Fatalf("sender: %v", errs[0])
-				}
-				// Framing is lost: the stream keeps failing instead of reading
-				// payload bytes as a header.
-				again := recvJob(ts[1].Conn(0, 0), hdr(0, 0, 1, 5), make([]byte, want))
-				if _, err := again.C.TryRecv(again.Recv); !errors.Is(err, fault.ErrMismatch) {
-					t.Fatalf("next receive on the broken stream: %v, want ErrMismatch", err)
-				}
-			})
-		}
+		t.Run(modeName(zcopy), func(t *testing.T) {
+			transporttest.HeaderMismatch(t, clusterOf(zcopy), zcopy == cmaAll)
+		})
 	}
 }
 
@@ -134,10 +94,9 @@ func TestHeaderMismatch(t *testing.T) {
 func TestAnyLenAndWindow(t *testing.T) {
 	for _, zcopy := range []int{ringOnly, cmaAll} {
 		t.Run(modeName(zcopy), func(t *testing.T) {
-			cluster := func(t testing.TB, n, streams int) []*Transport { return newCluster(t, n, streams, zcopy) }
 			// Puts larger than the ring stream through it; a CMA sender
 			// hears the receiver refuse a put outside the window.
-			transporttest.AnyLenAndWindow(t, cluster, testRing, zcopy == cmaAll)
+			transporttest.AnyLenAndWindow(t, clusterOf(zcopy), testRing, zcopy == cmaAll)
 		})
 	}
 }

@@ -30,50 +30,7 @@ func TestExchange(t *testing.T) {
 // TestHeaderMismatch checks that a frame whose header differs from the
 // expected one fails the receive with ErrMismatch naming the sender.
 func TestHeaderMismatch(t *testing.T) {
-	const want = 100
-	for _, tc := range []struct {
-		name   string
-		mutate func(h *transport.Header)
-		size   int
-		anyLen bool
-	}{
-		{"seq", func(h *transport.Header) { h.Seq++ }, want, false},
-		{"kind", func(h *transport.Header) { h.Kind = transport.OpAllReduce }, want, false},
-		{"flags", func(h *transport.Header) { h.Flags = 0 }, want, false},
-		{"epoch", func(h *transport.Header) { h.Epoch++ }, want, false},
-		{"round", func(h *transport.Header) { h.Round++ }, want, false},
-		{"shorter", nil, want / 2, false},
-		{"longer", nil, want * 2, false},
-		{"empty", nil, 0, false},
-		{"anylen longer than buffer", nil, want + 1, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ts := newCluster(t, 2, 1)
-			h := hdr(0, 0, 0, 5)
-			if tc.mutate != nil {
-				tc.mutate(&h)
-			}
-			recv := recvJob(ts[1].Conn(0, 0), hdr(0, 0, 0, 5), make([]byte, want))
-			recv.Recv.AnyLen = tc.anyLen
-			errs := driveAll(ts, [][]job{
-				{sendJob(ts[0].Conn(1, 0), h, make([]byte, tc.size))},
-				{recv},
-			}, 5*time.Second)
-			if errs[0] != nil {
-				t.Fatalf("sender: %v", errs[0])
-			}
-			var fe *fault.Error
-			if !errors.Is(errs[1], fault.ErrMismatch) || !errors.As(errs[1], &fe) || fe.Rank != 0 {
-				t.Fatalf("receiver: got %v, want ErrMismatch naming rank 0", errs[1])
-			}
-			// Framing is lost: the stream keeps failing instead of reading
-			// payload bytes as a header.
-			again := recvJob(ts[1].Conn(0, 0), hdr(0, 0, 1, 5), make([]byte, want))
-			if _, err := again.C.TryRecv(again.Recv); !errors.Is(err, fault.ErrMismatch) {
-				t.Fatalf("next receive on the broken stream: %v, want ErrMismatch", err)
-			}
-		})
-	}
+	transporttest.HeaderMismatch(t, func(t testing.TB, n, streams int) []*Transport { return newCluster(t, n, streams) }, false)
 }
 
 // TestAnyLenAndWindow checks receives whose length or place the header
