@@ -170,11 +170,6 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 		err = algo.PlanSkew(&c.sched, algo.SkewArgs{Rank: c.rank, World: c.size, Matrix: matrix, Streams: c.cfg.Streams, Window: 1})
 	}
 	if a == algo.AlgoStaged {
-		if matrix == nil {
-			if matrix, err = c.gatherMatrix(ctx, seq, deadline, sendCounts); err != nil {
-				return a, err
-			}
-		}
 		err = algo.PlanStaged(&c.sched, algo.StagedArgs{Rank: c.rank, World: c.size, Matrix: matrix, Hosts: c.hosts, Streams: c.cfg.Streams})
 		if errors.Is(err, algo.ErrUnevenHosts) {
 			// Every rank sees the same hosts, so every rank falls back alike.
