@@ -202,7 +202,6 @@ func (c *Comm) join(ctx context.Context) error {
 		c.ringCheck.Add(algo.Step{Kind: algo.StepRecv, Peer: (c.rank - 1 + c.size) % c.size, Last: true})
 		c.ringCheck.EndRound()
 	}
-	c.hosts, c.numHosts = hostOrdinals(m.Nodes())
 	if err := c.agreeLinks(ctx); err != nil {
 		m.Abort(err) // the caller's teardown closes the transports
 		return err
@@ -214,7 +213,27 @@ func (c *Comm) join(ctx context.Context) error {
 		// matrix is available.
 		c.algo = algo.ChooseAllToAllV(c.size, cfg.Streams, cfg.Window, nil, c.links.Flat(c.numHosts))
 	}
+	if c.algo == algo.AlgoStaged && !evenHosts(c.hosts, c.numHosts) {
+		// Decided once here rather than after gathering the matrix on every
+		// call; every rank sees the same hosts, so every rank falls back.
+		c.log.Warn("a2a: staged needs equal ranks per host; using fullmesh", "hosts", c.numHosts, "ranks", c.size)
+		c.algo = algo.AlgoFullmesh
+	}
 	return nil
+}
+
+// evenHosts reports whether every host runs the same number of ranks.
+func evenHosts(hosts []int, numHosts int) bool {
+	per := make([]int, numHosts)
+	for _, h := range hosts {
+		per[h]++
+	}
+	for _, n := range per {
+		if n != per[0] {
+			return false
+		}
+	}
+	return true
 }
 
 // llBarrierMaxRanks bounds the one-round LL barrier: p-1 stores and loads
