@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"runtime"
 	"testing"
-	"time"
+
+	"a2a/a2a/transport/transporttest"
 )
 
 // TestMain fails the run if goroutines, descriptors, mappings or segment
@@ -18,19 +18,8 @@ func TestMain(m *testing.M) {
 	// The runtime opens its poller's descriptors when the os package first
 	// opens a file (Open reads /proc); open them before taking the baseline.
 	os.ReadFile("/proc/self/stat")
-	goroutines, fds := runtime.NumGoroutine(), openFDs()
-	code := m.Run()
+	code := transporttest.RunLeakChecked(m)
 	if code == 0 {
-		end := time.Now().Add(3 * time.Second)
-		for time.Now().Before(end) && (runtime.NumGoroutine() > goroutines || openFDs() > fds) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if g, f := runtime.NumGoroutine(), openFDs(); g > goroutines || f > fds {
-			buf := make([]byte, 1<<20)
-			fmt.Fprintf(os.Stderr, "leak: %d goroutines (started with %d), %d descriptors (started with %d)\n%s\n",
-				g, goroutines, f, fds, buf[:runtime.Stack(buf, true)])
-			code = 1
-		}
 		if n := segmentMappings(); n > 0 {
 			fmt.Fprintf(os.Stderr, "leak: %d segment mappings left\n", n)
 			code = 1
@@ -41,14 +30,6 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
-}
-
-func openFDs() int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return 0
-	}
-	return len(ents)
 }
 
 // segmentMappings counts this process's mappings of segment files.
