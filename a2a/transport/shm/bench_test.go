@@ -7,80 +7,14 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"a2a/a2a/transport"
+	"a2a/a2a/transport/transporttest"
 )
 
-// Idle policy of the benchmark ranks, the engine's defaults: spin (letting
-// other goroutines run) for benchSpin, then give the core away with
-// sched_yield until benchYield, then park in Wait.
-const (
-	benchSpin  = 50 * time.Microsecond
-	benchYield = time.Millisecond
-)
-
-// idler is the engine's idle policy for the tests' progress loops: after a
-// pass that moved nothing, spin (letting other goroutines run) for
-// benchSpin, then give the core away with sched_yield until benchYield,
-// then park in Wait.
-type idler struct {
-	start time.Time // of the current idle stretch; zero while moving
-	parks int
-}
-
-// moved ends an idle stretch.
-func (d *idler) moved() { d.start = time.Time{} }
-
-// idle waits one step of the policy and returns how long the stretch has
-// lasted.
-func (d *idler) idle(tr *Transport) time.Duration {
-	now := time.Now()
-	if d.start.IsZero() {
-		d.start = now
-	}
-	switch idle := now.Sub(d.start); {
-	case idle < benchSpin:
-		runtime.Gosched()
-	case idle < benchSpin+benchYield:
-		unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-	default:
-		d.parks++
-		tr.Wait(time.Millisecond)
-	}
-	return now.Sub(d.start)
-}
-
-// progress drives one send and one receive (either may be nil) on c until
-// both are done, idling like the engine. It returns how often it parked.
-func progress(tr *Transport, c transport.Conn, s *transport.SendOp, r *transport.RecvOp) (parks int, err error) {
-	sDone, rDone := s == nil, r == nil
-	var d idler
-	for !sDone || !rDone {
-		moved := false
-		if !sDone {
-			before := s.Progress
-			done, err := c.TrySend(s)
-			if err != nil {
-				return d.parks, err
-			}
-			sDone, moved = done, done || s.Progress != before
-		}
-		if !rDone {
-			before := r.Progress
-			done, err := c.TryRecv(r)
-			if err != nil {
-				return d.parks, err
-			}
-			rDone, moved = done, moved || done || r.Progress != before
-		}
-		if moved {
-			d.moved()
-			continue
-		}
-		d.idle(tr)
-	}
-	return d.parks, nil
+// progress is transporttest.Progress: one send and one receive driven
+// with the engine's idle policy.
+func progress(tr *Transport, c transport.Conn, s *transport.SendOp, r *transport.RecvOp) (int, error) {
+	return transporttest.Progress(tr, c, s, r)
 }
 
 // mustProgress is progress failing b on error.

@@ -11,6 +11,7 @@ import (
 
 	"a2a/a2a/internal/fault"
 	"a2a/a2a/transport"
+	"a2a/a2a/transport/transporttest"
 )
 
 // testSlot is the slot size of the LL tests that need more than the default.
@@ -475,19 +476,19 @@ func loadLL(tr *Transport, peer int, epoch uint32, dst []byte, st *transport.Slo
 
 // loadLLAny is loadLL with a choice of anyLen.
 func loadLLAny(tr *Transport, peer int, epoch uint32, dst []byte, anyLen bool, st *transport.SlotLoad, timeout time.Duration) (parks int, err error) {
-	var d idler
+	var d transporttest.Idler
 	for {
 		words := st.Words
 		done, err := tr.Load(peer, epoch, testTag, dst, anyLen, st)
 		if done || err != nil {
-			return d.parks, err
+			return d.Parks, err
 		}
 		if st.Words != words {
-			d.moved()
+			d.Moved()
 			continue
 		}
-		if d.idle(tr) > timeout {
-			return d.parks, fault.New(fault.ErrTimeout, peer, "LL load from rank %d: no message", peer)
+		if d.Idle(tr) > timeout {
+			return d.Parks, fault.New(fault.ErrTimeout, peer, "LL load from rank %d: no message", peer)
 		}
 	}
 }

@@ -6,44 +6,14 @@ import (
 	"time"
 
 	"a2a/a2a/transport"
+	"a2a/a2a/transport/transporttest"
 )
 
-// spinTries is how many fruitless sweeps a benchmark rank makes before it
-// parks in Wait: spinning keeps latency low while a peer's answer is tens of
-// microseconds away, parking avoids burning a shared core for longer.
-const spinTries = 200
-
-// progress drives one send and one receive (either may be nil) on c until
-// both are done, spinning then parking like the engine.
+// progress drives one send and one receive on c with the engine's idle
+// policy (transporttest.Progress), failing b on error.
 func progress(b *testing.B, tr *Transport, c transport.Conn, s *transport.SendOp, r *transport.RecvOp) {
-	sDone, rDone := s == nil, r == nil
-	for idle := 0; !sDone || !rDone; {
-		moved := false
-		if !sDone {
-			before := s.Progress
-			done, err := c.TrySend(s)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			sDone, moved = done, done || s.Progress != before
-		}
-		if !rDone {
-			before := r.Progress
-			done, err := c.TryRecv(r)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			rDone, moved = done, moved || done || r.Progress != before
-		}
-		if moved {
-			idle = 0
-			continue
-		}
-		if idle++; idle > spinTries {
-			tr.Wait(time.Millisecond)
-		}
+	if _, err := transporttest.Progress(tr, c, s, r); err != nil {
+		b.Error(err)
 	}
 }
 
