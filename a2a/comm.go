@@ -473,6 +473,11 @@ func (c *Comm) LastAlgo() string {
 // Err returns the reason the communicator was aborted, or nil.
 func (c *Comm) Err() error { return c.stopped() }
 
+// Host is the host ordinal of rank (0 for rank 0's host, then in order of
+// first appearance by rank): two ranks share a host, and may share memory,
+// exactly when their ordinals are equal. Every rank sees the same ordinals.
+func (c *Comm) Host(rank int) int { return c.hosts[rank] }
+
 // TransportName names the data plane in use: "tcp", or "tcp+shm" when the
 // ranks of this host talk through shared memory.
 func (c *Comm) TransportName() string { return c.tr.Name() }

@@ -25,8 +25,8 @@ func (h *Handle) weightedSum() {
 	for t := range h.T {
 		if stream && t+1 < h.T {
 			for a := (t + 1) * K; a < (t+2)*K; a++ {
-				if off := h.slotOff[a]; off != -1 {
-					prefetchRow(h.slotRow(off))
+				if h.slotOff[a] != -1 {
+					prefetchRow(h.slotRow(a))
 				}
 			}
 		}
@@ -34,8 +34,8 @@ func (h *Handle) weightedSum() {
 		n := 0
 		for s := range K {
 			a := t*K + s
-			if off := h.slotOff[a]; off != -1 {
-				h.offs[n], h.ws[n] = off, h.dec.Weight[a]
+			if h.slotOff[a] != -1 {
+				h.offs[n], h.ws[n] = a, h.dec.Weight[a]
 				n++
 			}
 		}
@@ -73,13 +73,15 @@ func (h *Handle) weightedSum() {
 // expertRow is the expert output row of the i-th kept slot collected in h.offs.
 func (h *Handle) expertRow(i int) []byte { return h.slotRow(h.offs[i]) }
 
-// slotRow is the expert output row at slot offset off (not -1): in the send
-// buffer the reverse exchange filled, or for rows this rank kept for itself,
-// in the expert outputs.
-func (h *Handle) slotRow(off int) []byte {
-	rb := h.d.rowBytes
+// slotRow is the expert output row of kept slot a: where the peer's expert
+// wrote it or the reverse exchange put it (rowSrc), or for rows this rank
+// kept for itself, in the expert outputs.
+func (h *Handle) slotRow(a int) []byte {
+	rb, off := h.d.rowBytes, h.slotOff[a]
 	if off >= 0 {
-		return h.send[off : off+rb]
+		j := h.d.pl.Owner[h.dec.Expert[a]]
+		off -= h.rowDelta[j]
+		return h.rowSrc[j][off : off+rb]
 	}
 	off = -2 - off
 	return h.expertOut[off : off+rb]

@@ -19,8 +19,18 @@ type dispatchCase struct {
 	l       layer
 	owner   []int // placement table; nil: contiguous
 	counts  CountsMode
-	inPlace bool // experts write their outputs into Recv
+	outputs outputsAt
+	combine CombinePath
 }
+
+// outputsAt says where the test's experts write their outputs.
+type outputsAt uint8
+
+const (
+	inOutput    outputsAt = iota // Handle.Output
+	inRecv                       // Handle.Recv, computed in place
+	inOwnBuffer                  // a buffer of the caller's
+)
 
 func (c dispatchCase) placement(t *testing.T) *routing.Placement {
 	var pl *routing.Placement
@@ -50,7 +60,7 @@ func TestDispatchCombine(t *testing.T) {
 			l: layer{experts: 4, k: 2, hidden: 3, tokens: 0, dtype: reduce.Float32}},
 		{name: "3ranks/nats/f32/k3/drops", ranks: 3, counts: CountsNATS,
 			l: layer{experts: 7, k: 3, hidden: 9, tokens: 30, dtype: reduce.Float32, capacity: 0.8, skew: 0.8}},
-		{name: "3ranks/inband/f32/k1/in-place/caller-drops", ranks: 3, inPlace: true,
+		{name: "3ranks/inband/f32/k1/in-place/caller-drops", ranks: 3, outputs: inRecv,
 			l: layer{experts: 3, k: 1, hidden: 16, tokens: 25, dtype: reduce.Float32, preDrop: true}},
 		{name: "4ranks/nats/bf16/uneven-placement", ranks: 4, counts: CountsNATS, owner: []int{0, 0, 0, 2, 2, 3},
 			l: layer{experts: 6, k: 2, hidden: 7, tokens: 33, dtype: reduce.BFloat16}},
@@ -58,15 +68,17 @@ func TestDispatchCombine(t *testing.T) {
 			l: layer{experts: 5, k: 2, hidden: 4, tokens: 29, dtype: reduce.Float32, capacity: 1.1, skew: 2}},
 		{name: "5ranks/inband/f16/zipf/drops", ranks: 5,
 			l: layer{experts: 16, k: 2, hidden: 6, tokens: 50, dtype: reduce.Float16, capacity: 1.25, skew: 1.5, preDrop: true}},
-		{name: "5ranks/nats/bf16/k4", ranks: 5, counts: CountsNATS, inPlace: true,
+		{name: "5ranks/nats/bf16/k4", ranks: 5, counts: CountsNATS, outputs: inRecv,
 			l: layer{experts: 11, k: 4, hidden: 10, tokens: 21, dtype: reduce.BFloat16, skew: 0.5}},
 		// Steps large enough (over streamBytes) for streaming stores and
 		// prefetching, with rows that are not a multiple of 32 bytes and, in
 		// NATS mode, 16-byte headers in front of the blocks.
 		{name: "3ranks/inband/bf16/large/drops", ranks: 3,
 			l: layer{experts: 6, k: 2, hidden: 1000, tokens: 600, dtype: reduce.BFloat16, capacity: 1.1, skew: 1}},
-		{name: "2ranks/nats/f32/large", ranks: 2, counts: CountsNATS, inPlace: true,
+		{name: "2ranks/nats/f32/large", ranks: 2, counts: CountsNATS, outputs: inRecv,
 			l: layer{experts: 4, k: 2, hidden: 300, tokens: 1000, dtype: reduce.Float32}},
+		{name: "3ranks/inband/f32/own-buffer", ranks: 3, outputs: inOwnBuffer,
+			l: layer{experts: 5, k: 2, hidden: 8, tokens: 31, dtype: reduce.Float32, skew: 1}},
 	}
 	url := startNATS(t)
 	groups := map[int][]*a2a.Comm{}
@@ -77,23 +89,34 @@ func TestDispatchCombine(t *testing.T) {
 	}
 	for i, c := range cases {
 		c.l.seed = uint64(100 + i)
-		t.Run(c.name, func(t *testing.T) {
-			comms := groups[c.ranks]
-			pl := c.placement(t)
-			ds := newDispatchers(t, comms, Config{
-				Experts: c.l.experts, K: c.l.k, Hidden: c.l.hidden, DType: c.l.dtype,
-				CapacityFactor: c.l.capacity, Placement: pl, Counts: c.counts, Logger: discard,
-			})
-			mustAll(t, onAll(c.ranks, func(r int) error {
-				for step := range 3 {
-					if err := runStep(ds[r], c, pl, r, step); err != nil {
-						return fmt.Errorf("step %d: %w", step, err)
-					}
-				}
-				return nil
-			}))
-		})
+		for _, path := range []CombinePath{CombineAuto, CombineExchange} {
+			c.combine = path
+			t.Run(c.name+"/"+path.String(), func(t *testing.T) { testLayer(t, groups[c.ranks], c) })
+		}
 	}
+}
+
+// testLayer runs three verified steps of c on comms, whose ranks all share
+// this host: CombineAuto must read the outputs in place there.
+func testLayer(t *testing.T, comms []*a2a.Comm, c dispatchCase) {
+	pl := c.placement(t)
+	ds := newDispatchers(t, comms, Config{
+		Experts: c.l.experts, K: c.l.k, Hidden: c.l.hidden, DType: c.l.dtype,
+		CapacityFactor: c.l.capacity, Placement: pl, Counts: c.counts, Combine: c.combine, Logger: discard,
+	})
+	for r, d := range ds {
+		if want := c.combine == CombineAuto; d.SharedOutputs() != want {
+			t.Fatalf("rank %d: SharedOutputs() = %v with combine path %v on one host, want %v", r, d.SharedOutputs(), c.combine, want)
+		}
+	}
+	mustAll(t, onAll(c.ranks, func(r int) error {
+		for step := range 3 {
+			if err := runStep(ds[r], c, pl, r, step); err != nil {
+				return fmt.Errorf("step %d: %w", step, err)
+			}
+		}
+		return nil
+	}))
 }
 
 // runStep is one verified synchronous step of rank r.
@@ -113,9 +136,14 @@ func runStep(d *Dispatcher, c dispatchCase, pl *routing.Placement, r, step int) 
 	if err := checkStats(l, r, step, h); err != nil {
 		return err
 	}
-	outputs := h.Output()
-	if c.inPlace {
+	var outputs []byte
+	switch c.outputs {
+	case inOutput:
+		outputs = h.Output()
+	case inRecv:
 		outputs = h.Recv()
+	case inOwnBuffer:
+		outputs = make([]byte, len(h.Recv()))
 	}
 	runExperts(h, l.dtype, l.hidden, outputs)
 	// The combined output overwrites the token buffer, as a layer would.

@@ -57,6 +57,32 @@ func ParseCountsMode(s string) (CountsMode, error) {
 // buffer for any element type.
 const HeaderAlign = 16
 
+// CombinePath selects how Combine brings the expert outputs back to the
+// ranks their tokens came from.
+type CombinePath uint8
+
+const (
+	// CombineAuto reads the outputs where the experts wrote them when every
+	// rank of the group is on one host and can map the others' memory
+	// (memfd segments opened through /proc; not with A2A_TRANSPORT=tcp),
+	// and otherwise runs the reverse AllToAllV. Dispatcher.SharedOutputs
+	// says which was chosen.
+	CombineAuto CombinePath = iota
+	// CombineExchange always runs the reverse AllToAllV.
+	CombineExchange
+)
+
+// String returns "auto" or "exchange".
+func (p CombinePath) String() string {
+	switch p {
+	case CombineAuto:
+		return "auto"
+	case CombineExchange:
+		return "exchange"
+	}
+	return fmt.Sprintf("CombinePath(%d)", uint8(p))
+}
+
 // Observer receives one event per dispatch and per combine.
 // *metrics.Observer implements it. Methods run on the goroutine that ran the
 // step (the caller's or the dispatcher's worker): keep them fast.
@@ -93,6 +119,9 @@ type Config struct {
 	Placement *routing.Placement
 	// Counts selects how receive counts are learned (default CountsInBand).
 	Counts CountsMode
+	// Combine selects how Combine brings expert outputs back (default
+	// CombineAuto: read in place when the whole group is on one host).
+	Combine CombinePath
 	// Observer, if set, is told about every dispatch and combine.
 	Observer Observer
 	// Logger receives debug messages (nil: slog.Default()).
@@ -116,6 +145,11 @@ type Dispatcher struct {
 	maxLocal int   // most experts any rank hosts
 	hdr      []int // CountsNATS: header bytes of the block for rank j (0 in-band)
 	hdrSelf  int   // header bytes of the blocks this rank receives
+
+	// Shared outputs (shared.go): chosen at New by every rank alike.
+	shared bool
+	views  views         // peers' segments mapped here; used by exec only
+	segGen atomic.Uint64 // numbers this rank's segments
 
 	jobs       chan *Handle
 	inflight   atomic.Int32 // jobs queued or running on the worker
@@ -152,6 +186,8 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 		return nil, invalidf("dtype %v, want float32, bfloat16 or float16", cfg.DType)
 	case cfg.Counts != CountsInBand && cfg.Counts != CountsNATS:
 		return nil, invalidf("counts mode %v", cfg.Counts)
+	case cfg.Combine != CombineAuto && cfg.Combine != CombineExchange:
+		return nil, invalidf("combine path %v", cfg.Combine)
 	case math.IsNaN(cfg.CapacityFactor) || math.IsInf(cfg.CapacityFactor, 0):
 		return nil, invalidf("capacity factor %v, want finite (<= 0: unlimited)", cfg.CapacityFactor)
 	case cfg.Hidden > math.MaxInt32/cfg.DType.Size():
@@ -191,11 +227,17 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 	if err := d.agree(ctx); err != nil {
 		return nil, err
 	}
+	shared, err := d.probeShared(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d.shared = shared
+	d.views.byPeer = make([][]peerView, size)
 	d.jobs = make(chan *Handle, 16)
 	d.workerDone = make(chan struct{})
 	go d.work()
 	d.log.Debug("dispatch: layer ready", "rank", rank, "ranks", size, "experts", cfg.Experts, "k", cfg.K,
-		"hidden", cfg.Hidden, "dtype", cfg.DType, "local_experts", d.nLocal, "counts", cfg.Counts)
+		"hidden", cfg.Hidden, "dtype", cfg.DType, "local_experts", d.nLocal, "counts", cfg.Counts, "shared_outputs", d.shared)
 	return d, nil
 }
 
@@ -213,6 +255,7 @@ func (d *Dispatcher) agree(ctx context.Context) error {
 	put(uint64(d.cfg.Hidden))
 	put(uint64(d.cfg.DType))
 	put(uint64(d.cfg.Counts))
+	put(uint64(d.cfg.Combine))
 	put(math.Float64bits(max(d.cfg.CapacityFactor, 0)))
 	for _, r := range d.pl.Owner {
 		put(uint64(r))
@@ -247,8 +290,19 @@ func (d *Dispatcher) Close() error {
 	close(d.jobs)
 	d.mu.Unlock()
 	<-d.workerDone
+	d.views.close()
+	d.mu.Lock()
+	for _, h := range d.free {
+		h.freeSegments()
+	}
+	d.mu.Unlock()
 	return nil
 }
+
+// SharedOutputs reports whether Combine reads the expert outputs in place
+// from the other ranks' memory instead of running the reverse AllToAllV
+// (see CombineAuto). All ranks of the layer report the same.
+func (d *Dispatcher) SharedOutputs() bool { return d.shared }
 
 // Config returns the layer configuration, with defaults filled in.
 func (d *Dispatcher) Config() Config { return d.cfg }
@@ -373,7 +427,7 @@ func (d *Dispatcher) handle() *Handle {
 	}
 	d.mu.Unlock()
 	P := d.size
-	return &Handle{
+	h := &Handle{
 		d:          d,
 		done:       make(chan error, 1),
 		sendCounts: make([]int, P),
@@ -388,13 +442,22 @@ func (d *Dispatcher) handle() *Handle {
 		hdrIn:      make([]byte, 4*d.maxLocal*P),
 		offs:       make([]int, d.cfg.K),
 		ws:         make([]float32, d.cfg.K),
+		rowSrc:     make([][]byte, P),
+		rowDelta:   make([]int, P),
 	}
+	if d.shared {
+		h.descOut, h.descIn = make([]byte, descriptorBytes*P), make([]byte, descriptorBytes*P)
+	}
+	return h
 }
 
 func (d *Dispatcher) recycle(h *Handle) {
 	h.ctx, h.tokens, h.expertOut, h.out = nil, nil, nil, nil
 	h.state = stateIdle
 	d.mu.Lock()
+	if d.closed && !h.pending {
+		h.freeSegments() // released after Close: nobody will hand it out again
+	}
 	d.free = append(d.free, h)
 	d.mu.Unlock()
 }

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
@@ -94,6 +95,15 @@ type Handle struct {
 	ws                 []float32
 	acc, tmp           []float32
 
+	// Where combine reads the outputs of peer j's experts: the row for the
+	// slot at send offset off is rowSrc[j][off-rowDelta[j]:] (the send
+	// buffer the reverse exchange filled, or j's shared segment).
+	rowSrc   [][]byte
+	rowDelta []int
+	// Shared outputs: recv and output live in segments the peers map.
+	recvSeg, outSeg *segment
+	descOut, descIn []byte // the descriptors exchanged by each combine
+
 	dispatchTime, combineTime time.Duration
 	sentBytes, recvBytes      int64
 }
@@ -142,8 +152,46 @@ func (h *Handle) Recv() []byte { return h.recv }
 // for the expert outputs. Its previous contents are unspecified: write every
 // row of every segment.
 func (h *Handle) Output() []byte {
+	if h.d.shared {
+		out, err := h.sharedBuffer(&h.outSeg, len(h.recv), 0)
+		if err == nil {
+			h.output = out
+			return out
+		}
+		// Combine copies outputs computed elsewhere into shared memory
+		// itself, and reports the error if it cannot either.
+		h.d.log.Warn("dispatch: shared output buffer", "rank", h.d.rank, "err", err)
+	}
 	h.output = grow(h.output, len(h.recv))
 	return h.output
+}
+
+// freeSegments unmaps the handle's shared buffers.
+func (h *Handle) freeSegments() {
+	h.recvSeg.free()
+	h.outSeg.free()
+	h.recvSeg, h.outSeg = nil, nil
+	h.recv, h.output = nil, nil
+}
+
+// growRecv makes h.recv n bytes long, keeping its first keep bytes: in a
+// shared segment for shared outputs, else on the heap.
+func (h *Handle) growRecv(n, keep int) error {
+	if h.d.shared {
+		r, err := h.sharedBuffer(&h.recvSeg, n, keep)
+		if err != nil {
+			return err
+		}
+		h.recv = r
+		return nil
+	}
+	if cap(h.recv) < n {
+		r := make([]byte, n)
+		copy(r, h.recv[:keep])
+		h.recv = r
+	}
+	h.recv = h.recv[:n]
+	return nil
 }
 
 // LocalExperts is the number of experts this rank hosts.
@@ -228,10 +276,9 @@ func (h *Handle) runDispatch() error {
 	}
 	h.send = grow(h.send, off)
 	h.selfBytes = p.RankRows[me] * rb
-	if cap(h.recv) < h.selfBytes+off {
-		h.recv = make([]byte, h.selfBytes+off)
+	if err := h.growRecv(max(h.selfBytes+off, cap(h.recv)), 0); err != nil {
+		return err
 	}
-	h.recv = h.recv[:cap(h.recv)]
 	h.pack()
 	for l, e := range d.pl.PerRank[me] {
 		h.rowsFrom[me*nLocal+l] = p.ExpertRows[e]
@@ -282,12 +329,9 @@ func (h *Handle) runDispatch() error {
 		h.recvDispl[i] = off
 		off += h.recvCounts[i]
 	}
-	if cap(h.recv) < off {
-		r := make([]byte, off)
-		copy(r, h.recv[:h.selfBytes])
-		h.recv = r
+	if err := h.growRecv(off, h.selfBytes); err != nil {
+		return err
 	}
-	h.recv = h.recv[:off]
 	if err := d.comm.AllToAllV(h.ctx, h.send, h.sendCounts, h.recv[h.selfBytes:], h.recvCounts); err != nil {
 		return err
 	}
@@ -412,13 +456,37 @@ func (h *Handle) mismatch(src int, format string, args ...any) error {
 func (h *Handle) runCombine() error {
 	start := time.Now()
 	d := h.d
-	// The reverse of the dispatch: what came from rank i goes back to it,
-	// landing where this rank's rows for it were packed. The outputs for
-	// this rank's own rows stay where they are.
-	if err := d.comm.AllToAllV(h.ctx, h.expertOut[h.selfBytes:], h.recvCounts, h.send, h.sendCounts); err != nil {
-		return err
+	if d.shared {
+		// The peers' outputs are read where their experts wrote them;
+		// then a barrier tells the experts their outputs are free again.
+		// A rank that cannot read still joins the barrier, so that the
+		// others finish.
+		err := h.readShared()
+		if errors.Is(err, ErrSharedMemory) || errors.Is(err, a2a.ErrMismatch) {
+			if berr := d.comm.Barrier(h.ctx); berr != nil {
+				err = errors.Join(err, berr)
+			}
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		h.weightedSum()
+		if err := d.comm.Barrier(h.ctx); err != nil {
+			return err
+		}
+	} else {
+		// The reverse of the dispatch: what came from rank i goes back to
+		// it, landing where this rank's rows for it were packed. The
+		// outputs for this rank's own rows stay where they are.
+		if err := d.comm.AllToAllV(h.ctx, h.expertOut[h.selfBytes:], h.recvCounts, h.send, h.sendCounts); err != nil {
+			return err
+		}
+		for j := range d.size {
+			h.rowSrc[j], h.rowDelta[j] = h.send, 0
+		}
+		h.weightedSum()
 	}
-	h.weightedSum()
 	h.combineTime = time.Since(start)
 	if o := d.cfg.Observer; o != nil {
 		o.ObserveCombine(h.combineTime)

@@ -1,7 +1,8 @@
 // Command moe is the expert-routing demo of a2a: N local ranks run a
 // mixture-of-experts layer step by step — route, dispatch, expert compute,
-// combine — over a real NATS control plane and TCP data plane, and check
-// every output against a reference computed in a single process.
+// combine — over a real NATS control plane and data plane (shared memory
+// between local ranks, TCP otherwise), and check every output against a
+// reference computed in a single process.
 //
 //	go run ./examples/moe                      # 4 ranks, 16 experts, top-2
 //	go run ./examples/moe -n 2 --skew 1.2 --capacity 1.0 --steps 10
@@ -176,7 +177,7 @@ func launchRanks(ctx context.Context, log *slog.Logger, o options, args []string
 		}
 		defer svc.Close()
 	}
-	fmt.Fprintf(stdout, "moe: %d local ranks, embedded NATS control plane, TCP data plane\n", o.ranks)
+	fmt.Fprintf(stdout, "moe: %d local ranks, embedded NATS control plane\n", o.ranks)
 	return launch.Run(ctx, launch.Spec{
 		N: o.ranks, NATSURL: url, Group: "moe-" + randomHex(6), Secret: randomHex(16),
 		Prog: self, Args: append([]string{"--worker"}, args...),

@@ -75,7 +75,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	out := io.Discard
 	if rank == 0 {
 		out = stdout
-		printHeader(out, o, size, d.Placement(), urls)
+		printHeader(out, o, size, d.Placement(), urls, c.TransportName(), d.SharedOutputs())
 	}
 	r := newRankState(o, d, rank)
 	agg := newAggregate(o, size)
@@ -119,13 +119,18 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-func printHeader(w io.Writer, o options, size int, pl *routing.Placement, urls []string) {
+func printHeader(w io.Writer, o options, size int, pl *routing.Placement, urls []string, transport string, shared bool) {
 	mb := "1 micro-batch"
 	if o.microbatches > 1 {
 		mb = fmt.Sprintf("%d micro-batches (exchange overlaps expert compute)", o.microbatches)
 	}
 	fmt.Fprintf(w, "moe: %d ranks, %d experts (%s), top-%d, %d tokens per rank, hidden %d, ffn %d, %v, capacity %g, skew %g, counts %v, %s\n",
 		size, o.experts, expertsPerRank(pl), o.k, o.tokens, o.hidden, o.ffn, o.dtype, o.capacity, o.skew, o.counts, mb)
+	combine := "reverse AllToAllV"
+	if shared {
+		combine = "expert outputs read in place (shared memory)"
+	}
+	fmt.Fprintf(w, "data plane %s, combine: %s\n", transport, combine)
 	for r, u := range urls {
 		fmt.Fprintf(w, "rank %d metrics %s\n", r, u)
 	}

@@ -1,0 +1,117 @@
+package dispatch
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"a2a/a2a"
+	"a2a/a2a/reduce"
+)
+
+// TestSharedOutputsChoice: CombineAuto reads outputs in place only when every
+// rank shares this host and no rank forces TCP; whatever the choice, every
+// rank makes the same one and the steps verify.
+func TestSharedOutputsChoice(t *testing.T) {
+	cases := []struct {
+		name    string
+		mod     func(*a2a.Config)
+		combine CombinePath
+		want    bool
+	}{
+		{name: "one-host", want: true},
+		{name: "one-host/exchange", combine: CombineExchange},
+		{name: "tcp-forced", mod: func(c *a2a.Config) { c.Transport = "tcp" }},
+		{name: "two-hosts", mod: func(c *a2a.Config) { c.Host = fmt.Sprintf("host%d", c.Rank%2) }},
+	}
+	url := startNATS(t)
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			const ranks = 3
+			comms := group(t, url, ranks, tc.mod)
+			c := dispatchCase{ranks: ranks, combine: tc.combine,
+				l: layer{experts: 6, k: 2, hidden: 24, tokens: 40, dtype: reduce.BFloat16, skew: 1, seed: uint64(200 + i)}}
+			pl := c.placement(t)
+			ds := newDispatchers(t, comms, Config{Experts: 6, K: 2, Hidden: 24, DType: reduce.BFloat16, Combine: tc.combine, Logger: discard})
+			for r, d := range ds {
+				if d.SharedOutputs() != tc.want {
+					t.Fatalf("rank %d: SharedOutputs() = %v, want %v", r, d.SharedOutputs(), tc.want)
+				}
+			}
+			mustAll(t, onAll(ranks, func(r int) error {
+				for step := range 2 {
+					if err := runStep(ds[r], c, pl, r, step); err != nil {
+						return fmt.Errorf("step %d: %w", step, err)
+					}
+				}
+				return nil
+			}))
+		})
+	}
+}
+
+// TestSharedSegmentsReleased runs steps whose sizes grow (so that segments are
+// replaced and peers remap them) and checks that the shared memory is mapped
+// while the layer runs and that Close leaves no memfd open or mapped.
+func TestSharedSegmentsReleased(t *testing.T) {
+	const ranks = 3
+	url := startNATS(t)
+	comms := group(t, url, ranks, nil)
+	if fds, maps := sharedMemory(t); fds+maps != 0 {
+		t.Fatalf("%d memfds open and %d mapped before any dispatcher", fds, maps)
+	}
+	for round, tokens := range []int{8, 300, 2000} {
+		c := dispatchCase{ranks: ranks,
+			l: layer{experts: 6, k: 2, hidden: 256, tokens: tokens, dtype: reduce.Float32, skew: 1, seed: uint64(300 + round)}}
+		pl := c.placement(t)
+		ds := make([]*Dispatcher, ranks)
+		mustAll(t, onAll(ranks, func(r int) error {
+			var err error
+			ds[r], err = New(t.Context(), comms[r], Config{Experts: 6, K: 2, Hidden: 256, DType: reduce.Float32, Logger: discard})
+			return err
+		}))
+		mustAll(t, onAll(ranks, func(r int) error {
+			// Growing within the dispatcher's life too: step s has more tokens.
+			for step := range 3 {
+				l := c
+				l.l.tokens = tokens * (step + 1)
+				if err := runStep(ds[r], l, pl, r, step); err != nil {
+					return fmt.Errorf("tokens %d step %d: %w", l.l.tokens, step, err)
+				}
+			}
+			return nil
+		}))
+		fds, maps := sharedMemory(t)
+		if !ds[0].SharedOutputs() || fds == 0 || maps == 0 {
+			t.Fatalf("round %d: shared outputs %v with %d memfds open and %d mapped, want both in use", round, ds[0].SharedOutputs(), fds, maps)
+		}
+		for _, d := range ds {
+			d.Close()
+		}
+		if fds, maps := sharedMemory(t); fds+maps != 0 {
+			t.Fatalf("round %d: %d memfds open and %d mapped after Close", round, fds, maps)
+		}
+	}
+}
+
+// sharedMemory counts this process's open descriptors and mappings of the
+// dispatcher's memfds.
+func sharedMemory(t *testing.T) (fds, maps int) {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if link, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && strings.Contains(link, "memfd:a2a-dispatch") {
+			fds++
+		}
+	}
+	m, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fds, strings.Count(string(m), "memfd:a2a-dispatch")
+}
