@@ -31,10 +31,10 @@ type benchRank struct {
 // benchLayer sets up ranks in-process ranks with one dispatcher each, and
 // every rank's tokens and routing (uniform gate over the experts, no
 // capacity limit so that both benchmarks move exactly the same bytes).
-func benchLayer(b *testing.B, ranks, experts, k, tokens, hidden int, dt reduce.DType, counts CountsMode) ([]*Dispatcher, []*benchRank) {
+func benchLayer(b *testing.B, ranks, experts, k, tokens, hidden int, dt reduce.DType, counts CountsMode, path CombinePath) ([]*Dispatcher, []*benchRank) {
 	url := startNATS(b)
 	comms := group(b, url, ranks, nil)
-	ds := newDispatchers(b, comms, Config{Experts: experts, K: k, Hidden: hidden, DType: dt, Counts: counts, Logger: discard})
+	ds := newDispatchers(b, comms, Config{Experts: experts, K: k, Hidden: hidden, DType: dt, Counts: counts, Combine: path, Logger: discard})
 	in := make([]*benchRank, ranks)
 	rb := hidden * dt.Size()
 	gate := routing.Gate{Experts: experts, K: k}
@@ -61,7 +61,11 @@ func benchLayer(b *testing.B, ranks, experts, k, tokens, hidden int, dt reduce.D
 		br.fwdSend = append([]int(nil), h.sendCounts...)
 		br.fwdRecv = append([]int(nil), h.recvCounts...)
 		br.fwdSend[r], br.fwdRecv[r] = h.selfBytes, h.selfBytes
-		br.send, br.recv = make([]byte, len(h.send)+h.selfBytes), make([]byte, len(h.recv))
+		sent := 0
+		for _, n := range h.sendCounts {
+			sent += n
+		}
+		br.send, br.recv = make([]byte, sent+h.selfBytes), make([]byte, len(h.recv))
 		if err := ds[r].Combine(context.Background(), h, h.Recv(), br.out); err != nil {
 			return err
 		}
@@ -134,7 +138,7 @@ func BenchmarkDispatchCombine(b *testing.B) {
 	for _, s := range benchShapes {
 		for _, counts := range []CountsMode{CountsInBand, CountsNATS} {
 			b.Run(shapeName(s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt)+"/"+counts.String(), func(b *testing.B) {
-				ds, in := benchLayer(b, s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt, counts)
+				ds, in := benchLayer(b, s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt, counts, CombineAuto)
 				runBench(b, s.ranks, in, moeStep(ds, in, routing.Gate{Experts: s.experts, K: s.k}))
 			})
 		}
@@ -145,14 +149,16 @@ func BenchmarkDispatchCombine(b *testing.B) {
 func BenchmarkTwoAllToAllV(b *testing.B) {
 	for _, s := range benchShapes {
 		b.Run(shapeName(s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt), func(b *testing.B) {
-			ds, in := benchLayer(b, s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt, CountsInBand)
+			ds, in := benchLayer(b, s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt, CountsInBand, CombineAuto)
 			runBench(b, s.ranks, in, baseStep(ds, in))
 		})
 	}
 }
 
 // BenchmarkOverhead alternates one MoE step and one baseline step on the
-// same group and reports both step times, the CPU time this process spent
+// same group, for each counts mode and combine path (auto: shared memory,
+// these ranks being on one host; exchange: AllToAllV), and reports both step
+// times, the CPU time this process spent
 // on each (all ranks, user and system: the kernel's copies of loopback TCP
 // are most of it), and the relative overheads. On a shared machine the
 // alternation keeps load changes from landing on one side only, which
@@ -161,29 +167,31 @@ func BenchmarkTwoAllToAllV(b *testing.B) {
 func BenchmarkOverhead(b *testing.B) {
 	for _, s := range benchShapes {
 		for _, counts := range []CountsMode{CountsInBand, CountsNATS} {
-			b.Run(shapeName(s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt)+"/"+counts.String(), func(b *testing.B) {
-				ds, in := benchLayer(b, s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt, counts)
-				moe, base := moeStep(ds, in, routing.Gate{Experts: s.experts, K: s.k}), baseStep(ds, in)
-				var tm, tb, cm, cb time.Duration
-				for i := range b.N + 3 {
-					c0, t0 := cpuTime(b), time.Now()
-					mustAll(b, onAll(s.ranks, moe))
-					c1, t1 := cpuTime(b), time.Now()
-					mustAll(b, onAll(s.ranks, base))
-					c2, t2 := cpuTime(b), time.Now()
-					if i >= 3 { // warm-up
-						tm, tb = tm+t1.Sub(t0), tb+t2.Sub(t1)
-						cm, cb = cm+c1-c0, cb+c2-c1
+			for _, path := range []CombinePath{CombineAuto, CombineExchange} {
+				b.Run(shapeName(s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt)+"/"+counts.String()+"/"+path.String(), func(b *testing.B) {
+					ds, in := benchLayer(b, s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt, counts, path)
+					moe, base := moeStep(ds, in, routing.Gate{Experts: s.experts, K: s.k}), baseStep(ds, in)
+					var tm, tb, cm, cb time.Duration
+					for i := range b.N + 3 {
+						c0, t0 := cpuTime(b), time.Now()
+						mustAll(b, onAll(s.ranks, moe))
+						c1, t1 := cpuTime(b), time.Now()
+						mustAll(b, onAll(s.ranks, base))
+						c2, t2 := cpuTime(b), time.Now()
+						if i >= 3 { // warm-up
+							tm, tb = tm+t1.Sub(t0), tb+t2.Sub(t1)
+							cm, cb = cm+c1-c0, cb+c2-c1
+						}
 					}
-				}
-				n := float64(b.N)
-				b.ReportMetric(float64(tm.Microseconds())/n, "moe_us/step")
-				b.ReportMetric(float64(tb.Microseconds())/n, "base_us/step")
-				b.ReportMetric(100*(float64(tm)/float64(tb)-1), "overhead_%")
-				b.ReportMetric(float64(cm.Microseconds())/n, "moe_cpu_us/step")
-				b.ReportMetric(float64(cb.Microseconds())/n, "base_cpu_us/step")
-				b.ReportMetric(100*(float64(cm)/float64(cb)-1), "cpu_overhead_%")
-			})
+					n := float64(b.N)
+					b.ReportMetric(float64(tm.Microseconds())/n, "moe_us/step")
+					b.ReportMetric(float64(tb.Microseconds())/n, "base_us/step")
+					b.ReportMetric(100*(float64(tm)/float64(tb)-1), "overhead_%")
+					b.ReportMetric(float64(cm.Microseconds())/n, "moe_cpu_us/step")
+					b.ReportMetric(float64(cb.Microseconds())/n, "base_cpu_us/step")
+					b.ReportMetric(100*(float64(cm)/float64(cb)-1), "cpu_overhead_%")
+				})
+			}
 		}
 	}
 }
@@ -220,7 +228,7 @@ func runBench(b *testing.B, ranks int, in []*benchRank, step func(r int) error) 
 // order) and combine (the weighted sum), each reported per step.
 func BenchmarkLocalCost(b *testing.B) {
 	const experts, k, tokens, hidden = 16, 2, 4096, 1024
-	ds, in := benchLayer(b, 1, experts, k, tokens, hidden, reduce.BFloat16, CountsInBand)
+	ds, in := benchLayer(b, 1, experts, k, tokens, hidden, reduce.BFloat16, CountsInBand, CombineAuto)
 	gate := routing.Gate{Experts: experts, K: k}
 	ctx := context.Background()
 	br, d := in[0], ds[0]

@@ -5,7 +5,7 @@
 //
 // One layer step on every rank of the group:
 //
-//	h, err := d.Dispatch(ctx, tokens, &decision) // route -> pack -> counts -> AllToAllV
+//	h, err := d.Dispatch(ctx, tokens, &decision) // route -> counts -> pack (-> AllToAllV)
 //	for l := range h.LocalExperts() {
 //		for _, seg := range h.Segments(l) {           // rows of local expert l, by source rank
 //			in := h.Recv()[seg.Offset : seg.Offset+seg.Rows*rowBytes]
@@ -13,7 +13,7 @@
 //			expert(h.Expert(l), in, out)
 //		}
 //	}
-//	err = d.Combine(ctx, h, h.Output(), combined) // reverse AllToAllV -> weighted sum
+//	err = d.Combine(ctx, h, h.Output(), combined) // (reverse AllToAllV ->) weighted sum
 //	h.Release()
 //
 // # What Dispatch does
@@ -33,6 +33,33 @@
 // large copies: the packed rows are read next by the peers, not by this
 // core, so reading their old contents into the cache first would only add
 // memory traffic.
+//
+// # One host: shared memory instead of AllToAllV
+//
+// When every rank of the group is on one host ([a2a.Comm.Host]) and the
+// ranks can map each other's memory, [CombineAuto] (the default; see
+// [Dispatcher.SharedOutputs]) keeps each handle's receive and output buffers
+// in memfd segments that the other ranks map through /proc/<pid>/fd, and
+// neither direction runs an AllToAllV. This is what DeepEP's intranode
+// kernels do over NVLink:
+//
+//   - Dispatch, after the counts, exchanges 48-byte segment descriptors (each
+//     receiver says where each sender's block goes) and packs every row
+//     straight into the receiving rank's buffer; a barrier then says all rows
+//     are in place. One copy per row instead of a pack plus the exchange's
+//     copy.
+//   - Combine exchanges descriptors of the expert outputs (which also says
+//     "outputs ready"), computes the weighted sums reading the peers' outputs
+//     where their experts wrote them, and joins a barrier ("done reading"), so
+//     no output row is copied at all.
+//
+// Outputs computed into a buffer of the caller's (neither Recv nor Output)
+// are first copied into shared memory. A memfd disappears with the last
+// process that maps it, so a killed rank leaves nothing behind in /dev/shm.
+// Groups that span hosts, or run with A2A_TRANSPORT=tcp, or set
+// [CombineExchange], use the AllToAllV path described next and below. The
+// choice is made once, collectively, in [New] (a probe segment every rank
+// must be able to map and read back), so every rank takes the same path.
 //
 // # Learning the receive counts
 //
@@ -62,7 +89,7 @@
 //
 // # Combine
 //
-// [Dispatcher.Combine] runs the reverse AllToAllV with the dispatch counts
+// Without shared memory, [Dispatcher.Combine] runs the reverse AllToAllV with the dispatch counts
 // swapped — no second counts exchange — into the dispatch's own send buffer,
 // which then holds the other ranks' expert outputs in the packed order (the
 // outputs for this rank's own rows are read where the experts wrote them),
@@ -113,19 +140,19 @@
 //
 // # Performance
 //
-// Beyond the two AllToAllV of the rows, a step costs one rank: the gate's
-// top-k (the caller's), copying the decision and planning (O(tokens*k)), one
-// copy of every kept row (pack, or straight into the receive buffer for local
-// experts), one in-band counts exchange, and the weighted sum, which reads
-// every expert output once and writes every token once. BenchmarkLocalCost
-// measures these alone for 4096 tokens of 1024 bf16 elements, 16 experts,
-// top-2; BenchmarkOverhead compares whole steps with two plain AllToAllV of
-// the same bytes (forward with the local block, which Dispatch copies too;
-// reverse without it, which Combine reads in place). Between ranks of one
-// host the exchanges are themselves single memory copies (shared memory and
-// process_vm_readv, or loopback TCP), so the layer's pack and weighted sum,
-// which move about as many bytes again, weigh far more than they would next
-// to a real network.
+// Beyond moving the rows, a step costs one rank: the gate's top-k (the
+// caller's), copying the decision and planning (O(tokens*k)), one in-band
+// counts exchange, and the weighted sum, which reads every expert output once
+// and writes every token once; with the AllToAllV path, also one extra copy
+// of every kept row (the pack). BenchmarkLocalCost measures these alone for
+// 4096 tokens of 1024 bf16 elements, 16 experts, top-2; BenchmarkOverhead
+// compares whole steps with two plain AllToAllV of the same bytes (forward
+// with the local block, which Dispatch copies too; reverse without it, which
+// Combine reads in place). Between ranks of one host an AllToAllV is itself a
+// single memory copy (process_vm_readv), so with the AllToAllV path the pack
+// and the weighted sum, which move about as many bytes again, weigh far more
+// than they would next to a real network; with shared memory a step copies
+// each row once in each direction at most, and beats the two bare AllToAllV.
 //
 // # Errors
 //

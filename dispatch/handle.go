@@ -102,7 +102,8 @@ type Handle struct {
 	rowDelta []int
 	// Shared outputs: recv and output live in segments the peers map.
 	recvSeg, outSeg *segment
-	descOut, descIn []byte // the descriptors exchanged by each combine
+	descOut, descIn []byte // the descriptors exchanged by each dispatch and combine
+	zeros           []int
 
 	dispatchTime, combineTime time.Duration
 	sentBytes, recvBytes      int64
@@ -274,12 +275,18 @@ func (h *Handle) runDispatch() error {
 		}
 		off += h.sendCounts[j]
 	}
-	h.send = grow(h.send, off)
 	h.selfBytes = p.RankRows[me] * rb
-	if err := h.growRecv(max(h.selfBytes+off, cap(h.recv)), 0); err != nil {
-		return err
+	if !d.shared {
+		// Packed at once, while the counts are still unknown.
+		h.send = grow(h.send, off)
+		if err := h.growRecv(max(h.selfBytes+off, cap(h.recv)), 0); err != nil {
+			return err
+		}
+		for j := range P {
+			h.rowSrc[j], h.rowDelta[j] = h.send, 0
+		}
+		h.pack()
 	}
-	h.pack()
 	for l, e := range d.pl.PerRank[me] {
 		h.rowsFrom[me*nLocal+l] = p.ExpertRows[e]
 	}
@@ -329,11 +336,20 @@ func (h *Handle) runDispatch() error {
 		h.recvDispl[i] = off
 		off += h.recvCounts[i]
 	}
-	if err := h.growRecv(off, h.selfBytes); err != nil {
-		return err
-	}
-	if err := d.comm.AllToAllV(h.ctx, h.send, h.sendCounts, h.recv[h.selfBytes:], h.recvCounts); err != nil {
-		return err
+	if d.shared {
+		if err := h.growRecv(off, 0); err != nil {
+			return err
+		}
+		if err := h.packShared(); err != nil {
+			return err
+		}
+	} else {
+		if err := h.growRecv(off, h.selfBytes); err != nil {
+			return err
+		}
+		if err := d.comm.AllToAllV(h.ctx, h.send, h.sendCounts, h.recv[h.selfBytes:], h.recvCounts); err != nil {
+			return err
+		}
 	}
 	if d.hdrSelf > 0 {
 		for i := range P {
@@ -389,9 +405,11 @@ const streamBytes = 1 << 20
 
 // pack copies every kept row once, walking the assignments in token order so
 // that each token row is read once for all its slots: rows for other ranks go
-// to their place in the send buffer (after the CountsNATS header of their
-// block), rows for this rank's experts to the front of the receive buffer.
-// It records where each slot's row went for combine.
+// to their place in their block (after its CountsNATS header), rows for this
+// rank's experts to the front of the receive buffer. A block is in the send
+// buffer, or with shared memory directly in the receiver's receive buffer:
+// byte pos of the send layout is rowSrc[j][pos-rowDelta[j]]. It records each
+// slot's send-layout offset for combine.
 func (h *Handle) pack() {
 	d, p := h.d, &h.plan
 	P, rb, me := d.size, d.rowBytes, d.rank
@@ -404,7 +422,7 @@ func (h *Handle) pack() {
 		}
 		pos := h.sendDispl[j]
 		if hb := d.hdr[j]; hb > 0 {
-			hdr := h.send[pos : pos+hb]
+			hdr := h.rowSrc[j][pos-h.rowDelta[j]:][:hb]
 			clear(hdr)
 			for l, e := range d.pl.PerRank[j] {
 				le.PutUint32(hdr[4*l:], uint32(p.ExpertRows[e]))
@@ -429,7 +447,7 @@ func (h *Handle) pack() {
 			dst = h.recv[pos : pos+rb]
 			h.slotOff[a] = selfOffset(pos)
 		} else {
-			dst = h.send[pos : pos+rb]
+			dst = h.rowSrc[j][pos-h.rowDelta[j]:][:rb]
 			h.slotOff[a] = pos
 		}
 		if stream {
@@ -462,17 +480,13 @@ func (h *Handle) runCombine() error {
 		// A rank that cannot read still joins the barrier, so that the
 		// others finish.
 		err := h.readShared()
-		if errors.Is(err, ErrSharedMemory) || errors.Is(err, a2a.ErrMismatch) {
-			if berr := d.comm.Barrier(h.ctx); berr != nil {
-				err = errors.Join(err, berr)
-			}
-			return err
+		if err != nil && !errors.Is(err, ErrSharedMemory) && !errors.Is(err, a2a.ErrMismatch) {
+			return err // the exchange itself failed: no barrier to join
 		}
-		if err != nil {
-			return err
+		if err == nil {
+			h.weightedSum()
 		}
-		h.weightedSum()
-		if err := d.comm.Barrier(h.ctx); err != nil {
+		if err := errors.Join(err, d.comm.Barrier(h.ctx)); err != nil {
 			return err
 		}
 	} else {

@@ -9,17 +9,25 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"a2a/a2a"
 )
 
-// Shared outputs: when every rank of the group is on one host, the receive
+// Shared memory: when every rank of the group is on one host, the receive
 // and output buffers of a handle live in memfd segments that the other ranks
-// map read-only, and Combine reads the expert outputs for its tokens where
-// the experts wrote them instead of having them sent back. The reverse
-// AllToAllV, a full copy of every output row, becomes one small exchange of
-// segment descriptors (which also says "outputs ready") and a barrier ("done
-// reading": the experts may overwrite them). A memfd is freed by the kernel
-// when its last descriptor and mapping go, so a killed rank leaves nothing in
-// /dev/shm.
+// map, and neither direction runs an AllToAllV:
+//
+//   - Dispatch packs each row straight into the receive buffer of the rank
+//     hosting its expert: one copy instead of a pack and the exchange's copy.
+//     After the counts, a small exchange of segment descriptors says where
+//     each sender's block goes, and a barrier says "all rows written".
+//   - Combine reads the expert outputs for its tokens where the experts wrote
+//     them. The reverse AllToAllV, a full copy of every output row, becomes
+//     one exchange of descriptors (which also says "outputs ready") and a
+//     barrier ("done reading": the experts may overwrite them).
+//
+// A memfd is freed by the kernel when its last descriptor and mapping go, so
+// a killed rank leaves nothing in /dev/shm.
 
 // segment is memory the other ranks of the host can map: a memfd kept open,
 // so that a peer opens it as /proc/<pid>/fd/<fd>.
@@ -102,25 +110,27 @@ func getDescriptor(b []byte) descriptor {
 	}
 }
 
-// peerView is a peer's segment mapped read-only here.
+// peerView is a peer's segment mapped here (read-write: dispatch writes rows
+// into peers' receive buffers).
 type peerView struct {
 	fd   int
 	gen  uint64
 	mem  []byte
-	used uint64 // the combine that last read it
+	used uint64 // the descriptor exchange that last pointed at it
 }
 
 // views caches the peers' segments this rank has mapped, so that a step
 // maps nothing once warm. A peer replaces a segment when a step outgrows it;
 // the old mapping keeps the old memfd alive until it is evicted.
 type views struct {
-	byPeer   [][]peerView
-	combines uint64
+	byPeer [][]peerView
+	clock  uint64 // counts descriptor exchanges
 }
 
-// viewIdle is how many combines a mapping may go unread before it is
-// unmapped (more than any pipeline keeps handles in flight).
-const viewIdle = 16
+// viewIdle is how many descriptor exchanges may pass without one pointing at
+// a mapping before it is unmapped (more than any pipeline keeps handles in
+// flight uses).
+const viewIdle = 64
 
 // rows returns the part of peer's segment that desc points at, mapping the
 // segment if this is the first time it is seen.
@@ -135,7 +145,7 @@ func (v *views) rows(peer int, desc descriptor) ([]byte, error) {
 			continue
 		}
 		if pv.gen == desc.gen && len(pv.mem) == desc.size {
-			pv.used = v.combines
+			pv.used = v.clock
 			return pv.mem[desc.off : desc.off+desc.len], nil
 		}
 		// The peer replaced the segment at this fd.
@@ -149,16 +159,16 @@ func (v *views) rows(peer int, desc descriptor) ([]byte, error) {
 		v.byPeer[peer] = list
 		return nil, err
 	}
-	v.byPeer[peer] = append(list, peerView{fd: desc.fd, gen: desc.gen, mem: mem, used: v.combines})
+	v.byPeer[peer] = append(list, peerView{fd: desc.fd, gen: desc.gen, mem: mem, used: v.clock})
 	return mem[desc.off : desc.off+desc.len], nil
 }
 
-// evict unmaps the views no combine read for viewIdle combines.
+// evict unmaps the views no descriptor pointed at for viewIdle exchanges.
 func (v *views) evict() {
 	for p, list := range v.byPeer {
 		kept := list[:0]
 		for _, pv := range list {
-			if v.combines-pv.used > viewIdle {
+			if v.clock-pv.used > viewIdle {
 				unix.Munmap(pv.mem)
 				continue
 			}
@@ -179,10 +189,10 @@ func (v *views) close() {
 }
 
 // mapPeer maps size bytes of the memfd a process on this host holds open at
-// fd, read-only.
+// fd.
 func mapPeer(pid, fd, size int) ([]byte, error) {
 	path := fmt.Sprintf("/proc/%d/fd/%d", pid, fd)
-	f, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	f, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
@@ -194,7 +204,7 @@ func mapPeer(pid, fd, size int) ([]byte, error) {
 	if st.Size != int64(size) {
 		return nil, fmt.Errorf("%s holds %d bytes, the descriptor says %d", path, st.Size, size)
 	}
-	mem, err := unix.Mmap(f, 0, size, unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+	mem, err := unix.Mmap(f, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
 		return nil, fmt.Errorf("mmap %s: %w", path, err)
 	}
@@ -312,27 +322,66 @@ func (h *Handle) readShared() error {
 		descriptor{pid: pid, fd: seg.fd, gen: seg.gen, size: len(seg.mem),
 			off: base + h.recvDispl[i] + d.hdrSelf, len: h.recvCounts[i] - d.hdrSelf}.put(h.descOut[descriptorBytes*i:])
 	}
+	return h.exchangeDescriptors("outputs", d.hdr)
+}
+
+// exchangeDescriptors sends h.descOut, receives every peer's descriptor for
+// this rank and maps what they point at: the block of the send layout for
+// peer j, after its first skip[j] bytes, is then rowSrc[j][pos-rowDelta[j]].
+func (h *Handle) exchangeDescriptors(what string, skip []int) error {
+	d := h.d
 	if err := d.comm.AllToAll(h.ctx, h.descOut, h.descIn); err != nil {
 		return err
 	}
-	d.views.combines++
-	for j := range P {
-		if j == me {
+	d.views.clock++
+	for j := range d.size {
+		if j == d.rank {
 			continue
 		}
 		desc := getDescriptor(h.descIn[descriptorBytes*j:])
-		want := h.sendCounts[j] - d.hdr[j]
-		if desc.len != want {
-			return h.mismatch(j, "offers %d bytes of outputs for this rank's %d bytes of rows", desc.len, want)
+		if want := h.sendCounts[j] - skip[j]; desc.len != want {
+			return h.mismatch(j, "offers %d bytes of %s for this rank's %d bytes", desc.len, what, want)
 		}
 		rows, err := d.views.rows(j, desc)
 		if err != nil {
-			return fmt.Errorf("%w: rank %d's outputs: %w", ErrSharedMemory, j, err)
+			return fmt.Errorf("%w: rank %d's %s: %w", ErrSharedMemory, j, what, err)
 		}
-		h.rowSrc[j], h.rowDelta[j] = rows, h.sendDispl[j]+d.hdr[j]
+		h.rowSrc[j], h.rowDelta[j] = rows, h.sendDispl[j]+skip[j]
 	}
 	d.views.evict()
 	return nil
+}
+
+// packShared packs the rows straight into the receivers' receive buffers:
+// each rank tells every sender where its block goes, every sender packs, and
+// a barrier says that all rows are in place. A rank that cannot write still
+// joins the barrier, so that the others finish.
+func (h *Handle) packShared() error {
+	d := h.d
+	pid := os.Getpid()
+	seg := h.recvSeg
+	for i := range d.size {
+		if i == d.rank {
+			continue
+		}
+		descriptor{pid: pid, fd: seg.fd, gen: seg.gen, size: len(seg.mem),
+			off: h.recvDispl[i], len: h.recvCounts[i]}.put(h.descOut[descriptorBytes*i:])
+	}
+	err := h.exchangeDescriptors("receive buffer", h.noSkip())
+	if err != nil && !errors.Is(err, ErrSharedMemory) && !errors.Is(err, a2a.ErrMismatch) {
+		return err // the exchange itself failed: no barrier to join
+	}
+	if err == nil {
+		h.pack()
+	}
+	return errors.Join(err, d.comm.Barrier(h.ctx))
+}
+
+// noSkip is a zero per-peer skip for exchangeDescriptors.
+func (h *Handle) noSkip() []int {
+	h.zeros = growInts(h.zeros, h.d.size)
+	clear(h.zeros)
+	return h.zeros
 }
 
 // outputSegment finds the segment holding h.expertOut (h.Recv() or

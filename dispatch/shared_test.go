@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -114,4 +115,47 @@ func sharedMemory(t *testing.T) (fds, maps int) {
 		t.Fatal(err)
 	}
 	return fds, strings.Count(string(m), "memfd:a2a-dispatch")
+}
+
+// TestSharedPeerAborts: a rank that aborts between dispatch and combine (as
+// a crashing one would) makes the others' combine fail with a typed error
+// instead of waiting for outputs that never come, and their memory is still
+// released.
+func TestSharedPeerAborts(t *testing.T) {
+	const ranks = 3
+	url := startNATS(t)
+	comms := group(t, url, ranks, nil)
+	c := dispatchCase{ranks: ranks, l: layer{experts: 6, k: 2, hidden: 32, tokens: 50, dtype: reduce.Float32, seed: 9}}
+	ds := make([]*Dispatcher, ranks)
+	mustAll(t, onAll(ranks, func(r int) error {
+		var err error
+		ds[r], err = New(t.Context(), comms[r], Config{Experts: 6, K: 2, Hidden: 32, Logger: discard})
+		return err
+	}))
+	if !ds[0].SharedOutputs() {
+		t.Fatal("shared outputs not in use on one host")
+	}
+	errs := onAll(ranks, func(r int) error {
+		h, err := ds[r].Dispatch(t.Context(), c.l.tokenRows(r, 0), c.l.decision(r, 0))
+		if err != nil {
+			return err
+		}
+		defer h.Release()
+		if r == 2 {
+			return comms[2].Abort(errors.New("rank 2 crashed"))
+		}
+		runExperts(h, c.l.dtype, c.l.hidden, h.Output())
+		return ds[r].Combine(t.Context(), h, h.Output(), make([]byte, h.Tokens()*ds[r].RowBytes()))
+	})
+	for r := range 2 {
+		if !errors.Is(errs[r], a2a.ErrAborted) && !errors.Is(errs[r], a2a.ErrPeerLost) {
+			t.Errorf("rank %d: combine with an aborted peer: %v, want ErrAborted or ErrPeerLost", r, errs[r])
+		}
+	}
+	for _, d := range ds {
+		d.Close()
+	}
+	if fds, maps := sharedMemory(t); fds+maps != 0 {
+		t.Fatalf("%d memfds open and %d mapped after Close", fds, maps)
+	}
 }
