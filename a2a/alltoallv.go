@@ -29,7 +29,7 @@ func (c *Comm) AllToAllV(ctx context.Context, send []byte, sendCounts []int, rec
 // releasing the lock, so the counts and wait figures it reads are this call's.
 func (c *Comm) exchange(ctx context.Context, name string, f func(seq uint64, deadline time.Time) (algo.Algo, []int, []int, error)) error {
 	start := time.Now()
-	seq, deadline, err := c.begin(ctx)
+	seq, deadline, err := c.begin(ctx, start)
 	if err != nil {
 		c.observeRejected(name, start, err)
 		return err
@@ -116,7 +116,7 @@ func (c *Comm) ExchangeCountsMatrix(ctx context.Context, sendCounts, recvCounts,
 
 func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matrix []int) error {
 	start := time.Now()
-	seq, deadline, err := c.begin(ctx)
+	seq, deadline, err := c.begin(ctx, start)
 	if err != nil {
 		if o := c.observer; o != nil {
 			o.CountsExchanged(time.Since(start), err)

@@ -275,7 +275,7 @@ func (c *Comm) vCounts(n int) []int {
 // no rank waits for this one), planning, execution, Avg's division, report.
 func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) error {
 	start := time.Now()
-	seq, deadline, err := c.begin(ctx)
+	seq, deadline, err := c.begin(ctx, start)
 	if err != nil {
 		c.observeRejected(k.name, start, err)
 		return err

@@ -53,9 +53,12 @@ type engine struct {
 	sendFrames     []uint32 // frames sent this op, by peer*streams+stream
 	recvFrames     []uint32
 
-	// Wait attribution for the last op: the peer whose data arrived last.
+	// Wait attribution for the last op: the peer whose data arrived last
+	// after the engine had to wait, and how long after opStart (set by the
+	// Comm when the op began).
 	lastPeer int
 	lastWait time.Duration
+	opStart  time.Time
 
 	// LL: the transport's one-sided window (nil without one), the epoch
 	// of the next run, and the 8-byte length announcements by peer.
@@ -153,12 +156,11 @@ func (e *engine) run(ctx context.Context, kind transport.OpKind, seq, aux uint64
 		e.scratch = make([]byte, s.ScratchBytes)
 	}
 	bufs[algo.BufScratch] = e.scratch[:s.ScratchBytes]
-	start := time.Now()
 	for r := 0; r < s.NumRounds(); r++ {
 		if err := e.post(kind, seq, s.Algo, s.Round(r), bufs); err != nil {
 			return err
 		}
-		if err := e.progress(ctx, deadline, start); err != nil {
+		if err := e.progress(ctx, deadline); err != nil {
 			return err
 		}
 	}
@@ -352,8 +354,9 @@ func (e *engine) checkCount(a *activeOp) error {
 }
 
 // progress drives the posted operations to completion.
-func (e *engine) progress(ctx context.Context, deadline, opStart time.Time) error {
+func (e *engine) progress(ctx context.Context, deadline time.Time) error {
 	var idleStart time.Time
+	waited := false // a completion without any wait adds nothing to lastWait: no clock read
 	for {
 		pending, moved := 0, false
 		for i := range e.active {
@@ -412,8 +415,8 @@ func (e *engine) progress(ctx context.Context, deadline, opStart time.Time) erro
 						return fault.Wrap(fault.ErrInvalidArgument, -1, err, "reduction")
 					}
 				}
-				if !a.send {
-					if w := time.Since(opStart); w >= e.lastWait {
+				if !a.send && waited {
+					if w := time.Since(e.opStart); w >= e.lastWait {
 						e.lastPeer, e.lastWait = a.peer, w
 					}
 				}
@@ -444,6 +447,7 @@ func (e *engine) progress(ctx context.Context, deadline, opStart time.Time) erro
 			continue
 		}
 		now := time.Now()
+		waited = true
 		if idleStart.IsZero() {
 			idleStart = now
 		}
@@ -517,7 +521,7 @@ func (e *engine) p2p(ctx context.Context, send bool, peer, tag int, seq uint64, 
 		e.recvOps[0].Reset(h, buf, true)
 	}
 	e.active = append(e.active, activeOp{send: send, peer: peer, conn: e.tr.Conn(peer, 0)})
-	if err := e.progress(ctx, deadline, time.Now()); err != nil {
+	if err := e.progress(ctx, deadline); err != nil {
 		return 0, err
 	}
 	if send {

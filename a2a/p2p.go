@@ -49,8 +49,9 @@ func (c *Comm) p2p(ctx context.Context, send bool, buf []byte, peer, tag int) (i
 	default:
 		deadline, ok := ctx.Deadline()
 		if !ok {
-			deadline = time.Now().Add(c.cfg.Timeout)
+			deadline = start.Add(c.cfg.Timeout)
 		}
+		c.eng.opStart = start
 		seqs := c.recvSeq
 		if send {
 			seqs = c.sendSeq
