@@ -356,7 +356,7 @@ func (e *engine) checkCount(a *activeOp) error {
 // progress drives the posted operations to completion.
 func (e *engine) progress(ctx context.Context, deadline time.Time) error {
 	var idleStart time.Time
-	waited := false // a completion without any wait adds nothing to lastWait: no clock read
+	waited := false // the engine has waited in this call: arrivals need a clock read
 	for {
 		pending, moved := 0, false
 		for i := range e.active {
@@ -415,8 +415,14 @@ func (e *engine) progress(ctx context.Context, deadline time.Time) error {
 						return fault.Wrap(fault.ErrInvalidArgument, -1, err, "reduction")
 					}
 				}
-				if !a.send && waited {
-					if w := time.Since(e.opStart); w >= e.lastWait {
+				if !a.send {
+					// Arrivals come in time order; without a wait since the
+					// last clock read this one adds no waiting time.
+					w := e.lastWait
+					if waited {
+						w = time.Since(e.opStart)
+					}
+					if w >= e.lastWait {
 						e.lastPeer, e.lastWait = a.peer, w
 					}
 				}

@@ -26,6 +26,8 @@ type OpEvent struct {
 	Err           error
 	// LastPeer is the peer whose data arrived last and LastWait how long after
 	// the start it arrived: the rank this one waited on most (-1 if none).
+	// LastWait is 0 when every peer's data was already there when the rank
+	// first looked (the clock is only read once a rank has to wait).
 	LastPeer int
 	LastWait time.Duration
 }
