@@ -304,6 +304,9 @@ func (h *Handle) readShared() error {
 	d := h.d
 	P, me := d.size, d.rank
 	seg, base, ok := h.outputSegment()
+	if !ok && len(h.expertOut) == 0 {
+		seg, base, ok = h.recvSeg, 0, true // no rows: nothing to point at, any segment will do
+	}
 	if !ok {
 		// Outputs computed somewhere else: bring them where peers can read them.
 		out, err := h.sharedBuffer(&h.outSeg, len(h.recv), 0)

@@ -30,7 +30,7 @@ func cmdDemo(ctx context.Context, log *slog.Logger, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("a2a demo: %d local ranks, embedded NATS control plane, TCP data plane, %d steps of variable-size AllToAllV\n", *n, *steps)
+	fmt.Printf("a2a demo: %d local ranks, embedded NATS control plane, data plane per A2A_TRANSPORT (default: shared memory on one host), %d steps of variable-size AllToAllV\n", *n, *steps)
 	return launchRanks(ctx, log, launch.Spec{N: *n, Prog: self, Args: append([]string{"demo", "--worker"}, args...)})
 }
 
