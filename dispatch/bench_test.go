@@ -31,10 +31,10 @@ type benchRank struct {
 // benchLayer sets up ranks in-process ranks with one dispatcher each, and
 // every rank's tokens and routing (uniform gate over the experts, no
 // capacity limit so that both benchmarks move exactly the same bytes).
-func benchLayer(b *testing.B, ranks, experts, k, tokens, hidden int, dt reduce.DType, counts CountsMode, path CombinePath) ([]*Dispatcher, []*benchRank) {
+func benchLayer(b *testing.B, ranks, experts, k, tokens, hidden int, dt reduce.DType, counts CountsMode, path RowPath) ([]*Dispatcher, []*benchRank) {
 	url := startNATS(b)
 	comms := group(b, url, ranks, nil)
-	ds := newDispatchers(b, comms, Config{Experts: experts, K: k, Hidden: hidden, DType: dt, Counts: counts, Combine: path, Logger: discard})
+	ds := newDispatchers(b, comms, Config{Experts: experts, K: k, Hidden: hidden, DType: dt, Counts: counts, Rows: path, Logger: discard})
 	in := make([]*benchRank, ranks)
 	rb := hidden * dt.Size()
 	gate := routing.Gate{Experts: experts, K: k}
@@ -138,7 +138,7 @@ func BenchmarkDispatchCombine(b *testing.B) {
 	for _, s := range benchShapes {
 		for _, counts := range []CountsMode{CountsInBand, CountsNATS} {
 			b.Run(shapeName(s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt)+"/"+counts.String(), func(b *testing.B) {
-				ds, in := benchLayer(b, s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt, counts, CombineAuto)
+				ds, in := benchLayer(b, s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt, counts, RowsAuto)
 				runBench(b, s.ranks, in, moeStep(ds, in, routing.Gate{Experts: s.experts, K: s.k}))
 			})
 		}
@@ -149,14 +149,14 @@ func BenchmarkDispatchCombine(b *testing.B) {
 func BenchmarkTwoAllToAllV(b *testing.B) {
 	for _, s := range benchShapes {
 		b.Run(shapeName(s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt), func(b *testing.B) {
-			ds, in := benchLayer(b, s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt, CountsInBand, CombineAuto)
+			ds, in := benchLayer(b, s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt, CountsInBand, RowsAuto)
 			runBench(b, s.ranks, in, baseStep(ds, in))
 		})
 	}
 }
 
 // BenchmarkOverhead alternates one MoE step and one baseline step on the
-// same group, for each counts mode and combine path (auto: shared memory,
+// same group, for each counts mode and row path (auto: shared memory,
 // these ranks being on one host; exchange: AllToAllV), and reports both step
 // times, the CPU time this process spent
 // on each (all ranks, user and system: the kernel's copies of loopback TCP
@@ -167,7 +167,7 @@ func BenchmarkTwoAllToAllV(b *testing.B) {
 func BenchmarkOverhead(b *testing.B) {
 	for _, s := range benchShapes {
 		for _, counts := range []CountsMode{CountsInBand, CountsNATS} {
-			for _, path := range []CombinePath{CombineAuto, CombineExchange} {
+			for _, path := range []RowPath{RowsAuto, RowsAllToAllV} {
 				b.Run(shapeName(s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt)+"/"+counts.String()+"/"+path.String(), func(b *testing.B) {
 					ds, in := benchLayer(b, s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt, counts, path)
 					moe, base := moeStep(ds, in, routing.Gate{Experts: s.experts, K: s.k}), baseStep(ds, in)
@@ -228,7 +228,7 @@ func runBench(b *testing.B, ranks int, in []*benchRank, step func(r int) error) 
 // order) and combine (the weighted sum), each reported per step.
 func BenchmarkLocalCost(b *testing.B) {
 	const experts, k, tokens, hidden = 16, 2, 4096, 1024
-	ds, in := benchLayer(b, 1, experts, k, tokens, hidden, reduce.BFloat16, CountsInBand, CombineAuto)
+	ds, in := benchLayer(b, 1, experts, k, tokens, hidden, reduce.BFloat16, CountsInBand, RowsAuto)
 	gate := routing.Gate{Experts: experts, K: k}
 	ctx := context.Background()
 	br, d := in[0], ds[0]

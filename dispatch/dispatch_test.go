@@ -20,7 +20,7 @@ type dispatchCase struct {
 	owner   []int // placement table; nil: contiguous
 	counts  CountsMode
 	outputs outputsAt
-	combine CombinePath
+	rows    RowPath
 }
 
 // outputsAt says where the test's experts write their outputs.
@@ -89,24 +89,24 @@ func TestDispatchCombine(t *testing.T) {
 	}
 	for i, c := range cases {
 		c.l.seed = uint64(100 + i)
-		for _, path := range []CombinePath{CombineAuto, CombineExchange} {
-			c.combine = path
+		for _, path := range []RowPath{RowsAuto, RowsAllToAllV} {
+			c.rows = path
 			t.Run(c.name+"/"+path.String(), func(t *testing.T) { testLayer(t, groups[c.ranks], c) })
 		}
 	}
 }
 
 // testLayer runs three verified steps of c on comms, whose ranks all share
-// this host: CombineAuto must read the outputs in place there.
+// this host: RowsAuto must read the outputs in place there.
 func testLayer(t *testing.T, comms []*a2a.Comm, c dispatchCase) {
 	pl := c.placement(t)
 	ds := newDispatchers(t, comms, Config{
 		Experts: c.l.experts, K: c.l.k, Hidden: c.l.hidden, DType: c.l.dtype,
-		CapacityFactor: c.l.capacity, Placement: pl, Counts: c.counts, Combine: c.combine, Logger: discard,
+		CapacityFactor: c.l.capacity, Placement: pl, Counts: c.counts, Rows: c.rows, Logger: discard,
 	})
 	for r, d := range ds {
-		if want := c.combine == CombineAuto; d.SharedOutputs() != want {
-			t.Fatalf("rank %d: SharedOutputs() = %v with combine path %v on one host, want %v", r, d.SharedOutputs(), c.combine, want)
+		if want := c.rows == RowsAuto; d.SharedMemory() != want {
+			t.Fatalf("rank %d: SharedMemory() = %v with rows %v on one host, want %v", r, d.SharedMemory(), c.rows, want)
 		}
 	}
 	mustAll(t, onAll(c.ranks, func(r int) error {

@@ -57,30 +57,31 @@ func ParseCountsMode(s string) (CountsMode, error) {
 // buffer for any element type.
 const HeaderAlign = 16
 
-// CombinePath selects how Combine brings the expert outputs back to the
-// ranks their tokens came from.
-type CombinePath uint8
+// RowPath selects how rows travel between the ranks of the layer.
+type RowPath uint8
 
 const (
-	// CombineAuto reads the outputs where the experts wrote them when every
-	// rank of the group is on one host and can map the others' memory
-	// (memfd segments opened through /proc; not with A2A_TRANSPORT=tcp),
-	// and otherwise runs the reverse AllToAllV. Dispatcher.SharedOutputs
-	// says which was chosen.
-	CombineAuto CombinePath = iota
-	// CombineExchange always runs the reverse AllToAllV.
-	CombineExchange
+	// RowsAuto uses shared memory when every rank of the group is on one
+	// host and can map the others' memory (memfd segments opened through
+	// /proc; not with A2A_TRANSPORT=tcp): Dispatch packs rows straight into
+	// their receivers' buffers and Combine reads the expert outputs where
+	// the experts wrote them. Otherwise it runs the AllToAllV of the rows
+	// and, in Combine, the reverse one. Dispatcher.SharedMemory says which
+	// was chosen.
+	RowsAuto RowPath = iota
+	// RowsAllToAllV always runs the AllToAllV and the reverse AllToAllV.
+	RowsAllToAllV
 )
 
-// String returns "auto" or "exchange".
-func (p CombinePath) String() string {
+// String returns "auto" or "alltoallv".
+func (p RowPath) String() string {
 	switch p {
-	case CombineAuto:
+	case RowsAuto:
 		return "auto"
-	case CombineExchange:
-		return "exchange"
+	case RowsAllToAllV:
+		return "alltoallv"
 	}
-	return fmt.Sprintf("CombinePath(%d)", uint8(p))
+	return fmt.Sprintf("RowPath(%d)", uint8(p))
 }
 
 // Observer receives one event per dispatch and per combine.
@@ -119,9 +120,9 @@ type Config struct {
 	Placement *routing.Placement
 	// Counts selects how receive counts are learned (default CountsInBand).
 	Counts CountsMode
-	// Combine selects how Combine brings expert outputs back (default
-	// CombineAuto: read in place when the whole group is on one host).
-	Combine CombinePath
+	// Rows selects how rows travel (default RowsAuto: through shared memory
+	// when the whole group is on one host).
+	Rows RowPath
 	// Observer, if set, is told about every dispatch and combine.
 	Observer Observer
 	// Logger receives debug messages (nil: slog.Default()).
@@ -146,7 +147,7 @@ type Dispatcher struct {
 	hdr      []int // CountsNATS: header bytes of the block for rank j (0 in-band)
 	hdrSelf  int   // header bytes of the blocks this rank receives
 
-	// Shared outputs (shared.go): chosen at New by every rank alike.
+	// Shared memory (shared.go): chosen at New by every rank alike.
 	shared bool
 	views  views         // peers' segments mapped here; used by exec only
 	segGen atomic.Uint64 // numbers this rank's segments
@@ -186,8 +187,8 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 		return nil, invalidf("dtype %v, want float32, bfloat16 or float16", cfg.DType)
 	case cfg.Counts != CountsInBand && cfg.Counts != CountsNATS:
 		return nil, invalidf("counts mode %v", cfg.Counts)
-	case cfg.Combine != CombineAuto && cfg.Combine != CombineExchange:
-		return nil, invalidf("combine path %v", cfg.Combine)
+	case cfg.Rows != RowsAuto && cfg.Rows != RowsAllToAllV:
+		return nil, invalidf("row path %v", cfg.Rows)
 	case math.IsNaN(cfg.CapacityFactor) || math.IsInf(cfg.CapacityFactor, 0):
 		return nil, invalidf("capacity factor %v, want finite (<= 0: unlimited)", cfg.CapacityFactor)
 	case cfg.Hidden > math.MaxInt32/cfg.DType.Size():
@@ -237,7 +238,7 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 	d.workerDone = make(chan struct{})
 	go d.work()
 	d.log.Debug("dispatch: layer ready", "rank", rank, "ranks", size, "experts", cfg.Experts, "k", cfg.K,
-		"hidden", cfg.Hidden, "dtype", cfg.DType, "local_experts", d.nLocal, "counts", cfg.Counts, "shared_outputs", d.shared)
+		"hidden", cfg.Hidden, "dtype", cfg.DType, "local_experts", d.nLocal, "counts", cfg.Counts, "shared_memory", d.shared)
 	return d, nil
 }
 
@@ -255,7 +256,7 @@ func (d *Dispatcher) agree(ctx context.Context) error {
 	put(uint64(d.cfg.Hidden))
 	put(uint64(d.cfg.DType))
 	put(uint64(d.cfg.Counts))
-	put(uint64(d.cfg.Combine))
+	put(uint64(d.cfg.Rows))
 	put(math.Float64bits(max(d.cfg.CapacityFactor, 0)))
 	for _, r := range d.pl.Owner {
 		put(uint64(r))
@@ -299,10 +300,11 @@ func (d *Dispatcher) Close() error {
 	return nil
 }
 
-// SharedOutputs reports whether Combine reads the expert outputs in place
-// from the other ranks' memory instead of running the reverse AllToAllV
-// (see CombineAuto). All ranks of the layer report the same.
-func (d *Dispatcher) SharedOutputs() bool { return d.shared }
+// SharedMemory reports whether rows travel through shared memory (Dispatch
+// packs into the receivers' buffers, Combine reads the outputs in place)
+// instead of by AllToAllV (see RowsAuto). All ranks of the layer report the
+// same.
+func (d *Dispatcher) SharedMemory() bool { return d.shared }
 
 // Config returns the layer configuration, with defaults filled in.
 func (d *Dispatcher) Config() Config { return d.cfg }

@@ -37,8 +37,8 @@
 // # One host: shared memory instead of AllToAllV
 //
 // When every rank of the group is on one host ([a2a.Comm.Host]) and the
-// ranks can map each other's memory, [CombineAuto] (the default; see
-// [Dispatcher.SharedOutputs]) keeps each handle's receive and output buffers
+// ranks can map each other's memory, [RowsAuto] (the default; see
+// [Dispatcher.SharedMemory]) keeps each handle's receive and output buffers
 // in memfd segments that the other ranks map through /proc/<pid>/fd, and
 // neither direction runs an AllToAllV. This is what DeepEP's intranode
 // kernels do over NVLink:
@@ -57,7 +57,7 @@
 // are first copied into shared memory. A memfd disappears with the last
 // process that maps it, so a killed rank leaves nothing behind in /dev/shm.
 // Groups that span hosts, or run with A2A_TRANSPORT=tcp, or set
-// [CombineExchange], use the AllToAllV path described next and below. The
+// [RowsAllToAllV], use the AllToAllV path described next and below. The
 // choice is made once, collectively, in [New] (a probe segment every rank
 // must be able to map and read back), so every rank takes the same path.
 //

@@ -100,7 +100,7 @@ type Handle struct {
 	// buffer the reverse exchange filled, or j's shared segment).
 	rowSrc   [][]byte
 	rowDelta []int
-	// Shared outputs: recv and output live in segments the peers map.
+	// Shared memory: recv and output live in segments the peers map.
 	recvSeg, outSeg *segment
 	descOut, descIn []byte // the descriptors exchanged by each dispatch and combine
 	zeros           []int
@@ -176,7 +176,7 @@ func (h *Handle) freeSegments() {
 }
 
 // growRecv makes h.recv n bytes long, keeping its first keep bytes: in a
-// shared segment for shared outputs, else on the heap.
+// shared segment with shared memory, else on the heap.
 func (h *Handle) growRecv(n, keep int) error {
 	if h.d.shared {
 		r, err := h.sharedBuffer(&h.recvSeg, n, keep)

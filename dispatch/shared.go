@@ -211,7 +211,7 @@ func mapPeer(pid, fd, size int) ([]byte, error) {
 	return mem, nil
 }
 
-// probeShared decides, collectively, whether this layer uses shared outputs:
+// probeShared decides, collectively, whether this layer uses shared memory:
 // only if every rank is on one host, wants them, and could map a probe
 // segment of every other rank and read back what that rank wrote there. Two
 // small collectives, run only when the group is on one host (every rank
@@ -223,7 +223,7 @@ func (d *Dispatcher) probeShared(ctx context.Context) (bool, error) {
 			return false, nil
 		}
 	}
-	willing := d.cfg.Combine == CombineAuto && c.Config().Transport != "tcp"
+	willing := d.cfg.Rows == RowsAuto && c.Config().Transport != "tcp"
 	if P == 1 {
 		return willing, nil // no peer to map
 	}
@@ -232,7 +232,7 @@ func (d *Dispatcher) probeShared(ctx context.Context) (bool, error) {
 	if willing {
 		var err error
 		if probe, err = newSegment(1, 0); err != nil {
-			d.log.Info("dispatch: shared outputs unavailable", "rank", d.rank, "err", err)
+			d.log.Info("dispatch: shared memory unavailable", "rank", d.rank, "err", err)
 			willing = false
 		}
 	}
@@ -274,7 +274,7 @@ func (d *Dispatcher) probeShared(ctx context.Context) (bool, error) {
 		}
 	}
 	if probeErr != nil {
-		d.log.Info("dispatch: shared outputs unavailable", "rank", d.rank, "err", probeErr)
+		d.log.Info("dispatch: shared memory unavailable", "rank", d.rank, "err", probeErr)
 	}
 	mine, all := []byte{0}, make([]byte, P)
 	if ok {
@@ -293,7 +293,7 @@ func (d *Dispatcher) probeShared(ctx context.Context) (bool, error) {
 
 // ErrSharedMemory is wrapped by the errors of creating this rank's shared
 // buffers or mapping a peer's (with the system's error, e.g. unix.ENOMEM).
-var ErrSharedMemory = errors.New("dispatch: shared outputs")
+var ErrSharedMemory = errors.New("dispatch: shared memory")
 
 // readShared makes the expert outputs of every peer readable in place: it
 // tells each rank where its rows' outputs are in this rank's segment, learns

@@ -12,18 +12,18 @@ import (
 	"a2a/a2a/reduce"
 )
 
-// TestSharedOutputsChoice: CombineAuto reads outputs in place only when every
+// TestSharedMemoryChoice: RowsAuto reads outputs in place only when every
 // rank shares this host and no rank forces TCP; whatever the choice, every
 // rank makes the same one and the steps verify.
-func TestSharedOutputsChoice(t *testing.T) {
+func TestSharedMemoryChoice(t *testing.T) {
 	cases := []struct {
-		name    string
-		mod     func(*a2a.Config)
-		combine CombinePath
-		want    bool
+		name string
+		mod  func(*a2a.Config)
+		rows RowPath
+		want bool
 	}{
 		{name: "one-host", want: true},
-		{name: "one-host/exchange", combine: CombineExchange},
+		{name: "one-host/alltoallv", rows: RowsAllToAllV},
 		{name: "tcp-forced", mod: func(c *a2a.Config) { c.Transport = "tcp" }},
 		{name: "two-hosts", mod: func(c *a2a.Config) { c.Host = fmt.Sprintf("host%d", c.Rank%2) }},
 	}
@@ -32,13 +32,13 @@ func TestSharedOutputsChoice(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			const ranks = 3
 			comms := group(t, url, ranks, tc.mod)
-			c := dispatchCase{ranks: ranks, combine: tc.combine,
+			c := dispatchCase{ranks: ranks, rows: tc.rows,
 				l: layer{experts: 6, k: 2, hidden: 24, tokens: 40, dtype: reduce.BFloat16, skew: 1, seed: uint64(200 + i)}}
 			pl := c.placement(t)
-			ds := newDispatchers(t, comms, Config{Experts: 6, K: 2, Hidden: 24, DType: reduce.BFloat16, Combine: tc.combine, Logger: discard})
+			ds := newDispatchers(t, comms, Config{Experts: 6, K: 2, Hidden: 24, DType: reduce.BFloat16, Rows: tc.rows, Logger: discard})
 			for r, d := range ds {
-				if d.SharedOutputs() != tc.want {
-					t.Fatalf("rank %d: SharedOutputs() = %v, want %v", r, d.SharedOutputs(), tc.want)
+				if d.SharedMemory() != tc.want {
+					t.Fatalf("rank %d: SharedMemory() = %v, want %v", r, d.SharedMemory(), tc.want)
 				}
 			}
 			mustAll(t, onAll(ranks, func(r int) error {
@@ -85,8 +85,8 @@ func TestSharedSegmentsReleased(t *testing.T) {
 			return nil
 		}))
 		fds, maps := sharedMemory(t)
-		if !ds[0].SharedOutputs() || fds == 0 || maps == 0 {
-			t.Fatalf("round %d: shared outputs %v with %d memfds open and %d mapped, want both in use", round, ds[0].SharedOutputs(), fds, maps)
+		if !ds[0].SharedMemory() || fds == 0 || maps == 0 {
+			t.Fatalf("round %d: shared outputs %v with %d memfds open and %d mapped, want both in use", round, ds[0].SharedMemory(), fds, maps)
 		}
 		for _, d := range ds {
 			d.Close()
@@ -132,7 +132,7 @@ func TestSharedPeerAborts(t *testing.T) {
 		ds[r], err = New(t.Context(), comms[r], Config{Experts: 6, K: 2, Hidden: 32, Logger: discard})
 		return err
 	}))
-	if !ds[0].SharedOutputs() {
+	if !ds[0].SharedMemory() {
 		t.Fatal("shared outputs not in use on one host")
 	}
 	errs := onAll(ranks, func(r int) error {

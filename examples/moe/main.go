@@ -61,6 +61,7 @@ type options struct {
 	seed         uint64
 	dtype        reduce.DType
 	counts       dispatch.CountsMode
+	rows         dispatch.RowPath
 	metricsAddr  string
 	metricsPort  int
 	interval     time.Duration
@@ -87,6 +88,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of tokens, router logits and expert weights")
 	dtype := fs.String("dtype", "float32", "element type of token rows: float32 or bfloat16")
 	counts := fs.String("counts", "inband", "how ranks learn receive counts: inband (data plane) or nats (control plane)")
+	rows := fs.String("rows", "auto", "how rows travel: auto (shared memory when every rank is on this host) or alltoallv")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1", "host the /metrics servers listen on")
 	fs.IntVar(&o.metricsPort, "metrics-port", 0, "rank r serves /metrics on port BASE+r (0: any free port)")
 	fs.DurationVar(&o.interval, "interval", 0, "pause between steps")
@@ -109,6 +111,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.counts, err = dispatch.ParseCountsMode(*counts); err != nil {
 		return o, fmt.Errorf("--counts %q: inband or nats", *counts)
+	}
+	switch *rows {
+	case "auto":
+		o.rows = dispatch.RowsAuto
+	case "alltoallv":
+		o.rows = dispatch.RowsAllToAllV
+	default:
+		return o, fmt.Errorf("--rows %q: auto or alltoallv", *rows)
 	}
 	switch {
 	case o.ranks < 1:

@@ -132,6 +132,8 @@ func TestDemoInProcess(t *testing.T) {
 			"--dtype", "bf16", "--counts", "nats", "--skew", "zipf:1.5", "--capacity", "0.8"}},
 		{"microbatches-k3-uneven", 3, []string{"-n", "3", "--experts", "7", "--k", "3", "--tokens", "33", "--hidden", "12",
 			"--ffn", "8", "--steps", "2", "--microbatches", "3"}},
+		{"rows-alltoallv-microbatches", 3, []string{"-n", "3", "--tokens", "30", "--hidden", "8", "--ffn", "8", "--steps", "2",
+			"--microbatches", "2", "--rows", "alltoallv"}},
 		{"one-rank", 1, []string{"-n", "1", "--experts", "4", "--tokens", "10", "--hidden", "4", "--ffn", "4", "--steps", "2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -210,6 +212,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"--skew", "hot"}, "--skew"},
 		{[]string{"--dtype", "int32"}, "--dtype"},
 		{[]string{"--counts", "carrier-pigeon"}, "--counts"},
+		{[]string{"--rows", "sneakernet"}, "--rows"},
 		{[]string{"-n", "0"}, "-n 0"},
 		{[]string{"--k", "17"}, "--k 17"},
 		{[]string{"--microbatches", "0"}, "--microbatches"},

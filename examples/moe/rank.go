@@ -65,7 +65,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 
 	d, err := dispatch.New(ctx, c, dispatch.Config{
 		Experts: o.experts, K: o.k, Hidden: o.hidden, DType: o.dtype,
-		CapacityFactor: o.capacity, Counts: o.counts, Observer: obs, Logger: log,
+		CapacityFactor: o.capacity, Counts: o.counts, Rows: o.rows, Observer: obs, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -75,7 +75,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	out := io.Discard
 	if rank == 0 {
 		out = stdout
-		printHeader(out, o, size, d.Placement(), urls, c.TransportName(), d.SharedOutputs())
+		printHeader(out, o, size, d.Placement(), urls, c.TransportName(), d.SharedMemory())
 	}
 	r := newRankState(o, d, rank)
 	agg := newAggregate(o, size)
@@ -126,11 +126,11 @@ func printHeader(w io.Writer, o options, size int, pl *routing.Placement, urls [
 	}
 	fmt.Fprintf(w, "moe: %d ranks, %d experts (%s), top-%d, %d tokens per rank, hidden %d, ffn %d, %v, capacity %g, skew %g, counts %v, %s\n",
 		size, o.experts, expertsPerRank(pl), o.k, o.tokens, o.hidden, o.ffn, o.dtype, o.capacity, o.skew, o.counts, mb)
-	combine := "reverse AllToAllV"
+	rows := "AllToAllV, reverse AllToAllV to combine"
 	if shared {
-		combine = "expert outputs read in place (shared memory)"
+		rows = "shared memory (packed into the receivers' buffers, outputs read in place)"
 	}
-	fmt.Fprintf(w, "data plane %s, combine: %s\n", transport, combine)
+	fmt.Fprintf(w, "data plane %s; rows: %s\n", transport, rows)
 	for r, u := range urls {
 		fmt.Fprintf(w, "rank %d metrics %s\n", r, u)
 	}
