@@ -61,13 +61,13 @@ const HeaderAlign = 16
 type RowPath uint8
 
 const (
-	// RowsAuto uses shared memory when every rank of the group is on one
-	// host and can map the others' memory (memfd segments opened through
-	// /proc; not with A2A_TRANSPORT=tcp): Dispatch packs rows straight into
-	// their receivers' buffers and Combine reads the expert outputs where
-	// the experts wrote them. Otherwise it runs the AllToAllV of the rows
-	// and, in Combine, the reverse one. Dispatcher.SharedMemory says which
-	// was chosen.
+	// RowsAuto uses shared memory between ranks of one host that can map
+	// each other's memory (memfd segments opened through /proc; not with
+	// A2A_TRANSPORT=tcp): Dispatch packs their rows straight into the
+	// receivers' buffers and Combine reads their expert outputs where the
+	// experts wrote them. Rows between other ranks travel by the AllToAllV
+	// and, in Combine, the reverse one. Dispatcher.SharedWith says which
+	// pairs use which.
 	RowsAuto RowPath = iota
 	// RowsAllToAllV always runs the AllToAllV and the reverse AllToAllV.
 	RowsAllToAllV
@@ -121,7 +121,7 @@ type Config struct {
 	// Counts selects how receive counts are learned (default CountsInBand).
 	Counts CountsMode
 	// Rows selects how rows travel (default RowsAuto: through shared memory
-	// when the whole group is on one host).
+	// between ranks of one host).
 	Rows RowPath
 	// Observer, if set, is told about every dispatch and combine.
 	Observer Observer
@@ -147,10 +147,15 @@ type Dispatcher struct {
 	hdr      []int // CountsNATS: header bytes of the block for rank j (0 in-band)
 	hdrSelf  int   // header bytes of the blocks this rank receives
 
-	// Shared memory (shared.go): chosen at New by every rank alike.
-	shared bool
-	views  views         // peers' segments mapped here; used by exec only
-	segGen atomic.Uint64 // numbers this rank's segments
+	// Shared memory (shared.go), chosen at New by every rank alike:
+	// sharedWith[j] says that rows to and from rank j travel through it;
+	// shared and exchange say whether any pair of the group uses shared
+	// memory and whether any uses the AllToAllV (so every rank runs the
+	// same collectives).
+	sharedWith       []bool
+	shared, exchange bool
+	views            views         // peers' segments mapped here; used by exec only
+	segGen           atomic.Uint64 // numbers this rank's segments
 
 	jobs       chan *Handle
 	inflight   atomic.Int32 // jobs queued or running on the worker
@@ -228,11 +233,9 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 	if err := d.agree(ctx); err != nil {
 		return nil, err
 	}
-	shared, err := d.probeShared(ctx)
-	if err != nil {
+	if err := d.probeShared(ctx); err != nil {
 		return nil, err
 	}
-	d.shared = shared
 	d.views.byPeer = make([][]peerView, size)
 	d.jobs = make(chan *Handle, 16)
 	d.workerDone = make(chan struct{})
@@ -300,11 +303,15 @@ func (d *Dispatcher) Close() error {
 	return nil
 }
 
-// SharedMemory reports whether rows travel through shared memory (Dispatch
-// packs into the receivers' buffers, Combine reads the outputs in place)
-// instead of by AllToAllV (see RowsAuto). All ranks of the layer report the
-// same.
+// SharedMemory reports whether rows between some ranks of the layer travel
+// through shared memory (Dispatch packs into the receivers' buffers, Combine
+// reads the outputs in place) instead of by AllToAllV (see RowsAuto). All
+// ranks report the same.
 func (d *Dispatcher) SharedMemory() bool { return d.shared }
+
+// SharedWith reports whether rows to and from rank peer travel through
+// shared memory.
+func (d *Dispatcher) SharedWith(peer int) bool { return d.sharedWith[peer] }
 
 // Config returns the layer configuration, with defaults filled in.
 func (d *Dispatcher) Config() Config { return d.cfg }
@@ -446,6 +453,8 @@ func (d *Dispatcher) handle() *Handle {
 		ws:         make([]float32, d.cfg.K),
 		rowSrc:     make([][]byte, P),
 		rowDelta:   make([]int, P),
+		a2aSend:    make([]int, P),
+		a2aRecv:    make([]int, P),
 	}
 	if d.shared {
 		h.descOut, h.descIn = make([]byte, descriptorBytes*P), make([]byte, descriptorBytes*P)

@@ -5,7 +5,7 @@
 //
 // One layer step on every rank of the group:
 //
-//	h, err := d.Dispatch(ctx, tokens, &decision) // route -> counts -> pack (-> AllToAllV)
+//	h, err := d.Dispatch(ctx, tokens, &decision) // route -> counts -> pack -> AllToAllV or shared memory
 //	for l := range h.LocalExperts() {
 //		for _, seg := range h.Segments(l) {           // rows of local expert l, by source rank
 //			in := h.Recv()[seg.Offset : seg.Offset+seg.Rows*rowBytes]
@@ -13,7 +13,7 @@
 //			expert(h.Expert(l), in, out)
 //		}
 //	}
-//	err = d.Combine(ctx, h, h.Output(), combined) // (reverse AllToAllV ->) weighted sum
+//	err = d.Combine(ctx, h, h.Output(), combined) // reverse AllToAllV or shared memory -> weighted sum
 //	h.Release()
 //
 // # What Dispatch does
@@ -34,32 +34,38 @@
 // core, so reading their old contents into the cache first would only add
 // memory traffic.
 //
-// # One host: shared memory instead of AllToAllV
+// # Same host: shared memory instead of AllToAllV
 //
-// When every rank of the group is on one host ([a2a.Comm.Host]) and the
-// ranks can map each other's memory, [RowsAuto] (the default; see
-// [Dispatcher.SharedMemory]) keeps each handle's receive and output buffers
-// in memfd segments that the other ranks map through /proc/<pid>/fd, and
-// neither direction runs an AllToAllV. This is what DeepEP's intranode
-// kernels do over NVLink:
+// Between two ranks of one host ([a2a.Comm.Host]) that can map each other's
+// memory, [RowsAuto] (the default; see [Dispatcher.SharedWith]) moves rows
+// without any AllToAllV: each handle's receive and output buffers are memfd
+// segments that the other ranks of the host map through /proc/<pid>/fd. This
+// is what DeepEP's intranode kernels do over NVLink:
 //
 //   - Dispatch, after the counts, exchanges 48-byte segment descriptors (each
-//     receiver says where each sender's block goes) and packs every row
-//     straight into the receiving rank's buffer; a barrier then says all rows
-//     are in place. One copy per row instead of a pack plus the exchange's
-//     copy.
+//     receiver says where each sender's block goes) and packs every row for
+//     such a peer straight into that peer's receive buffer: one copy per row
+//     instead of a pack plus the exchange's copy. Rows for other hosts are
+//     packed and sent by the AllToAllV as before; its message from every peer
+//     (every pair exchanges one, empty or not) also says that the peer's rows
+//     are in place, and a group on one host uses a barrier instead.
 //   - Combine exchanges descriptors of the expert outputs (which also says
-//     "outputs ready"), computes the weighted sums reading the peers' outputs
-//     where their experts wrote them, and joins a barrier ("done reading"), so
-//     no output row is copied at all.
+//     "outputs ready") and computes the weighted sums reading same-host
+//     peers' outputs where their experts wrote them: those rows are not
+//     copied at all. The reverse AllToAllV, or a barrier on one host, first
+//     makes sure every rank has mapped what it reads, so a rank may close
+//     its dispatcher or exit as soon as its combine returns.
 //
 // Outputs computed into a buffer of the caller's (neither Recv nor Output)
 // are first copied into shared memory. A memfd disappears with the last
 // process that maps it, so a killed rank leaves nothing behind in /dev/shm.
-// Groups that span hosts, or run with A2A_TRANSPORT=tcp, or set
-// [RowsAllToAllV], use the AllToAllV path described next and below. The
-// choice is made once, collectively, in [New] (a probe segment every rank
-// must be able to map and read back), so every rank takes the same path.
+// A failure to create or map a segment after [New] aborts the Comm (the
+// peers' step cannot complete without this rank's part; they see
+// [a2a.ErrAborted]). Ranks that force A2A_TRANSPORT=tcp, or a layer with
+// [RowsAllToAllV], use the AllToAllV path described next and below for every
+// pair. The choice of every pair is made once, collectively, in [New] (each
+// rank maps a probe segment of every same-host rank and reads it back), so
+// every rank runs the same collectives.
 //
 // # Learning the receive counts
 //

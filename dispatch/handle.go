@@ -3,7 +3,6 @@ package dispatch
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"time"
 
@@ -84,16 +83,21 @@ type Handle struct {
 	sendDispl          []int
 	recvCounts         []int // bytes from each rank (0 from itself)
 	recvDispl          []int
-	matrix             []int  // CountsNATS: the traffic matrix
-	hdrOut, hdrIn      []byte // CountsInBand: per-(rank, local expert) row counts
-	rowsFrom           []int  // rowsFrom[src*nLocal+l]: rows from src for local expert l
-	expertRows         []int  // rows per local expert
-	segs               []Segment
-	slotOff            []int // offset of each (token, slot)'s output: send offset, selfOffset, or -1 if dropped
-	rowBase            []int // pack: byte offset of packed row 0 in rank j's block (send, or recv for this rank)
-	offs               []int // combine scratch: the kept slots of one token
-	ws                 []float32
-	acc, tmp           []float32
+	// The AllToAllV's counts: sendCounts and recvCounts with the pairs
+	// that use shared memory zeroed. Its blocks are the first remoteRecv
+	// bytes of recv after this rank's own rows, and the whole send buffer.
+	a2aSend, a2aRecv []int
+	remoteRecv       int
+	matrix           []int  // CountsNATS: the traffic matrix
+	hdrOut, hdrIn    []byte // CountsInBand: per-(rank, local expert) row counts
+	rowsFrom         []int  // rowsFrom[src*nLocal+l]: rows from src for local expert l
+	expertRows       []int  // rows per local expert
+	segs             []Segment
+	slotOff          []int // offset of each (token, slot)'s output: send offset, selfOffset, or -1 if dropped
+	rowBase          []int // pack: byte offset of packed row 0 in rank j's block (send, or recv for this rank)
+	offs             []int // combine scratch: the kept slots of one token
+	ws               []float32
+	acc, tmp         []float32
 
 	// Where combine reads the outputs of peer j's experts: the row for the
 	// slot at send offset off is rowSrc[j][off-rowDelta[j]:] (the send
@@ -145,8 +149,9 @@ func (h *Handle) Rows() int {
 }
 
 // Recv is the received buffer: the rows of this rank's own tokens first, then
-// the other ranks' in rank order; within a rank, rows by local expert, then by
-// token (Segments gives the offsets).
+// the other ranks' blocks (those the AllToAllV brought, in rank order, then
+// those written through shared memory, in rank order); within a block, rows
+// by local expert, then by token. Segments gives the offsets.
 func (h *Handle) Recv() []byte { return h.recv }
 
 // Output is a buffer of the length and layout of Recv, owned by the handle,
@@ -181,7 +186,7 @@ func (h *Handle) growRecv(n, keep int) error {
 	if h.d.shared {
 		r, err := h.sharedBuffer(&h.recvSeg, n, keep)
 		if err != nil {
-			return err
+			return h.sharedFailure(err)
 		}
 		h.recv = r
 		return nil
@@ -266,24 +271,35 @@ func (h *Handle) runDispatch() error {
 	P, rb, nLocal, me := d.size, d.rowBytes, d.nLocal, d.rank
 	le := binary.LittleEndian
 
-	off := 0
+	// sendDispl is the layout of every block as if all were packed in
+	// one buffer (combine's slot offsets use it); the send buffer holds
+	// only the AllToAllV's blocks, and rowSrc/rowDelta map the one to the
+	// other (the blocks for shared-memory peers get their place later).
+	off, sent := 0, 0
 	for j := range P {
 		h.sendDispl[j] = off
-		h.sendCounts[j] = 0
+		h.sendCounts[j], h.a2aSend[j] = 0, 0
 		if j != me {
 			h.sendCounts[j] = d.hdr[j] + p.RankRows[j]*rb
 		}
 		off += h.sendCounts[j]
+		if j != me && !d.sharedWith[j] {
+			h.a2aSend[j] = h.sendCounts[j]
+			h.rowDelta[j] = h.sendDispl[j] - sent
+			sent += h.sendCounts[j]
+		}
+	}
+	h.send = grow(h.send, sent)
+	for j := range P {
+		if !d.sharedWith[j] {
+			h.rowSrc[j] = h.send
+		}
 	}
 	h.selfBytes = p.RankRows[me] * rb
 	if !d.shared {
 		// Packed at once, while the counts are still unknown.
-		h.send = grow(h.send, off)
 		if err := h.growRecv(max(h.selfBytes+off, cap(h.recv)), 0); err != nil {
 			return err
-		}
-		for j := range P {
-			h.rowSrc[j], h.rowDelta[j] = h.send, 0
 		}
 		h.pack()
 	}
@@ -330,11 +346,26 @@ func (h *Handle) runDispatch() error {
 		}
 	}
 	// Layout of recv: this rank's own rows, then the other ranks' blocks
-	// in rank order as the AllToAllV delivers them.
+	// in rank order as the AllToAllV delivers them, then those written
+	// through shared memory, in rank order.
 	off = h.selfBytes
+	for _, shared := range []bool{false, true} {
+		for i := range P {
+			if i != me && d.sharedWith[i] == shared {
+				h.recvDispl[i] = off
+				off += h.recvCounts[i]
+			}
+		}
+		if !shared {
+			h.remoteRecv = off - h.selfBytes
+		}
+	}
+	h.recvDispl[me] = h.selfBytes
 	for i := range P {
-		h.recvDispl[i] = off
-		off += h.recvCounts[i]
+		h.a2aRecv[i] = 0
+		if i != me && !d.sharedWith[i] {
+			h.a2aRecv[i] = h.recvCounts[i]
+		}
 	}
 	if d.shared {
 		if err := h.growRecv(off, 0); err != nil {
@@ -343,11 +374,14 @@ func (h *Handle) runDispatch() error {
 		if err := h.packShared(); err != nil {
 			return err
 		}
-	} else {
-		if err := h.growRecv(off, h.selfBytes); err != nil {
-			return err
-		}
-		if err := d.comm.AllToAllV(h.ctx, h.send, h.sendCounts, h.recv[h.selfBytes:], h.recvCounts); err != nil {
+	} else if err := h.growRecv(off, h.selfBytes); err != nil {
+		return err
+	}
+	if d.exchange {
+		// For the peers that wrote into recv through shared memory, this
+		// call's message from them (every pair exchanges one in an
+		// AllToAllV, empty or not) also says that they finished.
+		if err := d.comm.AllToAllV(h.ctx, h.send, h.a2aSend, h.recv[h.selfBytes:h.selfBytes+h.remoteRecv], h.a2aRecv); err != nil {
 			return err
 		}
 	}
@@ -475,32 +509,33 @@ func (h *Handle) runCombine() error {
 	start := time.Now()
 	d := h.d
 	if d.shared {
-		// The peers' outputs are read where their experts wrote them;
-		// then a barrier tells the experts their outputs are free again.
-		// A rank that cannot read still joins the barrier, so that the
-		// others finish.
-		err := h.readShared()
-		if err != nil && !errors.Is(err, ErrSharedMemory) && !errors.Is(err, a2a.ErrMismatch) {
-			return err // the exchange itself failed: no barrier to join
-		}
-		if err == nil {
-			h.weightedSum()
-		}
-		if err := errors.Join(err, d.comm.Barrier(h.ctx)); err != nil {
+		// The outputs of shared-memory peers are read where their experts
+		// wrote them. Before anyone reads, every rank must have mapped
+		// what it reads: a rank that releases its handle, closes the
+		// dispatcher or exits once its combine is done takes its
+		// descriptors with it. The reverse AllToAllV says so when there is
+		// one (every pair exchanges a message in it, after mapping), a
+		// barrier otherwise. Nothing else is needed after the sums: no
+		// rank writes to a segment before the descriptor exchange of a
+		// later dispatch, which every rank joins only after its combine.
+		if err := h.readShared(); err != nil {
 			return err
 		}
-	} else {
+		if !d.exchange {
+			if err := d.comm.Barrier(h.ctx); err != nil {
+				return err
+			}
+		}
+	}
+	if d.exchange {
 		// The reverse of the dispatch: what came from rank i goes back to
 		// it, landing where this rank's rows for it were packed. The
 		// outputs for this rank's own rows stay where they are.
-		if err := d.comm.AllToAllV(h.ctx, h.expertOut[h.selfBytes:], h.recvCounts, h.send, h.sendCounts); err != nil {
+		if err := d.comm.AllToAllV(h.ctx, h.expertOut[h.selfBytes:h.selfBytes+h.remoteRecv], h.a2aRecv, h.send, h.a2aSend); err != nil {
 			return err
 		}
-		for j := range d.size {
-			h.rowSrc[j], h.rowDelta[j] = h.send, 0
-		}
-		h.weightedSum()
 	}
+	h.weightedSum()
 	h.combineTime = time.Since(start)
 	if o := d.cfg.Observer; o != nil {
 		o.ObserveCombine(h.combineTime)

@@ -13,21 +13,27 @@ import (
 	"a2a/a2a"
 )
 
-// Shared memory: when every rank of the group is on one host, the receive
-// and output buffers of a handle live in memfd segments that the other ranks
-// map, and neither direction runs an AllToAllV:
+// Shared memory: between ranks of one host, the receive and output buffers
+// of a handle live in memfd segments that the other ranks of the host map,
+// and rows between them skip the AllToAllV:
 //
 //   - Dispatch packs each row straight into the receive buffer of the rank
 //     hosting its expert: one copy instead of a pack and the exchange's copy.
 //     After the counts, a small exchange of segment descriptors says where
-//     each sender's block goes, and a barrier says "all rows written".
+//     each sender's block goes; the AllToAllV for the other hosts (every
+//     pair exchanges a message in it), or a barrier on one host, says "all
+//     rows written".
 //   - Combine reads the expert outputs for its tokens where the experts wrote
-//     them. The reverse AllToAllV, a full copy of every output row, becomes
-//     one exchange of descriptors (which also says "outputs ready") and a
-//     barrier ("done reading": the experts may overwrite them).
+//     them. The reverse AllToAllV's copy of those rows becomes an exchange of
+//     descriptors (which also says "outputs ready").
 //
-// A memfd is freed by the kernel when its last descriptor and mapping go, so
-// a killed rank leaves nothing in /dev/shm.
+// Ordering rules: a rank maps a peer's segment only while that peer is
+// still inside the same operation (the operation ends with a collective
+// every rank joins after mapping), and nothing writes to a segment before
+// the descriptor exchange of a later dispatch, which every rank joins only
+// after it has finished reading. A memfd is freed by the kernel when its
+// last descriptor and mapping go, so a killed rank leaves nothing in
+// /dev/shm.
 
 // segment is memory the other ranks of the host can map: a memfd kept open,
 // so that a peer opens it as /proc/<pid>/fd/<fd>.
@@ -211,98 +217,122 @@ func mapPeer(pid, fd, size int) ([]byte, error) {
 	return mem, nil
 }
 
-// probeShared decides, collectively, whether this layer uses shared memory:
-// only if every rank is on one host, wants them, and could map a probe
-// segment of every other rank and read back what that rank wrote there. Two
-// small collectives, run only when the group is on one host (every rank
-// knows that alike), so all ranks take the same path.
-func (d *Dispatcher) probeShared(ctx context.Context) (bool, error) {
-	c, P := d.comm, d.size
-	for r := range P {
-		if c.Host(r) != c.Host(0) {
-			return false, nil
+// probeShared decides, collectively, which pairs of ranks move rows through
+// shared memory: two ranks of one host that both want it (RowsAuto, not
+// A2A_TRANSPORT=tcp) and could each map a probe segment of the other and read
+// back what it wrote there. It runs two small collectives when some host
+// holds two ranks (every rank knows that alike), and sets d.sharedWith,
+// d.shared and d.exchange the same way on every rank.
+func (d *Dispatcher) probeShared(ctx context.Context) error {
+	c, P, me := d.comm, d.size, d.rank
+	d.sharedWith = make([]bool, P)
+	d.exchange = false
+	for i := range P {
+		for j := range P {
+			if i != j && c.Host(i) != c.Host(j) {
+				d.exchange = true // a pair across hosts: rows must travel by AllToAllV
+			}
 		}
 	}
-	willing := d.cfg.Rows == RowsAuto && c.Config().Transport != "tcp"
-	if P == 1 {
-		return willing, nil // no peer to map
+	if !anyColocated(c, P) {
+		return nil
 	}
+	colocated := false
+	for r := range P {
+		colocated = colocated || (r != me && c.Host(r) == c.Host(me))
+	}
+	willing := d.cfg.Rows == RowsAuto && c.Config().Transport != "tcp"
 	send, recv := make([]byte, descriptorBytes*P), make([]byte, descriptorBytes*P)
 	var probe *segment
-	if willing {
+	if willing && colocated {
 		var err error
 		if probe, err = newSegment(1, 0); err != nil {
-			d.log.Info("dispatch: shared memory unavailable", "rank", d.rank, "err", err)
+			d.log.Info("dispatch: shared memory unavailable", "rank", me, "err", err)
 			willing = false
 		}
 	}
 	defer probe.free()
 	// The token a peer must read back: this rank and process, so that a
 	// stale or foreign descriptor cannot pass.
-	token := uint64(os.Getpid())<<16 | uint64(d.rank)
-	if willing {
-		binary.LittleEndian.PutUint64(probe.mem, token)
+	pid := os.Getpid()
+	if probe != nil && willing {
+		binary.LittleEndian.PutUint64(probe.mem, uint64(pid)<<16|uint64(me))
 		for j := range P {
-			descriptor{pid: os.Getpid(), fd: probe.fd, size: len(probe.mem), off: 0, len: 8}.put(send[descriptorBytes*j:])
+			if j != me && c.Host(j) == c.Host(me) {
+				descriptor{pid: pid, fd: probe.fd, size: len(probe.mem), off: 0, len: 8}.put(send[descriptorBytes*j:])
+			}
 		}
 	}
 	if err := c.AllToAll(ctx, send, recv); err != nil {
-		return false, err
+		return err
 	}
-	ok := willing
-	var probeErr error
+	// mine[j] = 1: this rank can map rank j's memory (and wants to).
+	mine, all := make([]byte, P), make([]byte, P*P)
 	for j := range P {
-		if j == d.rank || !ok {
+		if j == me || c.Host(j) != c.Host(me) || !willing {
 			continue
 		}
 		desc := getDescriptor(recv[descriptorBytes*j:])
 		if desc.pid == 0 {
-			ok = false // that rank does not want them
-			break
+			continue // that rank does not want it
 		}
 		mem, err := mapPeer(desc.pid, desc.fd, desc.size)
 		if err != nil {
-			ok, probeErr = false, fmt.Errorf("rank %d: %w", j, err)
-			break
+			d.log.Info("dispatch: shared memory unavailable", "rank", me, "peer", j, "err", err)
+			continue
 		}
-		want := uint64(desc.pid)<<16 | uint64(j)
-		got := binary.LittleEndian.Uint64(mem)
+		got, want := binary.LittleEndian.Uint64(mem), uint64(desc.pid)<<16|uint64(j)
 		unix.Munmap(mem)
 		if got != want {
-			ok, probeErr = false, fmt.Errorf("rank %d: read %#x from its segment, want %#x", j, got, want)
-			break
+			d.log.Info("dispatch: shared memory unavailable", "rank", me, "peer", j,
+				"err", fmt.Sprintf("read %#x from its probe segment, want %#x", got, want))
+			continue
 		}
-	}
-	if probeErr != nil {
-		d.log.Info("dispatch: shared memory unavailable", "rank", d.rank, "err", probeErr)
-	}
-	mine, all := []byte{0}, make([]byte, P)
-	if ok {
-		mine[0] = 1
+		mine[j] = 1
 	}
 	if err := c.AllGather(ctx, mine, all); err != nil {
-		return false, err
+		return err
 	}
-	for _, v := range all {
-		if v == 0 {
-			return false, nil
+	for i := range P {
+		for j := range P {
+			if i == j || c.Host(i) != c.Host(j) {
+				continue
+			}
+			ok := all[i*P+j] == 1 && all[j*P+i] == 1
+			if i == me {
+				d.sharedWith[j] = ok
+			}
+			d.shared = d.shared || ok
+			d.exchange = d.exchange || !ok
 		}
 	}
-	return true, nil
+	return nil
+}
+
+// anyColocated reports whether some host holds two ranks of the group.
+func anyColocated(c *a2a.Comm, P int) bool {
+	seen := make(map[int]bool, P)
+	for r := range P {
+		if seen[c.Host(r)] {
+			return true
+		}
+		seen[c.Host(r)] = true
+	}
+	return false
 }
 
 // ErrSharedMemory is wrapped by the errors of creating this rank's shared
 // buffers or mapping a peer's (with the system's error, e.g. unix.ENOMEM).
 var ErrSharedMemory = errors.New("dispatch: shared memory")
 
-// readShared makes the expert outputs of every peer readable in place: it
-// tells each rank where its rows' outputs are in this rank's segment, learns
-// the same from every rank, and maps what is not mapped yet. Afterwards the
-// row a peer's expert computed for this rank's slot at send offset off is
-// h.rowSrc[j][off-h.rowDelta[j]:].
+// readShared makes the expert outputs of every shared-memory peer readable
+// in place: it tells each such rank where its rows' outputs are in this
+// rank's segment, learns the same from them, and maps what is not mapped yet.
+// Afterwards the row peer j's expert computed for this rank's slot at send
+// offset off is h.rowSrc[j][off-h.rowDelta[j]:]. The exchange also says
+// "outputs ready": a rank sends its descriptors once its experts are done.
 func (h *Handle) readShared() error {
 	d := h.d
-	P, me := d.size, d.rank
 	seg, base, ok := h.outputSegment()
 	if !ok && len(h.expertOut) == 0 {
 		seg, base, ok = h.recvSeg, 0, true // no rows: nothing to point at, any segment will do
@@ -311,26 +341,52 @@ func (h *Handle) readShared() error {
 		// Outputs computed somewhere else: bring them where peers can read them.
 		out, err := h.sharedBuffer(&h.outSeg, len(h.recv), 0)
 		if err != nil {
-			return err
+			return h.sharedFailure(err)
 		}
 		copy(out, h.expertOut)
 		h.expertOut, h.output = out, out
 		seg, base = h.outSeg, 0
 	}
-	pid := os.Getpid()
-	for i := range P {
-		if i == me {
-			continue
-		}
-		descriptor{pid: pid, fd: seg.fd, gen: seg.gen, size: len(seg.mem),
-			off: base + h.recvDispl[i] + d.hdrSelf, len: h.recvCounts[i] - d.hdrSelf}.put(h.descOut[descriptorBytes*i:])
-	}
+	h.putDescriptors(seg, func(i int) (int, int) {
+		return base + h.recvDispl[i] + d.hdrSelf, h.recvCounts[i] - d.hdrSelf
+	})
 	return h.exchangeDescriptors("outputs", d.hdr)
 }
 
-// exchangeDescriptors sends h.descOut, receives every peer's descriptor for
-// this rank and maps what they point at: the block of the send layout for
-// peer j, after its first skip[j] bytes, is then rowSrc[j][pos-rowDelta[j]].
+// packShared packs the rows: straight into the receive buffers of
+// shared-memory peers, whose descriptors say where each sender's block goes,
+// and into the send buffer for the others. Without an AllToAllV to follow (a
+// group on one host), a barrier then says that all rows are in place.
+func (h *Handle) packShared() error {
+	h.putDescriptors(h.recvSeg, func(i int) (int, int) { return h.recvDispl[i], h.recvCounts[i] })
+	if err := h.exchangeDescriptors("receive buffer", h.noSkip()); err != nil {
+		return err
+	}
+	h.pack()
+	if h.d.exchange {
+		return nil // the AllToAllV that follows says it (runDispatch)
+	}
+	return h.d.comm.Barrier(h.ctx)
+}
+
+// putDescriptors fills h.descOut: for each shared-memory peer i, the span
+// block(i) of seg; for the others, nothing.
+func (h *Handle) putDescriptors(seg *segment, block func(i int) (off, n int)) {
+	d := h.d
+	pid := os.Getpid()
+	clear(h.descOut)
+	for i := range d.size {
+		if d.sharedWith[i] {
+			off, n := block(i)
+			descriptor{pid: pid, fd: seg.fd, gen: seg.gen, size: len(seg.mem), off: off, len: n}.put(h.descOut[descriptorBytes*i:])
+		}
+	}
+}
+
+// exchangeDescriptors sends h.descOut, receives every shared-memory peer's
+// descriptor for this rank and maps what it points at: the block of the
+// send layout for peer j, after its first skip[j] bytes, is then
+// rowSrc[j][pos-rowDelta[j]].
 func (h *Handle) exchangeDescriptors(what string, skip []int) error {
 	d := h.d
 	if err := d.comm.AllToAll(h.ctx, h.descOut, h.descIn); err != nil {
@@ -338,16 +394,16 @@ func (h *Handle) exchangeDescriptors(what string, skip []int) error {
 	}
 	d.views.clock++
 	for j := range d.size {
-		if j == d.rank {
+		if !d.sharedWith[j] {
 			continue
 		}
 		desc := getDescriptor(h.descIn[descriptorBytes*j:])
 		if want := h.sendCounts[j] - skip[j]; desc.len != want {
-			return h.mismatch(j, "offers %d bytes of %s for this rank's %d bytes", desc.len, what, want)
+			return h.sharedFailure(h.mismatch(j, "offers %d bytes of %s for this rank's %d bytes", desc.len, what, want))
 		}
 		rows, err := d.views.rows(j, desc)
 		if err != nil {
-			return fmt.Errorf("%w: rank %d's %s: %w", ErrSharedMemory, j, what, err)
+			return h.sharedFailure(fmt.Errorf("%w: rank %d's %s: %w", ErrSharedMemory, j, what, err))
 		}
 		h.rowSrc[j], h.rowDelta[j] = rows, h.sendDispl[j]+skip[j]
 	}
@@ -355,29 +411,13 @@ func (h *Handle) exchangeDescriptors(what string, skip []int) error {
 	return nil
 }
 
-// packShared packs the rows straight into the receivers' receive buffers:
-// each rank tells every sender where its block goes, every sender packs, and
-// a barrier says that all rows are in place. A rank that cannot write still
-// joins the barrier, so that the others finish.
-func (h *Handle) packShared() error {
-	d := h.d
-	pid := os.Getpid()
-	seg := h.recvSeg
-	for i := range d.size {
-		if i == d.rank {
-			continue
-		}
-		descriptor{pid: pid, fd: seg.fd, gen: seg.gen, size: len(seg.mem),
-			off: h.recvDispl[i], len: h.recvCounts[i]}.put(h.descOut[descriptorBytes*i:])
-	}
-	err := h.exchangeDescriptors("receive buffer", h.noSkip())
-	if err != nil && !errors.Is(err, ErrSharedMemory) && !errors.Is(err, a2a.ErrMismatch) {
-		return err // the exchange itself failed: no barrier to join
-	}
-	if err == nil {
-		h.pack()
-	}
-	return errors.Join(err, d.comm.Barrier(h.ctx))
+// sharedFailure aborts the Comm: the other ranks are already writing to or
+// reading from this rank's memory, or waiting for this rank's rows, and
+// without its part the step cannot complete anywhere. They fail with
+// ErrAborted instead of waiting for their deadline.
+func (h *Handle) sharedFailure(err error) error {
+	h.d.comm.Abort(err)
+	return err
 }
 
 // noSkip is a zero per-peer skip for exchangeDescriptors.

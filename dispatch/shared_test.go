@@ -12,37 +12,62 @@ import (
 	"a2a/a2a/reduce"
 )
 
-// TestSharedMemoryChoice: RowsAuto reads outputs in place only when every
-// rank shares this host and no rank forces TCP; whatever the choice, every
-// rank makes the same one and the steps verify.
+// TestSharedMemoryChoice: with RowsAuto, exactly the pairs of ranks on one
+// host move rows through shared memory (none when a rank forces TCP), the
+// others by AllToAllV in the same steps, every rank agrees on every pair, and
+// the steps verify whatever the mix, counts mode and output buffer.
 func TestSharedMemoryChoice(t *testing.T) {
 	cases := []struct {
-		name string
-		mod  func(*a2a.Config)
-		rows RowPath
-		want bool
+		name    string
+		ranks   int
+		hosts   []int // fake host of every rank; nil: all on this host
+		tcp     bool
+		rows    RowPath
+		counts  CountsMode
+		outputs outputsAt
 	}{
-		{name: "one-host", want: true},
-		{name: "one-host/alltoallv", rows: RowsAllToAllV},
-		{name: "tcp-forced", mod: func(c *a2a.Config) { c.Transport = "tcp" }},
-		{name: "two-hosts", mod: func(c *a2a.Config) { c.Host = fmt.Sprintf("host%d", c.Rank%2) }},
+		{name: "one-host", ranks: 3},
+		{name: "one-host/alltoallv", ranks: 3, rows: RowsAllToAllV},
+		{name: "one-host/tcp-forced", ranks: 3, tcp: true},
+		{name: "two-hosts", ranks: 4, hosts: []int{0, 1, 0, 1}},
+		{name: "two-hosts/nats/in-recv", ranks: 4, hosts: []int{0, 0, 1, 1}, counts: CountsNATS, outputs: inRecv},
+		{name: "uneven-hosts/own-buffer", ranks: 5, hosts: []int{2, 0, 2, 1, 2}, outputs: inOwnBuffer},
+		{name: "one-rank-per-host", ranks: 3, hosts: []int{0, 1, 2}},
 	}
 	url := startNATS(t)
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			const ranks = 3
-			comms := group(t, url, ranks, tc.mod)
-			c := dispatchCase{ranks: ranks, rows: tc.rows,
-				l: layer{experts: 6, k: 2, hidden: 24, tokens: 40, dtype: reduce.BFloat16, skew: 1, seed: uint64(200 + i)}}
+			comms := group(t, url, tc.ranks, func(c *a2a.Config) {
+				if tc.hosts != nil {
+					c.Host = fmt.Sprintf("host%d", tc.hosts[c.Rank])
+				}
+				if tc.tcp {
+					c.Transport = "tcp"
+				}
+			})
+			c := dispatchCase{ranks: tc.ranks, rows: tc.rows, counts: tc.counts, outputs: tc.outputs,
+				l: layer{experts: 7, k: 2, hidden: 24, tokens: 40, dtype: reduce.BFloat16, skew: 1, capacity: 1.2, seed: uint64(200 + i)}}
 			pl := c.placement(t)
-			ds := newDispatchers(t, comms, Config{Experts: 6, K: 2, Hidden: 24, DType: reduce.BFloat16, Rows: tc.rows, Logger: discard})
+			ds := newDispatchers(t, comms, Config{Experts: 7, K: 2, Hidden: 24, DType: reduce.BFloat16, CapacityFactor: 1.2,
+				Rows: tc.rows, Counts: tc.counts, Logger: discard})
+			// Ranks are numbered by host at join: compare through each Comm's view.
+			any := false
 			for r, d := range ds {
-				if d.SharedMemory() != tc.want {
-					t.Fatalf("rank %d: SharedMemory() = %v, want %v", r, d.SharedMemory(), tc.want)
+				for j := range tc.ranks {
+					want := j != r && comms[r].Host(j) == comms[r].Host(r) && tc.rows == RowsAuto && !tc.tcp
+					any = any || want
+					if d.SharedWith(j) != want {
+						t.Fatalf("rank %d: SharedWith(%d) = %v, want %v (hosts %d and %d)", r, j, d.SharedWith(j), want, comms[r].Host(r), comms[r].Host(j))
+					}
 				}
 			}
-			mustAll(t, onAll(ranks, func(r int) error {
-				for step := range 2 {
+			for r, d := range ds {
+				if d.SharedMemory() != any {
+					t.Fatalf("rank %d: SharedMemory() = %v, want %v", r, d.SharedMemory(), any)
+				}
+			}
+			mustAll(t, onAll(tc.ranks, func(r int) error {
+				for step := range 3 {
 					if err := runStep(ds[r], c, pl, r, step); err != nil {
 						return fmt.Errorf("step %d: %w", step, err)
 					}
