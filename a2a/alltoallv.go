@@ -16,7 +16,10 @@ import (
 // the displacements are prefix sums of the counts. Blocks may be empty. Every
 // rank must call it with recvCounts[i] equal to rank i's sendCounts[this rank]
 // (ExchangeCounts or AllToAllVInBand learn them); a disagreement fails with
-// ErrMismatch on the receiver and aborts the group.
+// ErrMismatch on the receiver and aborts the group. To check those lengths,
+// every algorithm has every pair of ranks on one host exchange a message,
+// empty blocks included, so a rank's call returns only after each same-host
+// rank has entered the call (package dispatch relies on that).
 func (c *Comm) AllToAllV(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
 	return c.exchange(ctx, "alltoallv", func(seq uint64, deadline time.Time) (algo.Algo, []int, []int, error) {
 		a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, sendCounts, recv, recvCounts, nil)
