@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"a2a/a2a"
 	"a2a/a2a/reduce"
 	"a2a/routing"
 )
@@ -31,9 +32,14 @@ type benchRank struct {
 // benchLayer sets up ranks in-process ranks with one dispatcher each, and
 // every rank's tokens and routing (uniform gate over the experts, no
 // capacity limit so that both benchmarks move exactly the same bytes).
-func benchLayer(b *testing.B, ranks, experts, k, tokens, hidden int, dt reduce.DType, counts CountsMode, path RowPath) ([]*Dispatcher, []*benchRank) {
+func benchLayer(b *testing.B, s benchShape, counts CountsMode, path RowPath) ([]*Dispatcher, []*benchRank) {
+	ranks, experts, k, tokens, hidden, dt := s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt
 	url := startNATS(b)
-	comms := group(b, url, ranks, nil)
+	comms := group(b, url, ranks, func(c *a2a.Config) {
+		if s.hosts > 1 { // fake hosts: ranks split evenly, TCP between them
+			c.Host = fmt.Sprintf("host%d", c.Rank*s.hosts/ranks)
+		}
+	})
 	ds := newDispatchers(b, comms, Config{Experts: experts, K: k, Hidden: hidden, DType: dt, Counts: counts, Rows: path, Logger: discard})
 	in := make([]*benchRank, ranks)
 	rb := hidden * dt.Size()
@@ -80,17 +86,27 @@ func benchLayer(b *testing.B, ranks, experts, k, tokens, hidden int, dt reduce.D
 // 1024 bf16 elements, 16 experts, top-2) and a small, latency-bound step on
 // 4 ranks (more than this machine's cores: ranks park while waiting) and on
 // 2 (ranks busy-poll).
-var benchShapes = []struct {
-	ranks, experts, k, tokens, hidden int
-	dt                                reduce.DType
-}{
-	{4, 16, 2, 4096, 1024, reduce.BFloat16},
-	{4, 16, 2, 256, 256, reduce.BFloat16},
-	{2, 16, 2, 256, 256, reduce.BFloat16},
+var benchShapes = []benchShape{
+	{4, 16, 2, 4096, 1024, reduce.BFloat16, 1},
+	{4, 16, 2, 4096, 1024, reduce.BFloat16, 2},
+	{4, 16, 2, 256, 256, reduce.BFloat16, 1},
+	{2, 16, 2, 256, 256, reduce.BFloat16, 1},
 }
 
-func shapeName(ranks, experts, k, tokens, hidden int, dt reduce.DType) string {
-	return fmt.Sprintf("P%d/E%d/k%d/T%d/H%d/%v", ranks, experts, k, tokens, hidden, dt)
+// benchShape is a layer and a group: hosts > 1 fakes that many hosts (equal
+// shares of the ranks), so rows between them travel by TCP.
+type benchShape struct {
+	ranks, experts, k, tokens, hidden int
+	dt                                reduce.DType
+	hosts                             int
+}
+
+func (s benchShape) String() string {
+	name := fmt.Sprintf("P%d/E%d/k%d/T%d/H%d/%v", s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt)
+	if s.hosts > 1 {
+		name += fmt.Sprintf("/hosts%d", s.hosts)
+	}
+	return name
 }
 
 // moeStep is one rank's MoE step of the benchmarks: gate (top-k of the
@@ -137,8 +153,8 @@ func baseStep(ds []*Dispatcher, in []*benchRank) func(r int) error {
 func BenchmarkDispatchCombine(b *testing.B) {
 	for _, s := range benchShapes {
 		for _, counts := range []CountsMode{CountsInBand, CountsNATS} {
-			b.Run(shapeName(s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt)+"/"+counts.String(), func(b *testing.B) {
-				ds, in := benchLayer(b, s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt, counts, RowsAuto)
+			b.Run(s.String()+"/"+counts.String(), func(b *testing.B) {
+				ds, in := benchLayer(b, s, counts, RowsAuto)
 				runBench(b, s.ranks, in, moeStep(ds, in, routing.Gate{Experts: s.experts, K: s.k}))
 			})
 		}
@@ -148,17 +164,17 @@ func BenchmarkDispatchCombine(b *testing.B) {
 // BenchmarkTwoAllToAllV is the baseline of BenchmarkDispatchCombine (baseStep).
 func BenchmarkTwoAllToAllV(b *testing.B) {
 	for _, s := range benchShapes {
-		b.Run(shapeName(s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt), func(b *testing.B) {
-			ds, in := benchLayer(b, s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt, CountsInBand, RowsAuto)
+		b.Run(s.String(), func(b *testing.B) {
+			ds, in := benchLayer(b, s, CountsInBand, RowsAuto)
 			runBench(b, s.ranks, in, baseStep(ds, in))
 		})
 	}
 }
 
 // BenchmarkOverhead alternates one MoE step and one baseline step on the
-// same group, for each counts mode and row path (auto: shared memory,
-// these ranks being on one host; exchange: AllToAllV), and reports both step
-// times, the CPU time this process spent
+// same group, for each counts mode and row path (auto: shared memory between
+// ranks of one host; alltoallv: AllToAllV for every pair), and reports both
+// step times, the CPU time this process spent
 // on each (all ranks, user and system: the kernel's copies of loopback TCP
 // are most of it), and the relative overheads. On a shared machine the
 // alternation keeps load changes from landing on one side only, which
@@ -168,8 +184,8 @@ func BenchmarkOverhead(b *testing.B) {
 	for _, s := range benchShapes {
 		for _, counts := range []CountsMode{CountsInBand, CountsNATS} {
 			for _, path := range []RowPath{RowsAuto, RowsAllToAllV} {
-				b.Run(shapeName(s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt)+"/"+counts.String()+"/"+path.String(), func(b *testing.B) {
-					ds, in := benchLayer(b, s.ranks, s.experts, s.k, s.tokens, s.hidden, s.dt, counts, path)
+				b.Run(s.String()+"/"+counts.String()+"/"+path.String(), func(b *testing.B) {
+					ds, in := benchLayer(b, s, counts, path)
 					moe, base := moeStep(ds, in, routing.Gate{Experts: s.experts, K: s.k}), baseStep(ds, in)
 					var tm, tb, cm, cb time.Duration
 					for i := range b.N + 3 {
@@ -228,7 +244,7 @@ func runBench(b *testing.B, ranks int, in []*benchRank, step func(r int) error) 
 // order) and combine (the weighted sum), each reported per step.
 func BenchmarkLocalCost(b *testing.B) {
 	const experts, k, tokens, hidden = 16, 2, 4096, 1024
-	ds, in := benchLayer(b, 1, experts, k, tokens, hidden, reduce.BFloat16, CountsInBand, RowsAuto)
+	ds, in := benchLayer(b, benchShape{1, experts, k, tokens, hidden, reduce.BFloat16, 1}, CountsInBand, RowsAuto)
 	gate := routing.Gate{Experts: experts, K: k}
 	ctx := context.Background()
 	br, d := in[0], ds[0]
