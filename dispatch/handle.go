@@ -158,7 +158,7 @@ func (h *Handle) Recv() []byte { return h.recv }
 // for the expert outputs. Its previous contents are unspecified: write every
 // row of every segment.
 func (h *Handle) Output() []byte {
-	if h.d.shared {
+	if h.d.hostPeers {
 		out, err := h.sharedBuffer(&h.outSeg, len(h.recv), 0)
 		if err == nil {
 			h.output = out
@@ -181,9 +181,9 @@ func (h *Handle) freeSegments() {
 }
 
 // growRecv makes h.recv n bytes long, keeping its first keep bytes: in a
-// shared segment with shared memory, else on the heap.
+// shared segment when this rank shares memory with a peer, else on the heap.
 func (h *Handle) growRecv(n, keep int) error {
-	if h.d.shared {
+	if h.d.hostPeers {
 		r, err := h.sharedBuffer(&h.recvSeg, n, keep)
 		if err != nil {
 			return h.sharedFailure(err)

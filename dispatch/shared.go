@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -43,13 +44,16 @@ type segment struct {
 	mem []byte
 }
 
+// segmentName names the memfds (as /proc shows them: "/memfd:a2a-dispatch (deleted)").
+const segmentName = "a2a-dispatch"
+
 // segmentAlign rounds segment sizes so that growing steps do not remap every
 // time.
 const segmentAlign = 2 << 20
 
 func newSegment(size int, gen uint64) (*segment, error) {
 	size = alignUp(max(size, 1), segmentAlign)
-	fd, err := unix.MemfdCreate("a2a-dispatch", unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate(segmentName, unix.MFD_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
 	}
@@ -198,6 +202,11 @@ func (v *views) close() {
 // fd.
 func mapPeer(pid, fd, size int) ([]byte, error) {
 	path := fmt.Sprintf("/proc/%d/fd/%d", pid, fd)
+	// Only ever a dispatcher's memfd: a corrupt descriptor must not get rows
+	// written into some other file the peer has open.
+	if link, err := os.Readlink(path); err != nil || !strings.HasPrefix(link, "/memfd:"+segmentName+" ") {
+		return nil, fmt.Errorf("%s is %q, not a dispatcher segment (%v)", path, link, err)
+	}
 	f, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
@@ -301,6 +310,7 @@ func (d *Dispatcher) probeShared(ctx context.Context) error {
 			ok := all[i*P+j] == 1 && all[j*P+i] == 1
 			if i == me {
 				d.sharedWith[j] = ok
+				d.hostPeers = d.hostPeers || ok
 			}
 			d.shared = d.shared || ok
 			d.exchange = d.exchange || !ok
@@ -333,6 +343,9 @@ var ErrSharedMemory = errors.New("dispatch: shared memory")
 // "outputs ready": a rank sends its descriptors once its experts are done.
 func (h *Handle) readShared() error {
 	d := h.d
+	if !d.hostPeers {
+		return h.exchangeDescriptors("outputs", d.hdr) // nothing to offer or read: just take part
+	}
 	seg, base, ok := h.outputSegment()
 	if !ok && len(h.expertOut) == 0 {
 		seg, base, ok = h.recvSeg, 0, true // no rows: nothing to point at, any segment will do
