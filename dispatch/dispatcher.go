@@ -84,6 +84,16 @@ func (p RowPath) String() string {
 	return fmt.Sprintf("RowPath(%d)", uint8(p))
 }
 
+// SharedTrafficObserver is an Observer that also wants the bytes rows moved
+// through shared memory between ranks of one host, which no collective
+// carries or reports. *metrics.Observer counts them as peer class "local".
+type SharedTrafficObserver interface {
+	// ObserveSharedTraffic reports one dispatch's or combine's bytes: rows
+	// (or expert outputs) this rank gave its same-host peers and those it
+	// got from them.
+	ObserveSharedTraffic(sent, received int64)
+}
+
 // Observer receives one event per dispatch and per combine.
 // *metrics.Observer implements it. Methods run on the goroutine that ran the
 // step (the caller's or the dispatcher's worker): keep them fast.

@@ -363,7 +363,11 @@ func (h *Handle) readShared() error {
 	h.putDescriptors(seg, func(i int) (int, int) {
 		return base + h.recvDispl[i] + d.hdrSelf, h.recvCounts[i] - d.hdrSelf
 	})
-	return h.exchangeDescriptors("outputs", d.hdr)
+	if err := h.exchangeDescriptors("outputs", d.hdr); err != nil {
+		return err
+	}
+	h.observeShared(true)
+	return nil
 }
 
 // packShared packs the rows: straight into the receive buffers of
@@ -376,10 +380,36 @@ func (h *Handle) packShared() error {
 		return err
 	}
 	h.pack()
+	h.observeShared(false)
 	if h.d.exchange {
 		return nil // the AllToAllV that follows says it (runDispatch)
 	}
 	return h.d.comm.Barrier(h.ctx)
+}
+
+// observeShared reports to a SharedTrafficObserver the bytes this rank gave
+// its shared-memory peers and got from them: rows in a dispatch, expert
+// outputs (without the CountsNATS headers) in a combine.
+func (h *Handle) observeShared(combine bool) {
+	d := h.d
+	o, ok := d.cfg.Observer.(SharedTrafficObserver)
+	if !ok {
+		return
+	}
+	var sent, received int64
+	for j, shared := range d.sharedWith {
+		if !shared {
+			continue
+		}
+		if combine {
+			sent += int64(h.recvCounts[j] - d.hdrSelf)
+			received += int64(h.sendCounts[j] - d.hdr[j])
+		} else {
+			sent += int64(h.sendCounts[j])
+			received += int64(h.recvCounts[j])
+		}
+	}
+	o.ObserveSharedTraffic(sent, received)
 }
 
 // putDescriptors fills h.descOut: for each shared-memory peer i, the span

@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"a2a/a2a"
 	"a2a/a2a/reduce"
@@ -183,4 +185,69 @@ func TestSharedPeerAborts(t *testing.T) {
 	if fds, maps := sharedMemory(t); fds+maps != 0 {
 		t.Fatalf("%d memfds open and %d mapped after Close", fds, maps)
 	}
+}
+
+// trafficRecorder is an Observer that also records shared-memory traffic.
+type trafficRecorder struct {
+	mu             sync.Mutex
+	sent, received []int64 // one entry per report
+}
+
+func (*trafficRecorder) ObserveDispatch(time.Duration, []int, int, float64) {}
+func (*trafficRecorder) ObserveCombine(time.Duration)                       {}
+func (o *trafficRecorder) ObserveSharedTraffic(sent, received int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.sent, o.received = append(o.sent, sent), append(o.received, received)
+}
+
+// TestSharedTrafficObserved: a SharedTrafficObserver hears, per dispatch and
+// per combine, exactly the bytes that moved through shared memory: the rows
+// to and from same-host peers, then their outputs the other way; the rows
+// to the other host are the collectives' to report.
+func TestSharedTrafficObserved(t *testing.T) {
+	const ranks = 4
+	url := startNATS(t)
+	comms := group(t, url, ranks, func(c *a2a.Config) { c.Host = fmt.Sprintf("host%d", c.Rank/2) })
+	l := layer{experts: 8, k: 2, hidden: 16, tokens: 30, dtype: reduce.Float32, skew: 1, seed: 77}
+	obs := make([]*trafficRecorder, ranks)
+	ds := make([]*Dispatcher, ranks)
+	mustAll(t, onAll(ranks, func(r int) error {
+		obs[r] = new(trafficRecorder)
+		var err error
+		ds[r], err = New(t.Context(), comms[r], Config{Experts: 8, K: 2, Hidden: 16, Observer: obs[r], Logger: discard})
+		return err
+	}))
+	t.Cleanup(func() {
+		for _, d := range ds {
+			d.Close()
+		}
+	})
+	mustAll(t, onAll(ranks, func(r int) error {
+		h, err := ds[r].Dispatch(t.Context(), l.tokenRows(r, 0), l.decision(r, 0))
+		if err != nil {
+			return err
+		}
+		defer h.Release()
+		var wantSent, wantRecv int64
+		for j := range ranks {
+			if ds[r].SharedWith(j) {
+				wantSent += int64(h.sendCounts[j])
+				wantRecv += int64(h.recvCounts[j])
+			}
+		}
+		if wantSent+wantRecv == 0 {
+			return fmt.Errorf("no rows between same-host ranks: the test shows nothing")
+		}
+		runExperts(h, l.dtype, l.hidden, h.Output())
+		if err := ds[r].Combine(t.Context(), h, h.Output(), make([]byte, h.Tokens()*ds[r].RowBytes())); err != nil {
+			return err
+		}
+		o := obs[r]
+		if len(o.sent) != 2 || o.sent[0] != wantSent || o.received[0] != wantRecv || o.sent[1] != wantRecv || o.received[1] != wantSent {
+			return fmt.Errorf("shared traffic reports sent %v received %v, want dispatch %d/%d then combine %d/%d",
+				o.sent, o.received, wantSent, wantRecv, wantRecv, wantSent)
+		}
+		return nil
+	}))
 }

@@ -30,8 +30,10 @@ type Options struct {
 }
 
 // Peer classes of the bytes counters' peer_class label. The engine reports
-// totals without a breakdown, and the local block is not counted, so for now
-// every byte is counted as remote.
+// collectives' totals without a breakdown, and the local block is not
+// counted, so every byte of a collective is counted as remote; local counts
+// the rows the MoE dispatcher moves through shared memory between ranks of
+// one host (ObserveSharedTraffic), which no collective carries.
 const (
 	PeerClassSelf   = "self"
 	PeerClassLocal  = "local"
@@ -116,6 +118,8 @@ type Observer struct {
 	received   *prometheus.CounterVec
 	sentRemote prometheus.Counter
 	recvRemote prometheus.Counter
+	sentLocal  prometheus.Counter
+	recvLocal  prometheus.Counter
 
 	countsDuration prometheus.Histogram
 	countsErrs     [len(kinds)]prometheus.Counter
@@ -260,6 +264,8 @@ func New(reg prometheus.Registerer, opts Options) (*Observer, error) {
 	}
 	o.sentRemote = o.sent.WithLabelValues(PeerClassRemote)
 	o.recvRemote = o.received.WithLabelValues(PeerClassRemote)
+	o.sentLocal = o.sent.WithLabelValues(PeerClassLocal)
+	o.recvLocal = o.received.WithLabelValues(PeerClassLocal)
 	for i, k := range kinds {
 		o.countsErrs[i] = countsErrs.WithLabelValues(k)
 	}
@@ -357,6 +363,18 @@ func (o *Observer) ObserveDispatch(d time.Duration, tokensPerExpert []int, dropp
 
 // ObserveCombine records the duration of one MoE combine step.
 func (o *Observer) ObserveCombine(d time.Duration) { o.combineDuration.Observe(seconds(d)) }
+
+// ObserveSharedTraffic counts bytes the MoE dispatcher moved through shared
+// memory (rows written into same-host peers' buffers, expert outputs read
+// from them) under peer_class="local". Negative counts are ignored.
+func (o *Observer) ObserveSharedTraffic(sent, received int64) {
+	if sent > 0 {
+		o.sentLocal.Add(float64(sent))
+	}
+	if received > 0 {
+		o.recvLocal.Add(float64(received))
+	}
+}
 
 // seconds converts d to seconds, clamping the negative durations a
 // non-monotonic clock could produce.

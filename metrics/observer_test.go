@@ -239,8 +239,13 @@ func TestEvents(t *testing.T) {
 				func(o *Observer) { o.ObserveDispatch(3*time.Millisecond, []int{1, 2, 3, 4}, 0, 1.25) },
 				func(o *Observer) { o.ObserveDispatch(-time.Millisecond, []int{-1}, -3, math.NaN()) },
 				func(o *Observer) { o.ObserveCombine(2 * time.Millisecond) },
+				func(o *Observer) { o.ObserveSharedTraffic(4096, 1024) },
+				func(o *Observer) { o.ObserveSharedTraffic(100, -5) },
 			},
 			want: map[string]float64{
+				"a2a_sent_bytes_total{peer_class=local}":     4196,
+				"a2a_received_bytes_total{peer_class=local}": 1024,
+				"a2a_sent_bytes_total{peer_class=remote}":    0,
 				"a2a_moe_dispatched_tokens_total{expert=0}": 6,
 				"a2a_moe_dispatched_tokens_total{expert=1}": 2,
 				"a2a_moe_dispatched_tokens_total{expert=2}": 10,
