@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -12,6 +13,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -227,4 +230,112 @@ func TestFlags(t *testing.T) {
 	if err != nil || o.skew != 1.2 || o.dtype.String() != "bfloat16" || o.counts.String() != "nats" || o.ranks != 4 || o.experts != 16 || o.k != 2 {
 		t.Errorf("parsed %+v, %v", o, err)
 	}
+}
+
+// TestDemoKilledRank kills one rank process with SIGKILL in the middle of a
+// run (rows travel through shared memory between these ranks): the others
+// must notice, the demo must exit non-zero within the peer timeout's reach,
+// and no rank process nor /dev/shm segment may outlive it.
+func TestDemoKilledRank(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	shmBefore := shmSegments(t)
+	cmd := exec.CommandContext(ctx, moeBin, "-n", "3", "--tokens", "64", "--hidden", "32", "--ffn", "16",
+		"--steps", "100000", "--interval", "5ms")
+	cmd.WaitDelay = 5 * time.Second
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	running := make(chan struct{})
+	var out strings.Builder
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		once := false
+		for sc.Scan() {
+			out.WriteString(sc.Text() + "\n")
+			if !once && strings.Contains(sc.Text(), "verified") {
+				once = true
+				close(running)
+			}
+		}
+	}()
+	select {
+	case <-running:
+	case <-ctx.Done():
+		t.Fatalf("no verified step before the deadline\n%s", stderr.String())
+	}
+	ranks := children(t, cmd.Process.Pid)
+	if len(ranks) != 3 {
+		t.Fatalf("launcher has %d children %v, want 3 rank processes", len(ranks), ranks)
+	}
+	killed := time.Now()
+	if err := syscall.Kill(ranks[1], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() <= 0 {
+		t.Fatalf("demo with a killed rank: %v, want a non-zero exit\nstdout:\n%s\nstderr:\n%s", err, out.String(), stderr.String())
+	}
+	if d := time.Since(killed); d > 20*time.Second {
+		t.Errorf("demo took %v to exit after the kill", d)
+	}
+	t.Logf("killed rank 1 (pid %d): demo exited %d after %v; stderr:\n%s", ranks[1], ee.ExitCode(), time.Since(killed).Round(time.Millisecond), stderr.String())
+	for _, pid := range ranks {
+		if syscall.Kill(pid, 0) == nil {
+			t.Errorf("rank process %d outlived the demo", pid)
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	if after := shmSegments(t); after > shmBefore {
+		t.Errorf("%d a2a segments in /dev/shm after the demo, %d before", after, shmBefore)
+	}
+}
+
+// children lists the child processes of pid, whichever of its threads
+// started them (the kernel lists children per thread).
+func children(t *testing.T, pid int) []int {
+	t.Helper()
+	files, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // the thread exited
+		}
+		for _, field := range strings.Fields(string(b)) {
+			p, err := strconv.Atoi(field)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pids = append(pids, p)
+		}
+	}
+	slices.Sort(pids)
+	return pids
+}
+
+// shmSegments counts the shared-memory transport's segments in /dev/shm.
+func shmSegments(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/dev/shm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "a2a-") {
+			n++
+		}
+	}
+	return n
 }
