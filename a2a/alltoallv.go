@@ -310,12 +310,15 @@ func (c *Comm) observe(op string, a algo.Algo, seq uint64, sendCounts, recvCount
 	}
 	ev := OpEvent{Op: op, Algo: a.String(), Rank: c.rank, Size: c.size, Seq: seq, Duration: time.Since(start), Err: err, LastPeer: -1}
 	if len(sendCounts) == c.size && len(recvCounts) == c.size {
+		var t traffic
 		for j := range sendCounts {
 			if j != c.rank {
-				ev.BytesSent += int64(sendCounts[j])
-				ev.BytesReceived += int64(recvCounts[j])
+				local := c.hosts[j] == c.hosts[c.rank]
+				t.add(true, local, sendCounts[j])
+				t.add(false, local, recvCounts[j])
 			}
 		}
+		t.fill(&ev)
 	}
 	if c.eng != nil {
 		ev.LastPeer, ev.LastWait = c.eng.lastPeer, c.eng.lastWait

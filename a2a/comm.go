@@ -184,6 +184,9 @@ func (c *Comm) join(ctx context.Context) error {
 	}
 	spin, yield, shared := waitPolicy(cfg.Spin, cfg.Yield, m.Nodes(), c.rank)
 	c.eng = newEngine(c.tr, c.rank, c.size, cfg.Streams, m.Epoch(), spin, yield, c.stopped)
+	for r, h := range c.hosts {
+		c.eng.sameHost[r] = r != c.rank && h == c.hosts[c.rank]
+	}
 	c.eng.sharedProcess = shared
 	c.llCut = c.llCutoffs()
 	c.llBarrier = c.llCut != nil && c.size <= llBarrierMaxRanks

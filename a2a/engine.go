@@ -48,8 +48,10 @@ type engine struct {
 	op      reduce.Op
 	aux     uint64 // collective signature carried in every frame
 
-	// Bytes the last operation sent to and received from other ranks.
-	sent, received int64
+	// Bytes the last operation sent to and received from other ranks, and
+	// which peers share this rank's host (for the breakdown).
+	traffic  traffic
+	sameHost []bool
 	sendFrames     []uint32 // frames sent this op, by peer*streams+stream
 	recvFrames     []uint32
 
@@ -111,6 +113,7 @@ func newEngine(tr transport.Transport, rank, size, streams int, epoch uint32, sp
 		llEpoch:    transport.FirstEpoch,
 		countOut:   make([]byte, 8*size),
 		countIn:    make([]byte, 8*size),
+		sameHost:   make([]bool, size), // set by the Comm once hosts are known
 	}
 }
 
@@ -149,7 +152,7 @@ func (e *engine) run(ctx context.Context, kind transport.OpKind, seq, aux uint64
 	clear(e.sendFrames)
 	clear(e.recvFrames)
 	e.lastPeer, e.lastWait = -1, 0
-	e.sent, e.received = 0, 0
+	e.traffic = traffic{}
 	e.dtype, e.op, e.aux = reduce.DType(s.DType), reduce.Op(s.Op), aux
 	e.llTag = uint32(kind)
 	if cap(e.scratch) < s.ScratchBytes {
@@ -213,7 +216,7 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 					e.sendOps = append(e.sendOps, transport.SendOp{})
 				}
 				e.sendOps[nSend].Reset(h, data)
-				e.sent += int64(len(data))
+				e.traffic.add(true, e.sameHost[st.Peer], len(data))
 				e.active = append(e.active, activeOp{send: true, peer: st.Peer, stream: st.Stream, idx: nSend, conn: e.tr.Conn(st.Peer, st.Stream)})
 				nSend++
 			} else {
@@ -242,7 +245,7 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 						}
 					}
 				}
-				e.received += int64(len(dst))
+				e.traffic.add(false, e.sameHost[st.Peer], len(dst))
 				h.Src = uint32(st.Peer)
 				h.Round = e.recvFrames[slot]
 				e.recvFrames[slot]++
@@ -300,7 +303,7 @@ func (e *engine) postStore(kind transport.OpKind, seq uint64, st *algo.Step, buf
 		data = e.countOut[8*st.Peer : 8*st.Peer+8]
 		binary.LittleEndian.PutUint64(data, uint64(st.Src.Len))
 	}
-	e.sent += int64(len(data))
+	e.traffic.add(true, e.sameHost[st.Peer], len(data))
 	if room := e.slotBytes(st.Peer); room > 0 {
 		if len(data) > room {
 			return nSend, fault.New(fault.ErrInvalidArgument, st.Peer, "LL block of %d bytes for a %d-byte slot", len(data), room)
@@ -328,7 +331,7 @@ func (e *engine) postLoad(kind transport.OpKind, seq uint64, st *algo.Step, bufs
 	if st.CountOnly {
 		dst = e.countIn[8*st.Peer : 8*st.Peer+8]
 	}
-	e.received += int64(len(dst))
+	e.traffic.add(false, e.sameHost[st.Peer], len(dst))
 	a := activeOp{peer: st.Peer, dst: dst, announce: st.CountOnly, count: st.Dst.Len}
 	if e.slotBytes(st.Peer) > 0 {
 		a.slot = true
@@ -510,7 +513,7 @@ func (e *engine) copySome() (bool, error) {
 func (e *engine) p2p(ctx context.Context, send bool, peer, tag int, seq uint64, buf []byte, deadline time.Time) (int, error) {
 	e.active, e.copies, e.copied = e.active[:0], e.copies[:0], 0
 	e.lastPeer, e.lastWait = -1, 0
-	e.sent, e.received = 0, 0
+	e.traffic = traffic{}
 	h := transport.Header{Kind: transport.OpSendRecv, Flags: transport.FlagLast, Epoch: e.epoch, Seq: seq, Aux: uint64(uint32(tag))}
 	if len(e.sendOps) == 0 {
 		e.sendOps = append(e.sendOps, transport.SendOp{})
@@ -521,7 +524,7 @@ func (e *engine) p2p(ctx context.Context, send bool, peer, tag int, seq uint64, 
 	if send {
 		h.Src = uint32(e.rank)
 		e.sendOps[0].Reset(h, buf)
-		e.sent = int64(len(buf))
+		e.traffic.add(true, e.sameHost[peer], len(buf))
 	} else {
 		h.Src = uint32(peer)
 		e.recvOps[0].Reset(h, buf, true)
@@ -533,8 +536,39 @@ func (e *engine) p2p(ctx context.Context, send bool, peer, tag int, seq uint64, 
 	if send {
 		return len(buf), nil
 	}
-	e.received = int64(e.recvOps[0].N)
+	e.traffic.add(false, e.sameHost[peer], e.recvOps[0].N)
 	return e.recvOps[0].N, nil
+}
+
+// traffic is what one operation moved to and from other ranks, in bytes,
+// with the part exchanged with ranks of this host.
+type traffic struct {
+	sent, received           int64
+	sentLocal, receivedLocal int64
+}
+
+func (t *traffic) add(send, local bool, n int) {
+	switch {
+	case send && local:
+		t.sent, t.sentLocal = t.sent+int64(n), t.sentLocal+int64(n)
+	case send:
+		t.sent += int64(n)
+	case local:
+		t.received, t.receivedLocal = t.received+int64(n), t.receivedLocal+int64(n)
+	default:
+		t.received += int64(n)
+	}
+}
+
+func (t *traffic) plus(o traffic) {
+	t.sent, t.received = t.sent+o.sent, t.received+o.received
+	t.sentLocal, t.receivedLocal = t.sentLocal+o.sentLocal, t.receivedLocal+o.receivedLocal
+}
+
+// fill copies the totals into an event.
+func (t traffic) fill(ev *OpEvent) {
+	ev.BytesSent, ev.BytesReceived = t.sent, t.received
+	ev.BytesSentLocal, ev.BytesReceivedLocal = t.sentLocal, t.receivedLocal
 }
 
 // schedYield gives the core to another runnable thread of any process; Go's

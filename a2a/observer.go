@@ -22,6 +22,9 @@ type OpEvent struct {
 	Seq           uint64
 	BytesSent     int64 // to other ranks (the local block is not counted)
 	BytesReceived int64
+	// BytesSentLocal and BytesReceivedLocal are the parts of BytesSent and
+	// BytesReceived exchanged with other ranks of this host.
+	BytesSentLocal, BytesReceivedLocal int64
 	Duration      time.Duration
 	Err           error
 	// LastPeer is the peer whose data arrived last and LastWait how long after

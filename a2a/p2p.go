@@ -64,7 +64,9 @@ func (c *Comm) p2p(ctx context.Context, send bool, buf []byte, peer, tag int) (i
 	}
 	if o := c.observer; o != nil { // under the lock: the engine's figures are this call's
 		o.OpDone(OpEvent{Op: name, Algo: "direct", Rank: c.rank, Size: c.size, Duration: time.Since(start), Err: err,
-			BytesSent: c.eng.sent, BytesReceived: c.eng.received, LastPeer: c.eng.lastPeer, LastWait: c.eng.lastWait})
+			BytesSent: c.eng.traffic.sent, BytesReceived: c.eng.traffic.received,
+			BytesSentLocal: c.eng.traffic.sentLocal, BytesReceivedLocal: c.eng.traffic.receivedLocal,
+			LastPeer: c.eng.lastPeer, LastWait: c.eng.lastWait})
 	}
 	c.mu.Unlock()
 	return n, err

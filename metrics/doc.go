@@ -9,7 +9,7 @@
 //	a2a_collective_duration_seconds{op,algo}         histogram, completed collectives
 //	a2a_algorithm_selections_total{op,algo}          counter, every collective
 //	a2a_errors_total{op,kind}                        counter, failed collectives
-//	a2a_sent_bytes_total{peer_class}                 counter, self|local|remote (local: MoE rows in shared memory)
+//	a2a_sent_bytes_total{peer_class}                 counter, self|local|remote (local: ranks of this host)
 //	a2a_received_bytes_total{peer_class}             counter, self|local|remote
 //	a2a_counts_exchange_duration_seconds             histogram, completed exchanges
 //	a2a_counts_exchange_errors_total{kind}           counter, failed exchanges

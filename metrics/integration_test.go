@@ -32,9 +32,13 @@ func TestWithComm(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Ranks 0 and 2 share a (fake) host, rank 1 has its own: bytes between
+	// 0 and 2 are local, the others remote.
+	host := func(r int) int { return r % 2 }
 	comms := a2atest.Group(t, url, n, func(cfg *a2a.Config) {
 		cfg.Group, cfg.Observer = group, obs[cfg.Rank]
 		cfg.PeerTimeout, cfg.Timeout = time.Second, 10*time.Second
+		cfg.Host = fmt.Sprintf("host%d", host(cfg.Rank))
 	})
 	onAll := func(f func(r int, c *a2a.Comm) error) []error {
 		errs := make([]error, n)
@@ -70,17 +74,19 @@ func TestWithComm(t *testing.T) {
 
 	for r := range n {
 		got := rankSeries(t, reg, strconv.Itoa(r))
-		sent, received := 0, 0
+		sent, received := map[bool]int{}, map[bool]int{} // by "local"
 		for j := range n {
 			if j != r {
-				sent += bytes(r, j)
-				received += bytes(j, r)
+				sent[host(j) == host(r)] += bytes(r, j)
+				received[host(j) == host(r)] += bytes(j, r)
 			}
 		}
 		want := map[string]float64{
 			"a2a_counts_exchange_duration_seconds_count":  1,
-			"a2a_sent_bytes_total{peer_class=remote}":     float64(sent),
-			"a2a_received_bytes_total{peer_class=remote}": float64(received),
+			"a2a_sent_bytes_total{peer_class=remote}":     float64(sent[false]),
+			"a2a_received_bytes_total{peer_class=remote}": float64(received[false]),
+			"a2a_sent_bytes_total{peer_class=local}":      float64(sent[true]),
+			"a2a_received_bytes_total{peer_class=local}":  float64(received[true]),
 			"a2a_membership_size":                         n,
 			"a2a_rejected_connections_total":              0,
 		}

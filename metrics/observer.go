@@ -29,11 +29,11 @@ type Options struct {
 	Namespace string
 }
 
-// Peer classes of the bytes counters' peer_class label. The engine reports
-// collectives' totals without a breakdown, and the local block is not
-// counted, so every byte of a collective is counted as remote; local counts
-// the rows the MoE dispatcher moves through shared memory between ranks of
-// one host (ObserveSharedTraffic), which no collective carries.
+// Peer classes of the bytes counters' peer_class label: local is other ranks
+// of this host (a2a.OpEvent's BytesSentLocal and BytesReceivedLocal, and the
+// rows the MoE dispatcher moves through shared memory, ObserveSharedTraffic),
+// remote the ranks of other hosts. A rank's own block is not counted, so self
+// stays at zero.
 const (
 	PeerClassSelf   = "self"
 	PeerClassLocal  = "local"
@@ -287,16 +287,24 @@ func (o *Observer) OpDone(ev a2a.OpEvent) {
 		return
 	}
 	s.duration.Observe(seconds(ev.Duration))
-	if ev.BytesSent > 0 {
-		o.sentRemote.Add(float64(ev.BytesSent))
-	}
-	if ev.BytesReceived > 0 {
-		o.recvRemote.Add(float64(ev.BytesReceived))
-	}
+	addBytes(o.sentLocal, o.sentRemote, ev.BytesSent, ev.BytesSentLocal)
+	addBytes(o.recvLocal, o.recvRemote, ev.BytesReceived, ev.BytesReceivedLocal)
 	if ev.LastPeer >= 0 {
 		p := o.peer(ev.LastPeer)
 		p.last.Inc()
 		p.wait.Add(seconds(ev.LastWait))
+	}
+}
+
+// addBytes splits total bytes into the local part and the rest (remote);
+// inconsistent figures count nothing negative.
+func addBytes(local, remote prometheus.Counter, total, ofThemLocal int64) {
+	ofThemLocal = min(max(ofThemLocal, 0), max(total, 0))
+	if ofThemLocal > 0 {
+		local.Add(float64(ofThemLocal))
+	}
+	if r := total - ofThemLocal; r > 0 {
+		remote.Add(float64(r))
 	}
 }
 

@@ -183,6 +183,20 @@ func TestEvents(t *testing.T) {
 			},
 		},
 		{
+			name: "bytes split by peer class",
+			events: []event{
+				opDone(a2a.OpEvent{Op: "allgather", Algo: "ring", Size: 4, BytesSent: 300, BytesSentLocal: 100, BytesReceived: 50, BytesReceivedLocal: 50, LastPeer: -1}),
+				// Inconsistent figures never count negative bytes.
+				opDone(a2a.OpEvent{Op: "allgather", Algo: "ring", Size: 4, BytesSent: 10, BytesSentLocal: 25, BytesReceived: 5, BytesReceivedLocal: -3, LastPeer: -1}),
+			},
+			want: map[string]float64{
+				"a2a_sent_bytes_total{peer_class=local}":      110,
+				"a2a_sent_bytes_total{peer_class=remote}":     200,
+				"a2a_received_bytes_total{peer_class=local}":  50,
+				"a2a_received_bytes_total{peer_class=remote}": 5,
+			},
+		},
+		{
 			name: "failed collectives count errors by kind and nothing else",
 			events: []event{
 				failed("alltoallv", "pairwise", wrapKind(a2a.ErrPeerLost, nil)),
