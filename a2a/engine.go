@@ -50,10 +50,10 @@ type engine struct {
 
 	// Bytes the last operation sent to and received from other ranks, and
 	// which peers share this rank's host (for the breakdown).
-	traffic  traffic
-	sameHost []bool
-	sendFrames     []uint32 // frames sent this op, by peer*streams+stream
-	recvFrames     []uint32
+	traffic    traffic
+	sameHost   []bool
+	sendFrames []uint32 // frames sent this op, by peer*streams+stream
+	recvFrames []uint32
 
 	// Wait attribution for the last op: the peer whose data arrived last
 	// after the engine had to wait, and how long after opStart (set by the

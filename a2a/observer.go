@@ -25,8 +25,8 @@ type OpEvent struct {
 	// BytesSentLocal and BytesReceivedLocal are the parts of BytesSent and
 	// BytesReceived exchanged with other ranks of this host.
 	BytesSentLocal, BytesReceivedLocal int64
-	Duration      time.Duration
-	Err           error
+	Duration                           time.Duration
+	Err                                error
 	// LastPeer is the peer whose data arrived last and LastWait how long after
 	// the start it arrived: the rank this one waited on most (-1 if none).
 	// LastWait is 0 when every peer's data was already there when the rank

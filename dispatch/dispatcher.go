@@ -164,7 +164,7 @@ type Dispatcher struct {
 	// same collectives).
 	sharedWith       []bool
 	shared, exchange bool
-	hostPeers        bool // sharedWith holds a true: this rank's buffers must be shareable
+	hostPeers        bool          // sharedWith holds a true: this rank's buffers must be shareable
 	views            views         // peers' segments mapped here; used by exec only
 	segGen           atomic.Uint64 // numbers this rank's segments
 
