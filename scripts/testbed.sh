@@ -2,7 +2,7 @@
 # testbed.sh: a multi-host a2a job on one machine, each "host" a network namespace.
 #
 #   scripts/testbed.sh [-H HOSTS] [-L RANKS_PER_HOST] [--delay D] [--rate R] [--a2ad PATH]
-#                      [--algos A,B] [--bench-sizes S] [--bench-dist D] [--bench-counts C]
+#                      [--moe PATH] [--algos A,B] [--bench-sizes S] [--bench-dist D] [--bench-counts C]
 #                      [--bench-timing T]
 #                      [--check-only] [--timeout SECS] [--keep-logs]
 #
@@ -40,7 +40,9 @@
 # 10.77.x.1:4222; correctness: for every algorithm of --algos an AllToAllV bench with --check
 # over sizes 0,1,1K,64K (zipf:1.1 traffic), then AllToAll once, every host running
 # `a2ad run -n L` with A2A_HOST=host<i>, all hosts in parallel; rank 0's rows must all say
-# check=ok. Then (unless --check-only) a short benchmark per algorithm over --bench-sizes,
+# check=ok. Then the MoE demo's ranks (bin/moe --worker, or --moe PATH; skipped if absent)
+# run three verified steps: rows between ranks of one host through shared memory, the
+# others by AllToAllV over the namespaces' links. Then (unless --check-only) a short benchmark per algorithm over --bench-sizes,
 # printing rank 0's rows. An algorithm a2ad rejects is reported and skipped. Teardown runs
 # on every exit (EXIT, INT, TERM): every process in the namespaces is killed and every
 # namespace deleted (which destroys the veths).
@@ -60,6 +62,7 @@ LOCAL=2
 DELAY=""
 RATE=""
 A2AD=""
+MOE=""
 ALGOS="pairwise,fullmesh"
 BENCH_SIZES="1K,64K"
 BENCH_DIST="uniform"
@@ -78,6 +81,8 @@ usage() {
                        the user-space delay line)
   --rate R             link speed per host and direction, e.g. 1gbit, 100mbit
   --a2ad PATH          a2ad binary, default bin/a2ad of this repository (make build)
+  --moe PATH           MoE demo binary, default bin/moe (make build); its check is skipped
+                       when it is missing
   --algos A,B          AllToAllV algorithms to check and benchmark, default pairwise,fullmesh
   --bench-sizes S      per-peer sizes of the benchmark (a2ad bench --sizes), default 1K,64K
   --bench-dist D       traffic of the benchmark (a2ad bench --dist), default uniform
@@ -138,6 +143,7 @@ while [ $# -gt 0 ]; do
 	--delay) need_arg "$opt" $#; DELAY=$2; shift 2 ;;
 	--rate) need_arg "$opt" $#; RATE=$2; shift 2 ;;
 	--a2ad) need_arg "$opt" $#; A2AD=$2; shift 2 ;;
+	--moe) need_arg "$opt" $#; MOE=$2; shift 2 ;;
 	--algos) need_arg "$opt" $#; ALGOS=$2; shift 2 ;;
 	--bench-sizes) need_arg "$opt" $#; BENCH_SIZES=$2; shift 2 ;;
 	--bench-dist) need_arg "$opt" $#; BENCH_DIST=$2; shift 2 ;;
@@ -225,6 +231,12 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 [ -n "$A2AD" ] || A2AD=$ROOT/bin/a2ad
 case $A2AD in /*) ;; *) A2AD=$PWD/$A2AD ;; esac
 [ -x "$A2AD" ] || die 2 "a2ad binary $A2AD not found: run make build, or pass --a2ad PATH"
+if [ -n "$MOE" ]; then
+	case $MOE in /*) ;; *) MOE=$PWD/$MOE ;; esac
+	[ -x "$MOE" ] || die 2 "MoE binary $MOE not found"
+elif [ -x "$ROOT/bin/moe" ]; then
+	MOE=$ROOT/bin/moe
+fi
 
 # Started processes get SIGTERM if this shell dies without running its traps (SIGKILL).
 PDEATH=()
@@ -490,8 +502,9 @@ REJECTED=() # algorithms a2ad rejected
 JOB_US=0    # duration of the last job
 ROW_RE='^\[rank 0\] +[0-9]+ +[0-9]+ '
 
-# run_job NAME BENCH_ARGS...: runs `a2ad bench --worker BENCH_ARGS` as one job of H*L
-# ranks, every host's ranks started by `a2ad run` in its namespace, all hosts in parallel.
+# run_job NAME ARGS...: runs `WORKER ARGS` (WORKER: `a2ad bench --worker` unless set) as
+# one job of H*L ranks, every host's ranks started by `a2ad run` in its namespace, all
+# hosts in parallel.
 # Returns 0 when every host's run exits 0, 3 when a2ad rejected the --algo, 1 otherwise
 # (FAILED names the hosts). Logs: $LOGDIR/<job>.h<i>.{out,err}.
 run_job() {
@@ -506,7 +519,7 @@ run_job() {
 			env A2A_HOST="host$i" A2A_LISTEN="$(host_ip "$i"):0" \
 			"$A2AD" run -n "$LOCAL" --world "$WORLD" --rank-offset $((i * LOCAL)) \
 			--nats "$NATS_URL" --group "$group" --secret "$SECRET" --bind none -- \
-			"$A2AD" bench --worker "$@" \
+			"${WORKER[@]}" "$@" \
 			>"$LOGDIR/$tag.h$i.out" 2>"$LOGDIR/$tag.h$i.err" &
 		pids[i]=$!
 		PIDS+=("$!")
@@ -596,6 +609,7 @@ check_rows() {
 	return 0
 }
 
+WORKER=("$A2AD" bench --worker)
 CHECK_SIZES="0,1,1K,64K"
 N_CHECK_SIZES=4
 CHECK_ARGS=(--sizes "$CHECK_SIZES" --check --iters 20 --warmup 2)
@@ -633,6 +647,23 @@ if run_job "$name" --op alltoall "${CHECK_ARGS[@]}"; then
 		say "ok   $name in $(secs "$JOB_US")"
 		rows "$name" | grep -v '^#' | sed 's/^/    /'
 	fi
+fi
+if [ -n "$MOE" ]; then
+	name="moe"
+	WORKER=("$MOE" --worker)
+	if run_job "$name" -n "$WORLD" --experts $((2 * WORLD)) --tokens 48 --hidden 32 --ffn 16 --steps 3 --skew 1.1; then
+		out="$LOGDIR/$JOB.moe.h0.out"
+		if grep -q "all 3 steps verified on $WORLD ranks" "$out"; then
+			CHECKED+=("moe")
+			say "ok   $name in $(secs "$JOB_US"): $(grep -m1 -o 'rows: .*' "$out" | sed 's/ (.*//')"
+		else
+			FAILED+=("$name: rank 0 did not report 3 verified steps (see $out)")
+			warn "$name: rank 0 did not report 3 verified steps"
+		fi
+	fi
+	WORKER=("$A2AD" bench --worker)
+else
+	warn "MoE check skipped: no bin/moe (make build) and no --moe"
 fi
 T_CHECK=$(($(now_us) - T1))
 

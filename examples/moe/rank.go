@@ -75,7 +75,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	out := io.Discard
 	if rank == 0 {
 		out = stdout
-		printHeader(out, o, size, d.Placement(), urls, c.TransportName(), d.SharedMemory())
+		printHeader(out, o, size, d.Placement(), urls, c.TransportName(), rowPaths(c, d))
 	}
 	r := newRankState(o, d, rank)
 	agg := newAggregate(o, size)
@@ -119,17 +119,28 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-func printHeader(w io.Writer, o options, size int, pl *routing.Placement, urls []string, transport string, shared bool) {
+// rowPaths says how rows travel in this layer.
+func rowPaths(c *a2a.Comm, d *dispatch.Dispatcher) string {
+	hosts := map[int]bool{}
+	for r := range c.Size() {
+		hosts[c.Host(r)] = true
+	}
+	switch {
+	case !d.SharedMemory():
+		return "AllToAllV, reverse AllToAllV to combine"
+	case len(hosts) > 1:
+		return fmt.Sprintf("shared memory between ranks of a host, AllToAllV between the %d hosts", len(hosts))
+	}
+	return "shared memory (packed into the receivers' buffers, outputs read in place)"
+}
+
+func printHeader(w io.Writer, o options, size int, pl *routing.Placement, urls []string, transport, rows string) {
 	mb := "1 micro-batch"
 	if o.microbatches > 1 {
 		mb = fmt.Sprintf("%d micro-batches (exchange overlaps expert compute)", o.microbatches)
 	}
 	fmt.Fprintf(w, "moe: %d ranks, %d experts (%s), top-%d, %d tokens per rank, hidden %d, ffn %d, %v, capacity %g, skew %g, counts %v, %s\n",
 		size, o.experts, expertsPerRank(pl), o.k, o.tokens, o.hidden, o.ffn, o.dtype, o.capacity, o.skew, o.counts, mb)
-	rows := "AllToAllV, reverse AllToAllV to combine"
-	if shared {
-		rows = "shared memory (packed into the receivers' buffers, outputs read in place)"
-	}
 	fmt.Fprintf(w, "data plane %s; rows: %s\n", transport, rows)
 	for r, u := range urls {
 		fmt.Fprintf(w, "rank %d metrics %s\n", r, u)
