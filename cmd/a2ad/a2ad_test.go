@@ -24,18 +24,23 @@ import (
 // a2adBin is the a2ad binary built once for the multi-process tests.
 var a2adBin string
 
+// moeBin is the MoE demo, built for the test bed's MoE check.
+var moeBin string
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "a2ad-test")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	a2adBin = filepath.Join(dir, "a2ad")
-	build := exec.Command("go", "build", "-o", a2adBin, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building a2ad:", err)
-		os.Exit(1)
+	a2adBin, moeBin = filepath.Join(dir, "a2ad"), filepath.Join(dir, "moe")
+	for _, b := range []struct{ out, pkg string }{{a2adBin, "."}, {moeBin, "../../examples/moe"}} {
+		build := exec.Command("go", "build", "-o", b.out, b.pkg)
+		build.Stderr = os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "building", b.pkg, err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)

@@ -26,14 +26,15 @@ func testbedCmd(t *testing.T, ctx context.Context, args ...string) *exec.Cmd {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(ctx, script, append(args, "--a2ad", a2adBin)...)
+	cmd := exec.CommandContext(ctx, script, append(args, "--a2ad", a2adBin, "--moe", moeBin)...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 15 * time.Second
 	return cmd
 }
 
 // TestTestbed runs the multi-host test bed (2 network namespaces of 2 ranks each,
-// correctness only) and checks that it passed and left nothing behind.
+// correctness only, the MoE demo's ranks included) and checks that it passed
+// and left nothing behind.
 func TestTestbed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -44,7 +45,7 @@ func TestTestbed(t *testing.T) {
 		t.Fatalf("scripts/testbed.sh -H 2 -L 2 --check-only failed (%v): network namespaces, veth or the a2ad job did not work as root:\n%s", err, out.String())
 	}
 	assertTestbedClean(t, cmd.Process.Pid)
-	if !strings.Contains(out.String(), "testbed: PASS") || !strings.Contains(out.String(), "checked=[pairwise,fullmesh,alltoall]") {
+	if !strings.Contains(out.String(), "testbed: PASS") || !strings.Contains(out.String(), "checked=[pairwise,fullmesh,alltoall,moe]") {
 		t.Errorf("no PASS summary with every check:\n%s", out.String())
 	}
 	// Rank 0's rows: sizes 0, 1, 1K and 64K for each of the three checks, all verified,
