@@ -107,7 +107,6 @@ type Handle struct {
 	// Shared memory: recv and output live in segments the peers map.
 	recvSeg, outSeg *segment
 	descOut, descIn []byte // the descriptors exchanged by each dispatch and combine
-	zeros           []int
 
 	dispatchTime, combineTime time.Duration
 	sentBytes, recvBytes      int64
@@ -521,10 +520,8 @@ func (h *Handle) runCombine() error {
 		if err := h.readShared(); err != nil {
 			return err
 		}
-		if !d.exchange {
-			if err := d.comm.Barrier(h.ctx); err != nil {
-				return err
-			}
+		if err := h.sharedStepDone(); err != nil {
+			return err
 		}
 	}
 	if d.exchange {

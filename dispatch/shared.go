@@ -229,31 +229,47 @@ func mapPeer(pid, fd, size int) ([]byte, error) {
 // probeShared decides, collectively, which pairs of ranks move rows through
 // shared memory: two ranks of one host that both want it (RowsAuto, not
 // A2A_TRANSPORT=tcp) and could each map a probe segment of the other and read
-// back what it wrote there. It runs two small collectives when some host
-// holds two ranks (every rank knows that alike), and sets d.sharedWith,
-// d.shared and d.exchange the same way on every rank.
+// back what it wrote there. The probe's two small collectives run when some
+// host holds two ranks (every rank knows that alike); d.sharedWith, d.shared
+// and d.exchange then come out the same on every rank.
 func (d *Dispatcher) probeShared(ctx context.Context) error {
 	c, P, me := d.comm, d.size, d.rank
-	d.sharedWith = make([]bool, P)
-	d.exchange = false
-	for i := range P {
-		for j := range P {
-			if i != j && c.Host(i) != c.Host(j) {
-				d.exchange = true // a pair across hosts: rows must travel by AllToAllV
-			}
+	canMap := make([]byte, P*P) // canMap[i*P+j] = 1: rank i mapped rank j's probe
+	if anyColocated(c, P) {
+		if err := d.probe(ctx, canMap); err != nil {
+			return err
 		}
 	}
-	if !anyColocated(c, P) {
-		return nil
+	d.sharedWith = make([]bool, P)
+	for i := range P {
+		for j := range P {
+			if i == j {
+				continue
+			}
+			ok := c.Host(i) == c.Host(j) && canMap[i*P+j] == 1 && canMap[j*P+i] == 1
+			if i == me {
+				d.sharedWith[j] = ok
+				d.hostPeers = d.hostPeers || ok
+			}
+			d.shared = d.shared || ok
+			d.exchange = d.exchange || !ok
+		}
 	}
+	return nil
+}
+
+// probe fills canMap (P*P) with every rank's view: whether it could map the
+// probe segment of each same-host rank and read back that rank's token.
+func (d *Dispatcher) probe(ctx context.Context, canMap []byte) error {
+	c, P, me := d.comm, d.size, d.rank
 	colocated := false
 	for r := range P {
 		colocated = colocated || (r != me && c.Host(r) == c.Host(me))
 	}
-	willing := d.cfg.Rows == RowsAuto && c.Config().Transport != "tcp"
+	willing := colocated && d.cfg.Rows == RowsAuto && c.Config().Transport != "tcp"
 	send, recv := make([]byte, descriptorBytes*P), make([]byte, descriptorBytes*P)
 	var probe *segment
-	if willing && colocated {
+	if willing {
 		var err error
 		if probe, err = newSegment(1, 0); err != nil {
 			d.log.Info("dispatch: shared memory unavailable", "rank", me, "err", err)
@@ -264,7 +280,7 @@ func (d *Dispatcher) probeShared(ctx context.Context) error {
 	// The token a peer must read back: this rank and process, so that a
 	// stale or foreign descriptor cannot pass.
 	pid := os.Getpid()
-	if probe != nil && willing {
+	if willing {
 		binary.LittleEndian.PutUint64(probe.mem, uint64(pid)<<16|uint64(me))
 		for j := range P {
 			if j != me && c.Host(j) == c.Host(me) {
@@ -275,8 +291,7 @@ func (d *Dispatcher) probeShared(ctx context.Context) error {
 	if err := c.AllToAll(ctx, send, recv); err != nil {
 		return err
 	}
-	// mine[j] = 1: this rank can map rank j's memory (and wants to).
-	mine, all := make([]byte, P), make([]byte, P*P)
+	mine := make([]byte, P)
 	for j := range P {
 		if j == me || c.Host(j) != c.Host(me) || !willing {
 			continue
@@ -299,24 +314,7 @@ func (d *Dispatcher) probeShared(ctx context.Context) error {
 		}
 		mine[j] = 1
 	}
-	if err := c.AllGather(ctx, mine, all); err != nil {
-		return err
-	}
-	for i := range P {
-		for j := range P {
-			if i == j || c.Host(i) != c.Host(j) {
-				continue
-			}
-			ok := all[i*P+j] == 1 && all[j*P+i] == 1
-			if i == me {
-				d.sharedWith[j] = ok
-				d.hostPeers = d.hostPeers || ok
-			}
-			d.shared = d.shared || ok
-			d.exchange = d.exchange || !ok
-		}
-	}
-	return nil
+	return c.AllGather(ctx, mine, canMap)
 }
 
 // anyColocated reports whether some host holds two ranks of the group.
@@ -376,13 +374,21 @@ func (h *Handle) readShared() error {
 // group on one host), a barrier then says that all rows are in place.
 func (h *Handle) packShared() error {
 	h.putDescriptors(h.recvSeg, func(i int) (int, int) { return h.recvDispl[i], h.recvCounts[i] })
-	if err := h.exchangeDescriptors("receive buffer", h.noSkip()); err != nil {
+	if err := h.exchangeDescriptors("receive buffer", nil); err != nil {
 		return err
 	}
 	h.pack()
 	h.observeShared(false)
+	return h.sharedStepDone()
+}
+
+// sharedStepDone tells every rank that the others are done with this step's
+// shared memory (rows written, or segments mapped): the AllToAllV that
+// follows says it when there is one (every pair exchanges a message in it),
+// else a barrier.
+func (h *Handle) sharedStepDone() error {
 	if h.d.exchange {
-		return nil // the AllToAllV that follows says it (runDispatch)
+		return nil
 	}
 	return h.d.comm.Barrier(h.ctx)
 }
@@ -428,8 +434,8 @@ func (h *Handle) putDescriptors(seg *segment, block func(i int) (off, n int)) {
 
 // exchangeDescriptors sends h.descOut, receives every shared-memory peer's
 // descriptor for this rank and maps what it points at: the block of the
-// send layout for peer j, after its first skip[j] bytes, is then
-// rowSrc[j][pos-rowDelta[j]].
+// send layout for peer j, after its first skip[j] bytes (none if skip is
+// nil), is then rowSrc[j][pos-rowDelta[j]].
 func (h *Handle) exchangeDescriptors(what string, skip []int) error {
 	d := h.d
 	if err := d.comm.AllToAll(h.ctx, h.descOut, h.descIn); err != nil {
@@ -441,14 +447,18 @@ func (h *Handle) exchangeDescriptors(what string, skip []int) error {
 			continue
 		}
 		desc := getDescriptor(h.descIn[descriptorBytes*j:])
-		if want := h.sendCounts[j] - skip[j]; desc.len != want {
+		head := 0
+		if skip != nil {
+			head = skip[j]
+		}
+		if want := h.sendCounts[j] - head; desc.len != want {
 			return h.sharedFailure(h.mismatch(j, "offers %d bytes of %s for this rank's %d bytes", desc.len, what, want))
 		}
 		rows, err := d.views.rows(j, desc)
 		if err != nil {
 			return h.sharedFailure(fmt.Errorf("%w: rank %d's %s: %w", ErrSharedMemory, j, what, err))
 		}
-		h.rowSrc[j], h.rowDelta[j] = rows, h.sendDispl[j]+skip[j]
+		h.rowSrc[j], h.rowDelta[j] = rows, h.sendDispl[j]+head
 	}
 	d.views.evict()
 	return nil
@@ -461,13 +471,6 @@ func (h *Handle) exchangeDescriptors(what string, skip []int) error {
 func (h *Handle) sharedFailure(err error) error {
 	h.d.comm.Abort(err)
 	return err
-}
-
-// noSkip is a zero per-peer skip for exchangeDescriptors.
-func (h *Handle) noSkip() []int {
-	h.zeros = growInts(h.zeros, h.d.size)
-	clear(h.zeros)
-	return h.zeros
 }
 
 // outputSegment finds the segment holding h.expertOut (h.Recv() or
