@@ -308,20 +308,17 @@ func (c *Comm) observe(op string, a algo.Algo, seq uint64, sendCounts, recvCount
 	if o == nil {
 		return
 	}
-	ev := OpEvent{Op: op, Algo: a.String(), Rank: c.rank, Size: c.size, Seq: seq, Duration: time.Since(start), Err: err, LastPeer: -1}
+	ev := OpEvent{Op: op, Algo: a.String(), Rank: c.rank, Size: c.size, Seq: seq, Duration: time.Since(start), Err: err}
 	if len(sendCounts) == c.size && len(recvCounts) == c.size {
 		var t traffic
 		for j := range sendCounts {
 			if j != c.rank {
-				local := c.hosts[j] == c.hosts[c.rank]
-				t.add(true, local, sendCounts[j])
-				t.add(false, local, recvCounts[j])
+				t.add(true, c.eng.sameHost[j], sendCounts[j])
+				t.add(false, c.eng.sameHost[j], recvCounts[j])
 			}
 		}
 		t.fill(&ev)
 	}
-	if c.eng != nil {
-		ev.LastPeer, ev.LastWait = c.eng.lastPeer, c.eng.lastWait
-	}
+	ev.LastPeer, ev.LastWait = c.eng.lastPeer, c.eng.lastWait
 	o.OpDone(ev)
 }

@@ -63,10 +63,10 @@ func (c *Comm) p2p(ctx context.Context, send bool, buf []byte, peer, tag int) (i
 		err = c.fail(err)
 	}
 	if o := c.observer; o != nil { // under the lock: the engine's figures are this call's
-		o.OpDone(OpEvent{Op: name, Algo: "direct", Rank: c.rank, Size: c.size, Duration: time.Since(start), Err: err,
-			BytesSent: c.eng.traffic.sent, BytesReceived: c.eng.traffic.received,
-			BytesSentLocal: c.eng.traffic.sentLocal, BytesReceivedLocal: c.eng.traffic.receivedLocal,
-			LastPeer: c.eng.lastPeer, LastWait: c.eng.lastWait})
+		ev := OpEvent{Op: name, Algo: "direct", Rank: c.rank, Size: c.size, Duration: time.Since(start), Err: err,
+			LastPeer: c.eng.lastPeer, LastWait: c.eng.lastWait}
+		c.eng.traffic.fill(&ev)
+		o.OpDone(ev)
 	}
 	c.mu.Unlock()
 	return n, err
