@@ -2,13 +2,47 @@ package transport
 
 import "a2a/a2a/internal/fault"
 
+// side is the state machine SendSide and RecvSide share: which op owns the
+// direction, and the sticky error. An op is only ever set while err is nil
+// (Finish clears it when it sets err), so the two never hold together.
+type side[O any] struct {
+	op  *O
+	err error
+}
+
+// enter is the part of Claim every direction shares. claim is true when the
+// direction is idle and op must be validated and take it; otherwise ok and
+// err are Claim's answer: ok for the op that owns the direction already, not
+// ok while another op owns it, and the sticky error of an earlier failure.
+func (s *side[O]) enter(op *O) (claim, ok bool, err error) {
+	switch {
+	case s.op == op:
+		return false, true, nil
+	case s.op != nil:
+		return false, false, nil
+	case s.err != nil:
+		return false, false, s.err
+	}
+	return true, false, nil
+}
+
+// Finish ends the owning op's turn when it is done or failed (err sticks)
+// and reports whether the direction was released.
+func (s *side[O]) Finish(done bool, err error) bool {
+	if !done && err == nil {
+		return false
+	}
+	s.op, s.err = nil, err
+	return true
+}
+
 // SendSide is the send direction of one Conn as every transport keeps it:
 // the first SendOp passed owns the direction until it is done, other ops wait
 // (Conn's contract), and the first failure sticks, since the stream's framing
-// is lost after it. The zero value is an idle direction.
+// is lost after it. The zero value is an idle direction. Finish comes from
+// the state machine it shares with RecvSide.
 type SendSide struct {
-	op  *SendOp
-	err error
+	side[SendOp]
 }
 
 // Claim reports whether op may progress now. It returns (false, nil) while
@@ -17,14 +51,8 @@ type SendSide struct {
 // direction: its progress is reset and its header encoded into op.Wire. name
 // prefixes error messages ("tcp", "shm").
 func (s *SendSide) Claim(op *SendOp, peer int, name string) (fresh, ok bool, err error) {
-	if s.op == op {
-		return false, true, nil
-	}
-	if s.op != nil {
-		return false, false, nil
-	}
-	if s.err != nil {
-		return false, false, s.err
+	if claim, ok, err := s.enter(op); !claim {
+		return false, ok, err
 	}
 	if op.Hdr.Len != uint64(len(op.Data)) {
 		return false, false, fault.New(fault.ErrInvalidArgument, peer,
@@ -37,34 +65,17 @@ func (s *SendSide) Claim(op *SendOp, peer int, name string) (fresh, ok bool, err
 	return true, true, nil
 }
 
-// Finish ends the owning op's turn when it is done or failed (err sticks)
-// and reports whether the direction was released.
-func (s *SendSide) Finish(done bool, err error) bool {
-	if !done && err == nil {
-		return false
-	}
-	s.op, s.err = nil, err
-	return true
-}
-
 // RecvSide is the receive direction of one Conn, with the same rules as
-// SendSide.
+// SendSide (Finish included).
 type RecvSide struct {
-	op  *RecvOp
-	err error
+	side[RecvOp]
 }
 
 // Claim reports whether op may progress now (see SendSide.Claim). A fresh
 // op has its progress and received header reset.
 func (s *RecvSide) Claim(op *RecvOp, peer int, name string) (fresh, ok bool, err error) {
-	if s.op == op {
-		return false, true, nil
-	}
-	if s.op != nil {
-		return false, false, nil
-	}
-	if s.err != nil {
-		return false, false, s.err
+	if claim, ok, err := s.enter(op); !claim {
+		return false, ok, err
 	}
 	if op.Window == nil && op.Want.Len > uint64(len(op.Dst)) {
 		return false, false, fault.New(fault.ErrInvalidArgument, peer,
@@ -76,14 +87,4 @@ func (s *RecvSide) Claim(op *RecvOp, peer int, name string) (fresh, ok bool, err
 	op.Got = Header{}
 	s.op = op
 	return true, true, nil
-}
-
-// Finish ends the owning op's turn when it is done or failed (err sticks)
-// and reports whether the direction was released.
-func (s *RecvSide) Finish(done bool, err error) bool {
-	if !done && err == nil {
-		return false
-	}
-	s.op, s.err = nil, err
-	return true
 }

@@ -213,8 +213,12 @@ func (c Config) normalize() (Config, error) {
 	if c.RingBytes == 0 {
 		c.RingBytes = DefaultRingBytes
 	}
+	// From here on SlotBytes is the slot capacity itself, 0 for no LL
+	// window, as the segment header records it and peers compare it.
 	if c.SlotBytes == 0 {
 		c.SlotBytes = DefaultSlotBytes
+	} else if c.SlotBytes < 0 {
+		c.SlotBytes = 0
 	}
 	if segBytes(len(c.Local), c.Streams, c.RingBytes, c.SlotBytes) > maxSegBytes {
 		return bad("%d local ranks x %d streams x %d-byte rings exceed the segment limit", len(c.Local), c.Streams, c.RingBytes)

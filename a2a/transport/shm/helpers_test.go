@@ -3,11 +3,9 @@ package shm
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -35,18 +33,6 @@ func modeName(z int) string {
 	return "cma"
 }
 
-// testLogger routes transport logs into the test log.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
 // testGroup returns a group name no other test (or test process) uses.
 func testGroup(t testing.TB) string {
 	return fmt.Sprintf("shm-test/%s/%d/%x", t.Name(), os.Getpid(), rand.Uint64())
@@ -61,7 +47,7 @@ func testConfig(t testing.TB, group string, rank, size, streams, zcopy int) Conf
 		Streams:        streams,
 		RingBytes:      testRing,
 		ZCopyThreshold: zcopy,
-		Logger:         testLogger(t),
+		Logger:         transporttest.Logger(t),
 	}
 }
 
@@ -153,16 +139,6 @@ func driveAll(ts []*Transport, jobs [][]job, timeout time.Duration) []error {
 	return transporttest.DriveAll(ts, jobs, timeout)
 }
 
-// waitFor polls cond until it holds or d passes.
-func waitFor(d time.Duration, cond func() bool) bool {
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(time.Millisecond) {
-		if cond() {
-			return true
-		}
-	}
-	return cond()
-}
-
 // published reports whether the segment file at path has a complete header.
 func published(path string) bool {
 	f, err := os.Open(path)
@@ -180,7 +156,7 @@ func published(path string) bool {
 func waitPublished(t testing.TB, dir, group string) string {
 	t.Helper()
 	var files []string
-	if !waitFor(10*time.Second, func() bool {
+	if !transporttest.WaitFor(10*time.Second, func() bool {
 		files = groupFiles(t, dir, group)
 		return len(files) == 1 && published(files[0])
 	}) {

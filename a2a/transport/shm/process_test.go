@@ -19,6 +19,7 @@ import (
 
 	"a2a/a2a/internal/fault"
 	"a2a/a2a/transport"
+	"a2a/a2a/transport/transporttest"
 )
 
 // Helper processes: the test binary re-executed with helperEnv set runs
@@ -204,7 +205,7 @@ func startHelper(t testing.TB, mode, group, dir string, zcopy int, noProbe, user
 			GidMappings: []syscall.SysProcIDMap{{ContainerID: os.Getgid(), HostID: os.Getgid(), Size: 1}},
 		}
 	}
-	cmd.Stderr = tWriter{t}
+	cmd.Stderr = transporttest.LogWriter(t)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -262,6 +263,30 @@ func (h *helper) kill(t *testing.T) {
 	h.cmd.Wait()
 }
 
+// killExpectLost kills the helper (rank 1) while an op of this rank waits on
+// it, and checks that the op's error, sent on errc, is ErrPeerLost naming
+// rank 1 and comes within a second of the death.
+func (h *helper) killExpectLost(t *testing.T, errc <-chan error) {
+	t.Helper()
+	killedAt := time.Now()
+	h.kill(t)
+	var err error
+	select {
+	case err = <-errc:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no error within 5s of the peer's death")
+	}
+	elapsed := time.Since(killedAt)
+	var fe *fault.Error
+	if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &fe) || fe.Rank != 1 {
+		t.Fatalf("got %v, want ErrPeerLost naming rank 1", err)
+	}
+	if elapsed > time.Second {
+		t.Fatalf("noticed the death after %v", elapsed)
+	}
+	t.Logf("noticed after %v: %v", elapsed, err)
+}
+
 // openRank0 opens this process's side of a group with a helper.
 func openRank0(t testing.TB, group, dir string, zcopy int, mutate ...func(*Config)) *Transport {
 	t.Helper()
@@ -315,23 +340,7 @@ func TestKilledPeer(t *testing.T) {
 			if files := groupFiles(t, DefaultDir, group); len(files) > 0 {
 				t.Fatalf("segment files linked while both ranks run: %v", files)
 			}
-			killedAt := time.Now()
-			h.kill(t)
-			var err error
-			select {
-			case err = <-errc:
-			case <-time.After(5 * time.Second):
-				t.Fatal("no error within 5s of the peer's death")
-			}
-			elapsed := time.Since(killedAt)
-			var fe *fault.Error
-			if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &fe) || fe.Rank != 1 {
-				t.Fatalf("got %v, want ErrPeerLost naming rank 1", err)
-			}
-			if elapsed > time.Second {
-				t.Fatalf("noticed the death after %v", elapsed)
-			}
-			t.Logf("noticed after %v: %v", elapsed, err)
+			h.killExpectLost(t, errc)
 			tr.Close()
 			checkNoFiles(t, DefaultDir, group)
 		})

@@ -82,9 +82,10 @@ func windowBase(nLocal, streams, ringBytes int) int {
 func slotWords(slotBytes int) int { return (slotBytes + 3) / 4 }
 
 // slotStride is the size of one LL slot, its length word and data words,
-// rounded up to a cache-line pair; 0 when LL slots are off.
+// rounded up to a cache-line pair; 0 when LL slots are off (slotBytes 0, as
+// Config.normalize leaves it).
 func slotStride(slotBytes int) int {
-	if slotBytes <= 0 {
+	if slotBytes == 0 {
 		return 0
 	}
 	return (8*(1+slotWords(slotBytes)) + lineSize - 1) &^ (lineSize - 1)

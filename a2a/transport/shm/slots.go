@@ -36,14 +36,13 @@ func words(mem []byte, off, n int) []uint64 {
 
 // initSlots sets up the views of every LL slot once all segments are mapped.
 func (t *Transport) initSlots() {
-	if t.cfg.SlotBytes <= 0 {
+	if t.cfg.SlotBytes == 0 {
 		return
 	}
-	t.slotBytes = t.cfg.SlotBytes
 	n := len(t.cfg.Local)
 	base := windowBase(n, t.streams, t.cfg.RingBytes)
-	stride := slotStride(t.slotBytes)
-	nw := 1 + slotWords(t.slotBytes)
+	stride := slotStride(t.cfg.SlotBytes)
+	nw := 1 + slotWords(t.cfg.SlotBytes)
 	t.window = words(t.own.mem, base, (n-1)*2*stride/8)
 	t.ll = make([]llPeer, n)
 	for i := range n {
@@ -60,15 +59,6 @@ func (t *Transport) initSlots() {
 			p.rxWord[par] = uint32(rx / 8)
 		}
 	}
-}
-
-// srcIndex is the index of the source at local index src among the sources
-// of the rank at local index owner.
-func (t *Transport) srcIndex(owner, src int) int {
-	if src > owner {
-		src--
-	}
-	return src
 }
 
 // llPeer returns the LL state of world rank peer, or nil when this rank has
@@ -91,7 +81,7 @@ func (t *Transport) SlotBytes(peer int) int {
 	if p, _ := t.llPeer(peer); p == nil {
 		return 0
 	}
-	return t.slotBytes
+	return t.cfg.SlotBytes
 }
 
 // badEpoch refuses the epochs no LL message uses: zeroed memory carries them.
@@ -119,8 +109,8 @@ func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error
 	switch {
 	case p == nil:
 		return fault.New(fault.ErrInvalidArgument, peer, "shm: rank %d has no LL slot at rank %d", t.rank, peer)
-	case len(data) > t.slotBytes:
-		return fault.New(fault.ErrInvalidArgument, peer, "shm: LL message of %d bytes to rank %d, slots hold %d", len(data), peer, t.slotBytes)
+	case len(data) > t.cfg.SlotBytes:
+		return fault.New(fault.ErrInvalidArgument, peer, "shm: LL message of %d bytes to rank %d, slots hold %d", len(data), peer, t.cfg.SlotBytes)
 	case epoch < transport.FirstEpoch:
 		return badEpoch(peer, epoch)
 	case tag >= 1<<transport.SlotTagBits:
@@ -180,8 +170,8 @@ func (t *Transport) Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 	switch {
 	case p == nil:
 		return false, fault.New(fault.ErrInvalidArgument, peer, "shm: rank %d has no LL slot at rank %d", t.rank, peer)
-	case !anyLen && len(dst) > t.slotBytes:
-		return false, fault.New(fault.ErrInvalidArgument, peer, "shm: LL load of %d bytes from rank %d, slots hold %d", len(dst), peer, t.slotBytes)
+	case !anyLen && len(dst) > t.cfg.SlotBytes:
+		return false, fault.New(fault.ErrInvalidArgument, peer, "shm: LL load of %d bytes from rank %d, slots hold %d", len(dst), peer, t.cfg.SlotBytes)
 	case epoch < transport.FirstEpoch:
 		return false, badEpoch(peer, epoch)
 	}
@@ -211,8 +201,8 @@ func (t *Transport) take(peer int, w []uint64, epoch, tag uint32, dst []byte, an
 			switch {
 			case got != tag:
 				return false, fault.New(fault.ErrMismatch, peer, "shm: LL from rank %d tagged %#x, this rank expects %#x: the ranks run different operations", peer, got, tag)
-			case n > t.slotBytes:
-				return false, fault.New(fault.ErrMismatch, peer, "shm: LL from rank %d: length word says %d bytes, slots hold %d", peer, n, t.slotBytes)
+			case n > t.cfg.SlotBytes:
+				return false, fault.New(fault.ErrMismatch, peer, "shm: LL from rank %d: length word says %d bytes, slots hold %d", peer, n, t.cfg.SlotBytes)
 			case !anyLen && n != len(dst):
 				return false, fault.New(fault.ErrMismatch, peer, "shm: LL from rank %d: %d bytes, this rank expects %d", peer, n, len(dst))
 			case n > len(dst):

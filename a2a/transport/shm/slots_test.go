@@ -448,23 +448,7 @@ func TestLLKilledPeer(t *testing.T) {
 		errc <- err
 	}()
 	time.Sleep(20 * time.Millisecond)
-	killedAt := time.Now()
-	h.kill(t)
-	var err error
-	select {
-	case err = <-errc:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no error within 5s of the peer's death")
-	}
-	var fe *fault.Error
-	if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &fe) || fe.Rank != 1 {
-		t.Fatalf("got %v, want ErrPeerLost naming rank 1", err)
-	}
-	elapsed := time.Since(killedAt)
-	if elapsed > time.Second {
-		t.Fatalf("noticed the death after %v", elapsed)
-	}
-	t.Logf("noticed after %v: %v", elapsed, err)
+	h.killExpectLost(t, errc)
 }
 
 // loadLL loads exactly len(dst) bytes until done, idling like the engine

@@ -46,9 +46,8 @@ type Transport struct {
 	list  []*conn     // the non-nil conns
 	stats []peerStats // by local index
 
-	slotBytes int      // LL slot capacity; 0 when there are no LL slots
-	ll        []llPeer // LL state by local index (slots.go); nil without LL slots
-	window    []uint64 // this rank's LL window: the slots its peers store into
+	ll     []llPeer // LL state by local index (slots.go); nil when cfg.SlotBytes is 0
+	window []uint64 // this rank's LL window: the slots its peers store into
 
 	cmaRecv  bool        // this process may read peers' memory with process_vm_readv
 	cmaOff   atomic.Bool // CMA failed at run time: off for good
@@ -123,7 +122,7 @@ func Open(ctx context.Context, cfg Config) (*Transport, error) {
 	t.initConns()
 	t.initSlots()
 	t.log.Debug("shm: open", "rank", t.rank, "local", cfg.Local, "streams", t.streams,
-		"ring", cfg.RingBytes, "slot", t.slotBytes, "cma", t.cmaRecv, "zcopy", t.zthresh)
+		"ring", cfg.RingBytes, "slot", cfg.SlotBytes, "cma", t.cmaRecv, "zcopy", t.zthresh)
 	return t, nil
 }
 
@@ -216,7 +215,7 @@ func (t *Transport) create() error {
 	le.PutUint64(mem[offLocals:], localsHash(cfg.Size, cfg.Local))
 	le.PutUint64(mem[offAddr:], uint64(uintptr(unsafe.Pointer(&mem[0]))))
 	le.PutUint64(mem[offSegSize:], uint64(size))
-	le.PutUint64(mem[offSlot:], uint64(max(cfg.SlotBytes, 0)))
+	le.PutUint64(mem[offSlot:], uint64(cfg.SlotBytes))
 	u64at(mem, offMagic).Store(segMagic) // publishes the header
 
 	// CMA self-test: seccomp filters and kernels without CMA fail it.
@@ -233,13 +232,20 @@ func (t *Transport) create() error {
 	return nil
 }
 
-// ringIndex is the index, in the segment of the rank at local index owner, of
-// the ring fed by the rank at local index src on stream.
-func (t *Transport) ringIndex(owner, src, stream int) int {
+// srcIndex is the index of the source at local index src among the sources
+// of the rank at local index owner (a rank is not its own source). Rings and
+// LL slots are both laid out by it.
+func (t *Transport) srcIndex(owner, src int) int {
 	if src > owner {
 		src--
 	}
-	return src*t.streams + stream
+	return src
+}
+
+// ringIndex is the index, in the segment of the rank at local index owner, of
+// the ring fed by the rank at local index src on stream.
+func (t *Transport) ringIndex(owner, src, stream int) int {
+	return t.srcIndex(owner, src)*t.streams + stream
 }
 
 // attach maps every peer's segment and waits until every peer mapped ours,
@@ -365,8 +371,8 @@ func (t *Transport) mapPeer(i int) (*segment, error) {
 		return nil, mismatch("streams", info.streams, cfg.Streams)
 	case info.ring != uint64(cfg.RingBytes):
 		return nil, mismatch("ring bytes", info.ring, cfg.RingBytes)
-	case info.slot != uint64(max(cfg.SlotBytes, 0)):
-		return nil, mismatch("LL slot bytes", info.slot, max(cfg.SlotBytes, 0))
+	case info.slot != uint64(cfg.SlotBytes):
+		return nil, mismatch("LL slot bytes", info.slot, cfg.SlotBytes)
 	case info.segSize != uint64(size):
 		return nil, mismatch("size", info.segSize, size)
 	}

@@ -15,16 +15,6 @@ import (
 	"a2a/a2a/transport/transporttest"
 )
 
-// waitFor polls cond until it holds or d passes.
-func waitFor(d time.Duration, cond func() bool) bool {
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(time.Millisecond) {
-		if cond() {
-			return true
-		}
-	}
-	return cond()
-}
-
 // strangerHello opens a connection to addr and runs the dialer side of the
 // hello with secret, claiming to be rank dialer on stream.
 func strangerHello(addr string, secret []byte, dialer, acceptor, stream uint32) error {
@@ -116,7 +106,7 @@ func TestStrangersDuringExchange(t *testing.T) {
 	if err := strangerHello(addr, testSecret, 2, 0, 1); err == nil {
 		t.Error("duplicate hello was accepted")
 	}
-	if !waitFor(3*time.Second, func() bool { return ts[0].l.Rejected() == 3 }) {
+	if !transporttest.WaitFor(3*time.Second, func() bool { return ts[0].l.Rejected() == 3 }) {
 		t.Errorf("Rejected() = %d, want 3", ts[0].l.Rejected())
 	}
 	close(strangersDone)
@@ -198,7 +188,7 @@ func TestStrangersDuringConnect(t *testing.T) {
 	if err := <-impostor; err == nil {
 		t.Error("impostor with a wrong MAC got the ack")
 	}
-	if !waitFor(3*time.Second, func() bool { return ls[0].Rejected() == 2 }) {
+	if !transporttest.WaitFor(3*time.Second, func() bool { return ls[0].Rejected() == 2 }) {
 		t.Errorf("Rejected() = %d, want 2 (impostor and silent stranger)", ls[0].Rejected())
 	}
 	// The real rank 1 holds the slot: a frame goes through.

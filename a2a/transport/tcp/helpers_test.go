@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"context"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -14,19 +13,6 @@ var testSecret = []byte("a2a-tcp-test-secret-0123456789ab")
 
 const testEpoch = transporttest.Epoch
 
-// testLogger routes transport logs into the test log, so that a failing test
-// shows which connections were refused and why.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p))
-	return len(p), nil
-}
-
 func testConfig(t testing.TB, rank, size, streams int) Config {
 	return Config{
 		Group:   "test-job",
@@ -34,7 +20,7 @@ func testConfig(t testing.TB, rank, size, streams int) Config {
 		Size:    size,
 		Streams: streams,
 		Secret:  testSecret,
-		Logger:  testLogger(t),
+		Logger:  transporttest.Logger(t),
 	}
 }
 
