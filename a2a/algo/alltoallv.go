@@ -160,19 +160,26 @@ func (s *Schedule) addFrame(kind StepKind, peer int, span Span, f, streams, bloc
 	s.Add(st)
 }
 
-// addExchange appends this rank's part of the exchange at one distance: the
-// whole block for peer `to` and the whole block from peer `from`.
-func (s *Schedule) addExchange(a *AllToAllVArgs, sd, rd []int, to, from, block int) {
-	s.addMessage(StepSend, to, Span{Buf: BufSend, Off: sd[to], Len: a.SendCounts[to]}, a.Streams, block)
-	s.addMessage(StepRecv, from, Span{Buf: BufRecv, Off: rd[from], Len: a.RecvCounts[from]}, a.Streams, block)
-}
-
 // llPeer reports whether this rank exchanges an LL message with peer.
 func (a *AllToAllVArgs) llPeer(peer int) bool { return a.LLCutoff != nil && a.LLCutoff[peer] >= 0 }
 
 // llData reports whether an n-byte block to or from peer travels by LL
 // instead of by frames.
 func (a *AllToAllVArgs) llData(peer, n int) bool { return a.llPeer(peer) && n <= a.LLCutoff[peer] }
+
+// AllLL reports whether every block to and from a peer travels by LL.
+// Like the planners it expects arguments that pass Validate.
+func (a *AllToAllVArgs) AllLL() bool {
+	if a.LLCutoff == nil {
+		return false
+	}
+	for j := range a.World {
+		if j != a.Rank && !(a.llData(j, a.SendCounts[j]) && a.llData(j, a.RecvCounts[j])) {
+			return false
+		}
+	}
+	return true
+}
 
 // frames is the number of frames of an n-byte block to or from peer: none
 // when it travels by LL.
@@ -183,10 +190,31 @@ func (a *AllToAllVArgs) frames(peer, n, block int) int {
 	return FrameCount(n, block)
 }
 
-// addLLRound appends, to the current round, this rank's LL stores and loads:
-// one message per LL peer and direction, the block itself or its length.
-// They have no order among them and need no handshake, so they all go in
-// one round, and the frames of the larger blocks follow in later rounds.
+// exchangeFrames is the number of frame sub-rounds of the exchange that
+// sends to peer `to` and receives from peer `from`: the larger direction's
+// frame count (0 when both blocks travel by LL).
+func (a *AllToAllVArgs) exchangeFrames(to, from, block int) int {
+	return max(a.frames(to, a.SendCounts[to], block), a.frames(from, a.RecvCounts[from], block))
+}
+
+// addExchangeFrame appends frame f of the block for peer `to` and of the
+// block from peer `from`, each only if that direction has a frame f: the
+// shorter direction (or one that went by LL) sits out the later sub-rounds.
+func (s *Schedule) addExchangeFrame(a *AllToAllVArgs, sd, rd []int, to, from, f, block int) {
+	if f < a.frames(to, a.SendCounts[to], block) {
+		s.addFrame(StepSend, to, Span{Buf: BufSend, Off: sd[to], Len: a.SendCounts[to]}, f, a.Streams, block)
+	}
+	if f < a.frames(from, a.RecvCounts[from], block) {
+		s.addFrame(StepRecv, from, Span{Buf: BufRecv, Off: rd[from], Len: a.RecvCounts[from]}, f, a.Streams, block)
+	}
+}
+
+// addLLRound appends this rank's LL stores and loads to the current round
+// and closes it: one message per LL peer and direction, the block itself or
+// its length. They have no order among them and need no handshake, so they
+// all go in one round, and the frames of the larger blocks follow in later
+// rounds. Without LLCutoff it appends nothing and leaves the round open, so
+// that what the caller added already rides with the first exchange.
 func (s *Schedule) addLLRound(a *AllToAllVArgs, sd, rd []int) {
 	if a.LLCutoff == nil {
 		return
@@ -201,6 +229,7 @@ func (s *Schedule) addLLRound(a *AllToAllVArgs, sd, rd []int) {
 			s.Add(Step{Kind: StepLoad, Peer: from, Dst: Span{Buf: BufRecv, Off: rd[from], Len: n}, CountOnly: !a.llData(from, n)})
 		}
 	}
+	s.EndRound()
 }
 
 // addSelfCopy appends the local block as a copy; an empty one is omitted

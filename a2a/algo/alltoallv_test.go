@@ -499,6 +499,41 @@ func TestFrameCount(t *testing.T) {
 	}
 }
 
+func TestAllLL(t *testing.T) {
+	// Rank 1 of 3 sends {5, 9, 2} and receives {3, 9, 7}; its own block
+	// (index 1) is a local copy whatever its size or cutoff.
+	tests := []struct {
+		name   string
+		cutoff []int
+		want   bool
+	}{
+		{"no cutoff", nil, false},
+		{"all fit", []int{5, -1, 7}, true},
+		{"all fit with room", []int{100, 0, 100}, true},
+		{"send above cutoff", []int{4, 100, 100}, false},
+		{"recv above cutoff", []int{100, 100, 6}, false},
+		{"peer left to frames", []int{-1, 100, 100}, false},
+		{"zero cutoff", []int{0, 100, 100}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := AllToAllVArgs{Rank: 1, World: 3, SendCounts: []int{5, 9, 2}, RecvCounts: []int{3, 9, 7}, Streams: 1, LLCutoff: tt.cutoff}
+			if err := a.Validate(); err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			if got := a.AllLL(); got != tt.want {
+				t.Errorf("AllLL() = %v, want %v", got, tt.want)
+			}
+		})
+	}
+	// A world of one has no peer, so everything (nothing) goes by LL once
+	// LL is on.
+	solo := AllToAllVArgs{Rank: 0, World: 1, SendCounts: []int{8}, RecvCounts: []int{8}, Streams: 1, LLCutoff: []int{-1}}
+	if !solo.AllLL() {
+		t.Errorf("AllLL() = false for a world of one with LL on, want true")
+	}
+}
+
 func TestPlanNoAllocsOnReuse(t *testing.T) {
 	const p = 64
 	rng := rand.New(rand.NewPCG(7, 7))

@@ -216,28 +216,31 @@ func (s *Schedule) addCopy(src, dst Span) {
 // addMessage: frame f lands at the same offset of land as it reduces into
 // dst, so that every frame is reduced on its own as soon as it arrives.
 func (s *Schedule) addRecvReduce(peer int, dst, land Span, streams, block int) {
-	nf := FrameCount(dst.Len, block)
-	for f := 0; f < nf; f++ {
-		off := f * block
-		n := min(block, dst.Len-off)
-		s.Add(Step{Kind: StepRecvReduce, Peer: peer, Stream: f % streams, Last: f == nf-1,
-			Src: Span{Buf: land.Buf, Off: land.Off + off, Len: n},
-			Dst: Span{Buf: dst.Buf, Off: dst.Off + off, Len: n}})
-	}
+	s.addRecvCombine(peer, dst, land, Span{}, false, streams, block)
 }
 
 // addRecvCombine appends the frames of a message from peer that land in
 // land and are combined with this rank's value with into dst frame by frame:
-// dst = with op landed, or landed op with when landedFirst.
+// dst = with op landed, or landed op with when landedFirst. dst, land and
+// with have the same length. A zero with (addRecvReduce) leaves every step
+// two-operand: dst op= landed.
 func (s *Schedule) addRecvCombine(peer int, dst, land, with Span, landedFirst bool, streams, block int) {
 	nf := FrameCount(land.Len, block)
 	for f := 0; f < nf; f++ {
 		off := f * block
 		n := min(block, land.Len-off)
-		s.Add(Step{Kind: StepRecvReduce, Peer: peer, Stream: f % streams, Last: f == nf-1,
-			Src:  Span{Buf: land.Buf, Off: land.Off + off, Len: n},
-			Dst:  Span{Buf: dst.Buf, Off: dst.Off + off, Len: n},
-			With: Span{Buf: with.Buf, Off: with.Off + off, Len: n}, LandedFirst: landedFirst})
+		st := Step{Kind: StepRecvReduce, Peer: peer, Stream: f % streams, Last: f == nf-1,
+			Src:         Span{Buf: land.Buf, Off: land.Off + off, Len: n},
+			Dst:         Span{Buf: dst.Buf, Off: dst.Off + off, Len: n},
+			LandedFirst: landedFirst}
+		// A zero with marks addRecvReduce's two-operand steps. The empty
+		// frame of an empty chunk of a combine still records where its
+		// operand sits (consumers ignore a zero-length With), so this tests
+		// for the zero Span rather than for a length.
+		if with != (Span{}) {
+			st.With = Span{Buf: with.Buf, Off: with.Off + off, Len: n}
+		}
+		s.Add(st)
 	}
 }
 

@@ -119,6 +119,30 @@ func (c counts) at(i, j int) int {
 	return c.m[i*c.p+j]
 }
 
+// busiest is the largest off-diagonal row or column sum of c counting only
+// the entries keep accepts (every one when keep is nil): the bytes the
+// busiest rank sends or receives, which bounds any schedule carrying them
+// at one rank's bandwidth.
+func (c counts) busiest(keep func(n int) bool) int {
+	b := 0
+	for i := range c.p {
+		sent, recvd := 0, 0
+		for j := range c.p {
+			if j == i {
+				continue
+			}
+			if n := c.at(i, j); keep == nil || keep(n) {
+				sent += n
+			}
+			if n := c.at(j, i); keep == nil || keep(n) {
+				recvd += n
+			}
+		}
+		b = max(b, sent, recvd)
+	}
+	return b
+}
+
 // ranks is how many ranks to price: with the uniform matrix every rank sees
 // the same thing, so rank 0 alone keeps auto selection O(p) per operation.
 func (c counts) ranks() int {

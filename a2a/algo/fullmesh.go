@@ -43,10 +43,7 @@ func PlanFullmesh(s *Schedule, a AllToAllVArgs) error {
 	r, p, block := a.Rank, a.World, a.blockSize()
 	c := fullmeshWindow(a.Window, p)
 	s.addSelfCopy(&a, sd, rd)
-	if a.LLCutoff != nil {
-		s.addLLRound(&a, sd, rd)
-		s.EndRound()
-	}
+	s.addLLRound(&a, sd, rd)
 	for j0 := 0; j0 < p-1; j0 += c {
 		// Like pairwise, frame f of every message of the window forms
 		// sub-round f, so at most one block per message is in flight; each
@@ -55,18 +52,13 @@ func PlanFullmesh(s *Schedule, a AllToAllVArgs) error {
 		for j := j0; j < min(j0+c, p-1); j++ {
 			d := fullmeshDistance(j, p)
 			to, from := (r+d)%p, (r-d+p)%p
-			frames = max(frames, a.frames(to, a.SendCounts[to], block), a.frames(from, a.RecvCounts[from], block))
+			frames = max(frames, a.exchangeFrames(to, from, block))
 		}
 		for f := 0; f < frames; f++ {
 			for j := j0; j < min(j0+c, p-1); j++ {
 				d := fullmeshDistance(j, p)
 				to, from := (r+d)%p, (r-d+p)%p
-				if f < a.frames(to, a.SendCounts[to], block) {
-					s.addFrame(StepSend, to, Span{Buf: BufSend, Off: sd[to], Len: a.SendCounts[to]}, f, a.Streams, block)
-				}
-				if f < a.frames(from, a.RecvCounts[from], block) {
-					s.addFrame(StepRecv, from, Span{Buf: BufRecv, Off: rd[from], Len: a.RecvCounts[from]}, f, a.Streams, block)
-				}
+				s.addExchangeFrame(&a, sd, rd, to, from, f, block)
 			}
 			s.EndRound()
 		}

@@ -36,24 +36,17 @@ func EstimateLL(matrix []int, world, streams, window, cutoff int, link Link) flo
 	if !ok {
 		return math.Inf(1)
 	}
+	busiest := m.busiest(func(n int) bool { return n <= cutoff })
+	// The blocks above cutoff only announce their length by LL; their bytes
+	// follow as fullmesh frames, priced on a matrix of them alone.
 	rest := make([]int, world*world)
-	large, busiest := false, 0
+	large := false
 	for i := range world {
-		sent, recvd := 0, 0
 		for j := range world {
-			if i == j {
-				continue
-			}
-			if n := m.at(i, j); n <= cutoff {
-				sent += n
-			} else {
+			if n := m.at(i, j); i != j && n > cutoff {
 				rest[i*world+j], large = n, true
 			}
-			if n := m.at(j, i); n <= cutoff {
-				recvd += n
-			}
 		}
-		busiest = max(busiest, sent, recvd)
 	}
 	t := link.Alpha + float64(link.Beta*float64(2*busiest))
 	if large {

@@ -18,13 +18,11 @@ func PlanPairwise(s *Schedule, a AllToAllVArgs) error {
 	s.Reset(AlgoPairwise)
 	sd, rd := s.displacements(&a)
 	r, p, block := a.Rank, a.World, a.blockSize()
-	// The local copy rides with the first exchange, so an engine can do it
-	// while it waits for the network instead of before touching it.
+	// The local copy rides with the first exchange (the LL round when there
+	// is one), so an engine can do it while it waits for the network instead
+	// of before touching it.
 	s.addSelfCopy(&a, sd, rd)
-	if a.LLCutoff != nil {
-		s.addLLRound(&a, sd, rd)
-		s.EndRound()
-	}
+	s.addLLRound(&a, sd, rd)
 	for k := 1; k < p; k++ {
 		// Frame f of both directions forms sub-round f, so at most one
 		// block per direction is in flight: a message far larger than a
@@ -32,14 +30,8 @@ func PlanPairwise(s *Schedule, a AllToAllVArgs) error {
 		// receiver of our frames is in the same sub-round: its receive
 		// count at this distance is our send count.
 		to, from := (r+k)%p, (r-k+p)%p
-		ns, nr := a.frames(to, a.SendCounts[to], block), a.frames(from, a.RecvCounts[from], block)
-		for f := 0; f < max(ns, nr); f++ {
-			if f < ns {
-				s.addFrame(StepSend, to, Span{Buf: BufSend, Off: sd[to], Len: a.SendCounts[to]}, f, a.Streams, block)
-			}
-			if f < nr {
-				s.addFrame(StepRecv, from, Span{Buf: BufRecv, Off: rd[from], Len: a.RecvCounts[from]}, f, a.Streams, block)
-			}
+		for f := range a.exchangeFrames(to, from, block) {
+			s.addExchangeFrame(&a, sd, rd, to, from, f, block)
 			s.EndRound()
 		}
 	}

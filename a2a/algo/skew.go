@@ -208,16 +208,8 @@ func LowerBoundAllToAllV(matrix []int, world int, link Link) float64 {
 	if world < 1 || len(matrix) != world*world {
 		return math.Inf(1)
 	}
-	busiest := 0
-	for i := range world {
-		row, col := 0, 0
-		for j := range world {
-			if j != i {
-				row += matrix[i*world+j]
-				col += matrix[j*world+i]
-			}
-		}
-		busiest = max(busiest, row, col)
-	}
+	// Not newCounts, which refuses negative entries: the bound checks only
+	// the matrix's shape and sums it as given.
+	busiest := counts{m: matrix, p: world}.busiest(nil)
 	return link.Alpha + float64(link.Beta*float64(busiest))
 }
