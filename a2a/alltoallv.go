@@ -3,7 +3,6 @@ package a2a
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"time"
 
 	"a2a/a2a/algo"
@@ -163,6 +162,15 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 	case matrix != nil && c.cfg.Algo == "":
 		a = c.chooseForMatrix(matrix)
 	}
+	if a == algo.AlgoStaged && !c.evenHosts {
+		// Forced or chosen, staged needs equal ranks per host. Every rank
+		// sees the same hosts, so every rank falls back alike, and before
+		// gathering a matrix only staged would use.
+		c.unevenOnce.Do(func() {
+			c.log.Warn("a2a: staged needs equal ranks per host; using fullmesh", "hosts", c.numHosts, "ranks", c.size)
+		})
+		a = algo.AlgoFullmesh
+	}
 	var err error
 	if (a == algo.AlgoStaged || a == algo.AlgoSkew) && matrix == nil {
 		if matrix, err = c.gatherMatrix(ctx, seq, deadline, sendCounts); err != nil {
@@ -174,11 +182,6 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 	}
 	if a == algo.AlgoStaged {
 		err = algo.PlanStaged(&c.sched, algo.StagedArgs{Rank: c.rank, World: c.size, Matrix: matrix, Hosts: c.hosts, Streams: c.cfg.Streams})
-		if errors.Is(err, algo.ErrUnevenHosts) {
-			// Every rank sees the same hosts, so every rank falls back alike.
-			c.unevenOnce.Do(func() { c.log.Warn("a2a: staged needs equal ranks per host; using fullmesh", "err", err) })
-			a, err = algo.AlgoFullmesh, nil
-		}
 	}
 	args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts, Streams: c.cfg.Streams, Window: c.cfg.Window}
 	if a == algo.AlgoPairwise || a == algo.AlgoFullmesh || a == algo.AlgoLL {
@@ -196,7 +199,7 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 	if err != nil {
 		return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", a)
 	}
-	if args.LLCutoff != nil && allLL(&args) {
+	if args.AllLL() {
 		a = algo.AlgoLL // for reports: no block of this rank went by frames
 	}
 	c.lastAlgo = a
@@ -210,19 +213,6 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 	// would not give that guarantee.
 	c.eng.llEpoch = transport.NextEpoch(c.eng.llEpoch)
 	return a, err
-}
-
-// allLL reports whether every block to and from a peer travels by LL.
-func allLL(a *algo.AllToAllVArgs) bool {
-	for j := range a.World {
-		if j == a.Rank {
-			continue
-		}
-		if cut := a.LLCutoff[j]; cut < 0 || a.SendCounts[j] > cut || a.RecvCounts[j] > cut {
-			return false
-		}
-	}
-	return true
 }
 
 // chooseForMatrix picks an algorithm from the global matrix; every rank holds

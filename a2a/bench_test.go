@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"sync"
 	"testing"
 	"time"
 )
@@ -19,40 +18,52 @@ func BenchmarkAllToAllV(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/%d", algo, size), func(b *testing.B) {
 				comms := group(b, url, 2, func(c *Config) { c.Algo = algo })
 				counts := []int{size, size}
-				bufs := make([][2][]byte, 2)
-				for r := range bufs {
-					bufs[r] = [2][]byte{make([]byte, 2*size), make([]byte, 2*size)}
-				}
-				ctx := context.Background()
-				// warm up both ranks
-				for range 10 {
-					mustAllB(b, onAllB(comms, func(c *Comm) error {
-						return c.AllToAllV(ctx, bufs[c.Rank()][0], counts, bufs[c.Rank()][1], counts)
-					}))
-				}
-				var wg sync.WaitGroup
-				wg.Add(1)
-				n := b.N
-				go func() {
-					defer wg.Done()
-					for range n {
-						if err := comms[1].AllToAllV(ctx, bufs[1][0], counts, bufs[1][1], counts); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				}()
-				b.SetBytes(int64(2 * size))
-				b.ReportAllocs()
-				b.ResetTimer()
-				for range n {
-					if err := comms[0].AllToAllV(ctx, bufs[0][0], counts, bufs[0][1], counts); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.StopTimer()
-				wg.Wait()
+				benchRanks(b, comms, size, func(ctx context.Context, c *Comm, send, recv []byte) error {
+					return c.AllToAllV(ctx, send, counts, recv, counts)
+				})
 			})
+		}
+	}
+}
+
+// benchRanks times rank 0's calls of op, with blocks of size bytes per peer,
+// while the other ranks make the same calls in goroutines, after a warm-up
+// on every rank.
+func benchRanks(b *testing.B, comms []*Comm, size int, op func(ctx context.Context, c *Comm, send, recv []byte) error) {
+	n := len(comms)
+	ctx := context.Background()
+	bufs := make([][2][]byte, n)
+	for r := range bufs {
+		bufs[r] = [2][]byte{make([]byte, n*size), make([]byte, n*size)}
+	}
+	for range 10 {
+		mustAllB(b, onAllB(comms, func(c *Comm) error { return op(ctx, c, bufs[c.Rank()][0], bufs[c.Rank()][1]) }))
+	}
+	iters := b.N
+	done := make(chan error, n)
+	for r := 1; r < n; r++ {
+		go func() {
+			for range iters {
+				if err := op(ctx, comms[r], bufs[r][0], bufs[r][1]); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	b.SetBytes(int64(n * size))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range iters {
+		if err := op(ctx, comms[0], bufs[0][0], bufs[0][1]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	for r := 1; r < n; r++ {
+		if err := <-done; err != nil {
+			b.Fatal(err)
 		}
 	}
 }

@@ -52,7 +52,6 @@ type coll struct {
 	segmented bool // a segment of a large AllReduce
 	reduction bool
 	bytes     int // the planner's CollArgs.Bytes
-	traffic   traffic
 }
 
 // signature is carried in every frame of the collective (header Aux) so that
@@ -290,7 +289,7 @@ func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) e
 	if o := c.observer; o != nil { // under the lock: the engine's figures are this call's
 		ev := OpEvent{Op: k.name, Algo: a.String(), Rank: c.rank, Size: c.size, Seq: seq, Duration: time.Since(start), Err: err,
 			LastPeer: c.eng.lastPeer, LastWait: c.eng.lastWait}
-		k.traffic.fill(&ev)
+		c.eng.traffic.fill(&ev)
 		o.OpDone(ev)
 	}
 	c.mu.Unlock()
@@ -330,7 +329,6 @@ func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64, deadline 
 		// message), so it may advance the LL epoch like an AllToAllV.
 		c.eng.llEpoch = transport.NextEpoch(c.eng.llEpoch)
 	}
-	k.traffic = c.eng.traffic
 	if err == nil && k.op == Avg && len(k.recv) > 0 {
 		if err = reduce.Finish(k.dt, reduce.Avg, k.recv, c.size); err != nil {
 			err = fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "%s", k.name)
@@ -352,7 +350,6 @@ func (c *Comm) segmentedAllReduce(ctx context.Context, k *coll, args *algo.CollA
 	seg := allReduceSegment - allReduceSegment%k.dt.Size()
 	k.segmented = true
 	var a algo.Algo
-	var total traffic
 	for lo := 0; lo < k.bytes; lo += seg {
 		hi := min(lo+seg, k.bytes)
 		args.Bytes = hi - lo
@@ -363,12 +360,10 @@ func (c *Comm) segmentedAllReduce(ctx context.Context, k *coll, args *algo.CollA
 		c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = k.send[lo:hi], k.recv[lo:hi]
 		err = c.eng.run(ctx, k.kind, seq, k.signature(), &c.sched, &c.bufs, deadline)
 		c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
-		total.plus(c.eng.traffic)
 		if err != nil {
 			return a, err
 		}
 	}
-	k.traffic = total
 	if k.op == Avg {
 		if err := reduce.Finish(k.dt, reduce.Avg, k.recv, c.size); err != nil {
 			return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "%s", k.name)

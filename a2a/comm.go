@@ -69,7 +69,10 @@ type Comm struct {
 	matrix          []int
 	rowsOut, rowsIn []byte
 	rowCounts       []int
-	unevenOnce      sync.Once
+	// evenHosts: every host runs as many ranks as the others, which staged
+	// needs; unevenOnce logs the fallback once.
+	evenHosts  bool
+	unevenOnce sync.Once
 
 	sendSeq, recvSeq []uint64      // point-to-point sequence numbers by peer
 	ringCheck        algo.Schedule // rooted collectives' agreement round
@@ -216,12 +219,7 @@ func (c *Comm) join(ctx context.Context) error {
 		// matrix is available.
 		c.algo = algo.ChooseAllToAllV(c.size, cfg.Streams, cfg.Window, nil, c.links.Flat(c.numHosts))
 	}
-	if c.algo == algo.AlgoStaged && !evenHosts(c.hosts, c.numHosts) {
-		// Decided once here rather than after gathering the matrix on every
-		// call; every rank sees the same hosts, so every rank falls back.
-		c.log.Warn("a2a: staged needs equal ranks per host; using fullmesh", "hosts", c.numHosts, "ranks", c.size)
-		c.algo = algo.AlgoFullmesh
-	}
+	c.evenHosts = evenHosts(c.hosts, c.numHosts)
 	return nil
 }
 
@@ -314,6 +312,11 @@ func (c *Comm) routeTransports(ctx context.Context, tcpTr transport.Transport) (
 	}
 	for _, r := range local {
 		mixed.byPeer[r] = shmTr
+	}
+	// Looked up on every LL store and poll: resolved once.
+	mixed.slots = make([]transport.Slots, c.size)
+	for r, tr := range mixed.byPeer {
+		mixed.slots[r], _ = tr.(transport.Slots)
 	}
 	if len(local) == c.size {
 		mixed.parts = []transport.Transport{shmTr, tcpTr} // park on the futex: every peer is local
@@ -548,12 +551,18 @@ func (c *Comm) begin(ctx context.Context, start time.Time) (seq uint64, deadline
 		return 0, time.Time{}, c.fail(ctxError(err))
 	}
 	c.seq++
-	c.eng.opStart = start
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = start.Add(c.cfg.Timeout)
+	return c.seq, c.startOp(ctx, start), nil
+}
+
+// startOp readies the engine for an operation (collective or point to
+// point) that started at start, and returns its deadline: ctx's, or
+// Config.Timeout from start.
+func (c *Comm) startOp(ctx context.Context, start time.Time) time.Time {
+	c.eng.startOp(start)
+	if deadline, ok := ctx.Deadline(); ok {
+		return deadline
 	}
-	return c.seq, deadline, nil
+	return start.Add(c.cfg.Timeout)
 }
 
 func parseAlgo(name string) (algo.Algo, error) {

@@ -62,9 +62,11 @@ type engine struct {
 	lastWait time.Duration
 	opStart  time.Time
 
-	// LL: the transport's one-sided window (nil without one), the epoch
-	// of the next run, and the 8-byte length announcements by peer.
+	// LL: the transport's one-sided window (nil without one), its slot
+	// capacity by peer (0: none, the pair's LL messages go as frames), the
+	// epoch of the next run, and the 8-byte length announcements by peer.
 	slots    transport.Slots
+	slotRoom []int
 	llEpoch  uint32
 	llTag    uint32 // the op kind, which LL messages carry
 	countOut []byte
@@ -104,8 +106,17 @@ type activeOp struct {
 
 func newEngine(tr transport.Transport, rank, size, streams int, epoch uint32, spin, yield time.Duration, stopped func() error) *engine {
 	slots, _ := tr.(transport.Slots)
+	// Slot capacities are fixed when the transport opens; every LL step
+	// asks, so they are read once.
+	room := make([]int, size)
+	for peer := range room {
+		if slots != nil && peer != rank {
+			room[peer] = slots.SlotBytes(peer)
+		}
+	}
 	return &engine{
-		tr: tr, rank: rank, size: size, streams: streams, epoch: epoch,
+		slotRoom: room,
+		tr:       tr, rank: rank, size: size, streams: streams, epoch: epoch,
 		spin: spin, yield: yield, stopped: stopped,
 		sendFrames: make([]uint32, size*streams),
 		recvFrames: make([]uint32, size*streams),
@@ -119,12 +130,7 @@ func newEngine(tr transport.Transport, rank, size, streams int, epoch uint32, sp
 
 // slotBytes is what one LL store to peer may carry one-sided; 0 when the
 // pair's LL messages travel as frames.
-func (e *engine) slotBytes(peer int) int {
-	if e.slots == nil {
-		return 0
-	}
-	return e.slots.SlotBytes(peer)
-}
+func (e *engine) slotBytes(peer int) int { return e.slotRoom[peer] }
 
 // opBuffers are the buffers a schedule's spans address.
 type opBuffers [3][]byte
@@ -151,8 +157,6 @@ func (b *opBuffers) srcDst(st *algo.Step) (src, dst []byte, err error) {
 func (e *engine) run(ctx context.Context, kind transport.OpKind, seq, aux uint64, s *algo.Schedule, bufs *opBuffers, deadline time.Time) error {
 	clear(e.sendFrames)
 	clear(e.recvFrames)
-	e.lastPeer, e.lastWait = -1, 0
-	e.traffic = traffic{}
 	e.dtype, e.op, e.aux = reduce.DType(s.DType), reduce.Op(s.Op), aux
 	e.llTag = uint32(kind)
 	if cap(e.scratch) < s.ScratchBytes {
@@ -512,8 +516,6 @@ func (e *engine) copySome() (bool, error) {
 // carries the tag and a per-pair sequence number instead of the collective one.
 func (e *engine) p2p(ctx context.Context, send bool, peer, tag int, seq uint64, buf []byte, deadline time.Time) (int, error) {
 	e.active, e.copies, e.copied = e.active[:0], e.copies[:0], 0
-	e.lastPeer, e.lastWait = -1, 0
-	e.traffic = traffic{}
 	h := transport.Header{Kind: transport.OpSendRecv, Flags: transport.FlagLast, Epoch: e.epoch, Seq: seq, Aux: uint64(uint32(tag))}
 	if len(e.sendOps) == 0 {
 		e.sendOps = append(e.sendOps, transport.SendOp{})
@@ -540,6 +542,13 @@ func (e *engine) p2p(ctx context.Context, send bool, peer, tag int, seq uint64, 
 	return e.recvOps[0].N, nil
 }
 
+// startOp resets the per-operation figures (bytes, wait attribution) for an
+// operation that started at start; the schedules it runs add to them.
+func (e *engine) startOp(start time.Time) {
+	e.opStart, e.traffic = start, traffic{}
+	e.lastPeer, e.lastWait = -1, 0
+}
+
 // traffic is what one operation moved to and from other ranks, in bytes,
 // with the part exchanged with ranks of this host.
 type traffic struct {
@@ -558,11 +567,6 @@ func (t *traffic) add(send, local bool, n int) {
 	default:
 		t.received += int64(n)
 	}
-}
-
-func (t *traffic) plus(o traffic) {
-	t.sent, t.received = t.sent+o.sent, t.received+o.received
-	t.sentLocal, t.receivedLocal = t.sentLocal+o.sentLocal, t.receivedLocal+o.receivedLocal
 }
 
 // fill copies the totals into an event.

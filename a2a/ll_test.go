@@ -140,50 +140,13 @@ func BenchmarkLL(b *testing.B) {
 			comms := group(b, url, n, func(c *Config) { c.Algo = algo })
 			for _, size := range []int{8, 1024, 4096, 8192} {
 				b.Run(fmt.Sprintf("%s/n%d/%dB", algo, n, size), func(b *testing.B) {
-					benchAllToAll(b, comms, size)
+					benchRanks(b, comms, size, allToAll)
 				})
 			}
 		}
 	}
 }
 
-// benchAllToAll times rank 0's AllToAll of size bytes per peer while the
-// other ranks run the same calls in goroutines.
-func benchAllToAll(b *testing.B, comms []*Comm, size int) {
-	n := len(comms)
-	ctx := context.Background()
-	bufs := make([][2][]byte, n)
-	for r := range bufs {
-		bufs[r] = [2][]byte{make([]byte, n*size), make([]byte, n*size)}
-	}
-	for range 10 {
-		mustAllB(b, onAllB(comms, func(c *Comm) error { return c.AllToAll(ctx, bufs[c.Rank()][0], bufs[c.Rank()][1]) }))
-	}
-	iters := b.N
-	done := make(chan error, n)
-	for r := 1; r < n; r++ {
-		go func() {
-			for range iters {
-				if err := comms[r].AllToAll(ctx, bufs[r][0], bufs[r][1]); err != nil {
-					done <- err
-					return
-				}
-			}
-			done <- nil
-		}()
-	}
-	b.SetBytes(int64(n * size))
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range iters {
-		if err := comms[0].AllToAll(ctx, bufs[0][0], bufs[0][1]); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.StopTimer()
-	for r := 1; r < n; r++ {
-		if err := <-done; err != nil {
-			b.Fatal(err)
-		}
-	}
+func allToAll(ctx context.Context, c *Comm, send, recv []byte) error {
+	return c.AllToAll(ctx, send, recv)
 }

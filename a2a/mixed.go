@@ -12,7 +12,8 @@ import (
 // memory for ranks on this host, TCP for the others. The engine sees one
 // transport.
 type mixedTransport struct {
-	byPeer []transport.Transport // nil for self
+	byPeer []transport.Transport
+	slots  []transport.Slots // byPeer's one-sided window, nil where it has none
 	parts  []transport.Transport
 }
 
@@ -92,11 +93,10 @@ var _ transport.Slots = (*mixedTransport)(nil)
 
 // slotsOf is the one-sided window that reaches peer, or nil.
 func (m *mixedTransport) slotsOf(peer int) transport.Slots {
-	if peer < 0 || peer >= len(m.byPeer) || m.byPeer[peer] == nil {
+	if peer < 0 || peer >= len(m.slots) {
 		return nil
 	}
-	s, _ := m.byPeer[peer].(transport.Slots)
-	return s
+	return m.slots[peer]
 }
 
 // SlotBytes is the LL slot capacity to peer: the shm part's for ranks on

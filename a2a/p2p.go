@@ -47,11 +47,7 @@ func (c *Comm) p2p(ctx context.Context, send bool, buf []byte, peer, tag int) (i
 	case tag < 0 || tag > 1<<31-1:
 		err = fault.New(fault.ErrInvalidArgument, c.rank, "%s: tag %d outside [0, 2^31)", name, tag)
 	default:
-		deadline, ok := ctx.Deadline()
-		if !ok {
-			deadline = start.Add(c.cfg.Timeout)
-		}
-		c.eng.opStart = start
+		deadline := c.startOp(ctx, start)
 		seqs := c.recvSeq
 		if send {
 			seqs = c.sendSeq
