@@ -320,6 +320,11 @@ func (d *Dispatcher) Close() error {
 // ranks report the same.
 func (d *Dispatcher) SharedMemory() bool { return d.shared }
 
+// UsesAllToAllV reports whether rows between some ranks of the layer travel
+// by AllToAllV (pairs on different hosts, or not sharing memory). All ranks
+// report the same.
+func (d *Dispatcher) UsesAllToAllV() bool { return d.exchange }
+
 // SharedWith reports whether rows to and from rank peer travel through
 // shared memory.
 func (d *Dispatcher) SharedWith(peer int) bool { return d.sharedWith[peer] }

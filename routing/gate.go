@@ -67,6 +67,19 @@ func (d *Decision) Kept() int {
 // check reports whether d's slices match its shape and its expert ids are
 // Dropped or in [0, experts).
 func (d *Decision) check(experts int) error {
+	if err := d.checkShape(); err != nil {
+		return err
+	}
+	for i, e := range d.Expert {
+		if e != Dropped && (e < 0 || int(e) >= experts) {
+			return outOfRange(i/d.K, i%d.K, e, experts)
+		}
+	}
+	return nil
+}
+
+// checkShape reports whether d's slices match its shape.
+func (d *Decision) checkShape() error {
 	if d == nil {
 		return invalidf("nil decision")
 	}
@@ -81,19 +94,18 @@ func (d *Decision) check(experts int) error {
 		return invalidf("decision has %d expert ids and %d weights, want %d (tokens %d x k %d)",
 			len(d.Expert), len(d.Weight), n, d.Tokens, d.K)
 	}
-	for i, e := range d.Expert {
-		if e != Dropped && (e < 0 || int(e) >= experts) {
-			return invalidf("token %d slot %d: expert id %d out of range [0, %d)", i/d.K, i%d.K, e, experts)
-		}
-	}
 	return nil
 }
 
+func outOfRange(t, s int, e int32, experts int) error {
+	return invalidf("token %d slot %d: expert id %d out of range [0, %d)", t, s, e, experts)
+}
+
 // CheckExperts reports, for a decision of the right shape, the first expert
-// id outside [0, experts) (Dropped aside) and the first expert one token
-// names twice: what a caller-made decision must satisfy before dispatch.
+// id outside [0, experts) (Dropped aside) or named twice by one token, in
+// token order: what a caller-made decision must satisfy before dispatch.
 func (d *Decision) CheckExperts(experts int) error {
-	if err := d.check(experts); err != nil {
+	if err := d.checkShape(); err != nil {
 		return err
 	}
 	for t := range d.Tokens {
@@ -101,6 +113,9 @@ func (d *Decision) CheckExperts(experts int) error {
 		for s, e := range ids {
 			if e == Dropped {
 				continue
+			}
+			if e < 0 || int(e) >= experts {
+				return outOfRange(t, s, e, experts)
 			}
 			for p := range s {
 				if ids[p] == e {

@@ -75,7 +75,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	out := io.Discard
 	if rank == 0 {
 		out = stdout
-		printHeader(out, o, size, d.Placement(), urls, c.TransportName(), rowPaths(c, d))
+		printHeader(out, o, size, d.Placement(), urls, c.TransportName(), rowPaths(d))
 	}
 	r := newRankState(o, d, rank)
 	agg := newAggregate(o, size)
@@ -120,16 +120,12 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // rowPaths says how rows travel in this layer.
-func rowPaths(c *a2a.Comm, d *dispatch.Dispatcher) string {
-	hosts := map[int]bool{}
-	for r := range c.Size() {
-		hosts[c.Host(r)] = true
-	}
+func rowPaths(d *dispatch.Dispatcher) string {
 	switch {
 	case !d.SharedMemory():
 		return "AllToAllV, reverse AllToAllV to combine"
-	case len(hosts) > 1:
-		return fmt.Sprintf("shared memory between ranks of a host, AllToAllV between the %d hosts", len(hosts))
+	case d.UsesAllToAllV():
+		return "shared memory between ranks of a host, AllToAllV between the others"
 	}
 	return "shared memory (packed into the receivers' buffers, outputs read in place)"
 }
