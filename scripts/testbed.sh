@@ -502,9 +502,9 @@ REJECTED=() # algorithms a2ad rejected
 JOB_US=0    # duration of the last job
 ROW_RE='^\[rank 0\] +[0-9]+ +[0-9]+ '
 
-# run_job NAME ARGS...: runs `WORKER ARGS` (WORKER: `a2ad bench --worker` unless set) as
-# one job of H*L ranks, every host's ranks started by `a2ad run` in its namespace, all
-# hosts in parallel.
+# run_job NAME ARGS...: runs `WORKER ARGS` as one job of H*L ranks, every host's ranks
+# started by `a2ad run` in its namespace, all hosts in parallel. WORKER is the caller's
+# local array (bash scoping is dynamic): call it through bench_job or moe_job.
 # Returns 0 when every host's run exits 0, 3 when a2ad rejected the --algo, 1 otherwise
 # (FAILED names the hosts). Logs: $LOGDIR/<job>.h<i>.{out,err}.
 run_job() {
@@ -592,12 +592,28 @@ run_job() {
 	return 1
 }
 
+# bench_job NAME ARGS...: run_job with `a2ad bench --worker ARGS` on every rank.
+bench_job() {
+	local WORKER=("$A2AD" bench --worker)
+	run_job "$@"
+}
+
+# moe_job NAME ARGS...: run_job with the MoE demo's ranks, `MOE --worker ARGS`.
+moe_job() {
+	local WORKER=("$MOE" --worker)
+	run_job "$@"
+}
+
+# job_out NAME prints the file holding host 0's stdout of the last job, named NAME.
+job_out() { printf '%s' "$LOGDIR/$JOB.${1//\//-}.h0.out"; }
+
 # rows prints rank 0's output of the last job's host 0 without the rank prefix.
-rows() { sed -n 's/^\[rank 0\] //p' "$LOGDIR/$JOB.${1//\//-}.h0.out"; }
+rows() { sed -n 's/^\[rank 0\] //p' "$(job_out "$1")"; }
 
 # check_rows NAME NROWS: rank 0 printed NROWS rows, all with check=ok.
 check_rows() {
-	local name=$1 want=$2 out="$LOGDIR/$JOB.${1//\//-}.h0.out" n bad
+	local name=$1 want=$2 out n bad
+	out=$(job_out "$name")
 	n=$(grep -cE "$ROW_RE" "$out")
 	bad=$(grep -E "$ROW_RE" "$out" | awk '$NF != "ok"' | head -n 3)
 	if [ "$n" != "$want" ] || [ -n "$bad" ] || grep -q fail "$out"; then
@@ -609,7 +625,6 @@ check_rows() {
 	return 0
 }
 
-WORKER=("$A2AD" bench --worker)
 CHECK_SIZES="0,1,1K,64K"
 N_CHECK_SIZES=4
 CHECK_ARGS=(--sizes "$CHECK_SIZES" --check --iters 20 --warmup 2)
@@ -619,7 +634,7 @@ T1=$(now_us)
 say "correctness: AllToAllV over sizes $CHECK_SIZES (zipf:1.1) per algorithm, then AllToAll; $WORLD ranks"
 for algo in "${ALGO_LIST[@]}"; do
 	name="alltoallv/$algo"
-	run_job "$name" --op alltoallv --algo "$algo" --dist zipf:1.1 "${CHECK_ARGS[@]}"
+	bench_job "$name" --op alltoallv --algo "$algo" --dist zipf:1.1 "${CHECK_ARGS[@]}"
 	case $? in
 	3)
 		REJECTED+=("$algo")
@@ -641,7 +656,7 @@ if [ ${#ACCEPTED[@]} -eq 0 ]; then
 	die 2 "a2ad accepts none of --algos $ALGOS"
 fi
 name="alltoall"
-if run_job "$name" --op alltoall "${CHECK_ARGS[@]}"; then
+if bench_job "$name" --op alltoall "${CHECK_ARGS[@]}"; then
 	if check_rows "$name" "$N_CHECK_SIZES"; then
 		CHECKED+=("alltoall")
 		say "ok   $name in $(secs "$JOB_US")"
@@ -650,9 +665,8 @@ if run_job "$name" --op alltoall "${CHECK_ARGS[@]}"; then
 fi
 if [ -n "$MOE" ]; then
 	name="moe"
-	WORKER=("$MOE" --worker)
-	if run_job "$name" -n "$WORLD" --experts $((2 * WORLD)) --tokens 48 --hidden 32 --ffn 16 --steps 3 --skew 1.1; then
-		out="$LOGDIR/$JOB.moe.h0.out"
+	if moe_job "$name" -n "$WORLD" --experts $((2 * WORLD)) --tokens 48 --hidden 32 --ffn 16 --steps 3 --skew 1.1; then
+		out=$(job_out "$name")
 		if grep -q "all 3 steps verified on $WORLD ranks" "$out"; then
 			CHECKED+=("moe")
 			say "ok   $name in $(secs "$JOB_US"): $(grep -m1 -o 'rows: .*' "$out" | sed 's/ (.*//')"
@@ -661,7 +675,6 @@ if [ -n "$MOE" ]; then
 			warn "$name: rank 0 did not report 3 verified steps"
 		fi
 	fi
-	WORKER=("$A2AD" bench --worker)
 else
 	warn "MoE check skipped: no bin/moe (make build) and no --moe"
 fi
@@ -676,7 +689,7 @@ if [ "$CHECK_ONLY" = 0 ] && [ ${#FAILED[@]} -eq 0 ]; then
 	for algo in "${ACCEPTED[@]}"; do
 		name="bench/$algo"
 		say "benchmark: alltoallv algo=$algo hosts=$HOSTS ranks/host=$LOCAL dist=$BENCH_DIST counts=$BENCH_COUNTS timing=$BENCH_TIMING shaping: $SHAPING"
-		if run_job "$name" --op alltoallv --algo "$algo" --dist "$BENCH_DIST" --counts "$BENCH_COUNTS" \
+		if bench_job "$name" --op alltoallv --algo "$algo" --dist "$BENCH_DIST" --counts "$BENCH_COUNTS" \
 			--timing "$BENCH_TIMING" --sizes "$BENCH_SIZES"; then
 			rows "$name"
 			BENCHED+=("$algo")

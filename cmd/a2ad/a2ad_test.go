@@ -24,8 +24,8 @@ import (
 // a2adBin is the a2ad binary built once for the multi-process tests.
 var a2adBin string
 
-// moeBin is the MoE demo, built for the test bed's MoE check.
-var moeBin string
+// binDir holds the binaries built for the tests; TestMain removes it.
+var binDir string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "a2ad-test")
@@ -33,18 +33,25 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	a2adBin, moeBin = filepath.Join(dir, "a2ad"), filepath.Join(dir, "moe")
-	for _, b := range []struct{ out, pkg string }{{a2adBin, "."}, {moeBin, "../../examples/moe"}} {
-		build := exec.Command("go", "build", "-o", b.out, b.pkg)
-		build.Stderr = os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "building", b.pkg, err)
-			os.Exit(1)
-		}
+	binDir, a2adBin = dir, filepath.Join(dir, "a2ad")
+	if err := goBuild(a2adBin, "."); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// goBuild builds the package pkg into the binary out, the compiler's
+// diagnostics going to stderr.
+func goBuild(out, pkg string) error {
+	build := exec.Command("go", "build", "-o", out, pkg)
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("building %s: %w", pkg, err)
+	}
+	return nil
 }
 
 func a2ad(t *testing.T, ctx context.Context, args ...string) *exec.Cmd {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"os"
 	"slices"
 	"time"
 
@@ -114,10 +113,6 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	if f.n < 1 {
 		return usagef("-n %d: need at least one rank", f.n)
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
 	if f.bind != "core" && f.bind != "none" {
 		return usagef("--bind %q: core or none", f.bind)
 	}
@@ -125,28 +120,21 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	if f.trans != "" {
 		env = append(env, "A2A_TRANSPORT="+f.trans)
 	}
-	return launchRanks(ctx, log, launch.Spec{
-		N: f.n, NATSURL: f.nats, Prog: self, BindVia: bindVia(f.bind), Env: env,
-		Args: append([]string{"bench", "--worker"}, args...),
-	})
+	return launchSelf(ctx, log, "bench", args, launch.Spec{N: f.n, NATSURL: f.nats, BindVia: bindVia(f.bind), Env: env})
 }
 
 func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []int, d dist) error {
-	cfg, err := a2a.ConfigFromEnv()
-	if err != nil {
-		return err
-	}
-	cfg.Logger = log
-	if f.algo != "" {
-		cfg.Algo = f.algo
-	}
-	if f.streams > 0 {
-		cfg.Streams = f.streams
-	}
-	if f.window > 0 {
-		cfg.Window = f.window
-	}
-	c, err := a2a.Join(ctx, cfg)
+	c, err := joinWorker(ctx, log, func(cfg *a2a.Config) {
+		if f.algo != "" {
+			cfg.Algo = f.algo
+		}
+		if f.streams > 0 {
+			cfg.Streams = f.streams
+		}
+		if f.window > 0 {
+			cfg.Window = f.window
+		}
+	})
 	if err != nil {
 		return err
 	}
@@ -183,7 +171,6 @@ func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []in
 type bench struct {
 	c            *a2a.Comm
 	f            benchFlags
-	zeros        []int
 	one, gather  []int
 	send, recv   []byte
 	stamps       []int64 // start and end (Unix ns) of each timed call
@@ -199,7 +186,7 @@ type bench struct {
 
 func newBench(c *a2a.Comm, f benchFlags) *bench {
 	n := c.Size()
-	return &bench{c: c, f: f, zeros: make([]int, n), one: make([]int, n), gather: make([]int, n),
+	return &bench{c: c, f: f, one: make([]int, n), gather: make([]int, n),
 		agreeS: make([]byte, 8*n), agreeR: make([]byte, 8*n), sendC: make([]int, n), recvC: make([]int, n),
 		learned: make([]int, n), matrix: make([]int, n*n)}
 }
@@ -350,25 +337,32 @@ func (b *bench) measure(ctx context.Context, row benchRow, op collective) (bench
 	if rank != 0 {
 		return row, nil
 	}
+	// The time of each iteration in us: the slowest rank's call, or with
+	// --timing span the last start to the last end over all ranks.
+	span := b.f.timing == "span"
 	slowest := make([]float64, iters)
-	lastStart, lastEnd := make([]int64, iters), make([]int64, iters)
+	var lastStart, lastEnd []int64
+	if span {
+		lastStart, lastEnd = make([]int64, iters), make([]int64, iters)
+	}
 	allOK := true
 	for r := range n {
 		block := b.gatherRecv[r*per:]
 		for i := range iters {
 			start := int64(binary.LittleEndian.Uint64(block[16*i:]))
 			end := int64(binary.LittleEndian.Uint64(block[16*i+8:]))
-			slowest[i] = max(slowest[i], float64(end-start)/1e3)
-			if r == 0 || start > lastStart[i] {
-				lastStart[i] = start
-			}
-			if r == 0 || end > lastEnd[i] {
-				lastEnd[i] = end
+			switch {
+			case !span:
+				slowest[i] = max(slowest[i], float64(end-start)/1e3)
+			case r == 0:
+				lastStart[i], lastEnd[i] = start, end
+			default:
+				lastStart[i], lastEnd[i] = max(lastStart[i], start), max(lastEnd[i], end)
 			}
 		}
 		allOK = allOK && block[16*iters] == 1
 	}
-	if b.f.timing == "span" {
+	if span {
 		for i := range iters {
 			slowest[i] = float64(max(lastEnd[i]-lastStart[i], 0)) / 1e3
 		}
@@ -401,11 +395,11 @@ func percentile(sorted []float64, p float64) float64 {
 // freed) unless --alloc heap. Only this method allocates b.send and b.recv,
 // so the old buffer's origin is known.
 func (b *bench) data(old []byte, n int) []byte {
+	if b.f.alloc == "heap" {
+		return grow(old, n)
+	}
 	if cap(old) >= n {
 		return old[:n]
-	}
-	if b.f.alloc == "heap" {
-		return make([]byte, n)
 	}
 	if cap(old) > 0 {
 		if err := a2a.FreeBuffer(old); err != nil {
@@ -419,6 +413,8 @@ func (b *bench) data(old []byte, n int) []byte {
 	return buf
 }
 
+// grow returns b resized to n bytes; it allocates (dropping the contents) only
+// when b's capacity is short, so the timed loops reuse their buffers.
 func grow(b []byte, n int) []byte {
 	if cap(b) < n {
 		return make([]byte, n)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"time"
 
@@ -26,24 +25,15 @@ func cmdDemo(ctx context.Context, log *slog.Logger, args []string) error {
 	if *worker {
 		return demoWorker(ctx, log, *steps, *maxBytes)
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
 	fmt.Printf("a2a demo: %d local ranks, embedded NATS control plane, data plane per A2A_TRANSPORT (default: shared memory on one host), %d steps of variable-size AllToAllV\n", *n, *steps)
-	return launchRanks(ctx, log, launch.Spec{N: *n, Prog: self, Args: append([]string{"demo", "--worker"}, args...)})
+	return launchSelf(ctx, log, "demo", args, launch.Spec{N: *n})
 }
 
 // demoWorker is one rank: every step it draws new send counts (as an MoE
 // router would), learns its receive counts (over NATS, or in-band on even
 // steps), exchanges, verifies every byte, and rank 0 prints the traffic matrix.
 func demoWorker(ctx context.Context, log *slog.Logger, steps, maxBytes int) error {
-	cfg, err := a2a.ConfigFromEnv()
-	if err != nil {
-		return err
-	}
-	cfg.Logger = log
-	c, err := a2a.Join(ctx, cfg)
+	c, err := joinWorker(ctx, log, nil)
 	if err != nil {
 		return err
 	}

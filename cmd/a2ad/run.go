@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"a2a/a2a"
 	"a2a/a2a/transport/shm"
 	"a2a/internal/launch"
 )
@@ -69,6 +70,33 @@ func launchRanks(ctx context.Context, log *slog.Logger, spec launch.Spec) error 
 		spec.Prog = p
 	}
 	return launch.Run(ctx, spec)
+}
+
+// launchSelf runs spec's ranks as `a2ad NAME --worker ARGS...` with this very
+// executable, the way bench, demo and tune start their ranks: each rank parses
+// the launcher's own flags again.
+func launchSelf(ctx context.Context, log *slog.Logger, name string, args []string, spec launch.Spec) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	spec.Prog = self
+	spec.Args = append([]string{name, "--worker"}, args...)
+	return launchRanks(ctx, log, spec)
+}
+
+// joinWorker joins the job a launcher started this rank in, configured by the
+// A2A_* environment it set; adjust, when not nil, overrides fields first.
+func joinWorker(ctx context.Context, log *slog.Logger, adjust func(*a2a.Config)) (*a2a.Comm, error) {
+	cfg, err := a2a.ConfigFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Logger = log
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	return a2a.Join(ctx, cfg)
 }
 
 // bindFlag registers --bind: like mpirun, ranks are bound to one core each

@@ -10,17 +10,33 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
 
-// testbedCmd prepares scripts/testbed.sh with a2adBin; cancelling ctx sends SIGTERM so
-// the script still tears its namespaces down.
+// The MoE demo is built only when a test bed runs: every other test of this
+// package, and every run without root, would pay for it in vain.
+var (
+	moeOnce  sync.Once
+	moeBin   string
+	moeBuild error
+)
+
+// testbedCmd prepares scripts/testbed.sh with a2adBin and moeBin; cancelling ctx
+// sends SIGTERM so the script still tears its namespaces down.
 func testbedCmd(t *testing.T, ctx context.Context, args ...string) *exec.Cmd {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for network namespaces")
+	}
+	moeOnce.Do(func() {
+		moeBin = filepath.Join(binDir, "moe")
+		moeBuild = goBuild(moeBin, "../../examples/moe")
+	})
+	if moeBuild != nil {
+		t.Fatal(moeBuild)
 	}
 	script, err := filepath.Abs(filepath.Join("..", "..", "scripts", "testbed.sh"))
 	if err != nil {

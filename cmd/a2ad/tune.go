@@ -33,31 +33,20 @@ func cmdTune(ctx context.Context, log *slog.Logger, args []string) error {
 	if *n < 2 {
 		return usagef("-n %d: need at least 2 ranks", *n)
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	return launchRanks(ctx, log, launch.Spec{
-		// Unbound: only two ranks are busy at a time (rank 0 and the peer it
-		// probes), and the scheduler gives them a core each.
-		N: *n, NATSURL: *nats, Prog: self,
-		Env:  []string{"A2A_LINKS=" + a2a.LinksProbe},
-		Args: append([]string{"tune", "--worker"}, args...),
-	})
+	// Unbound: only two ranks are busy at a time (rank 0 and the peer it
+	// probes), and the scheduler gives them a core each. No A2A_LINKS=probe
+	// here: tuneWorker sets it, however its rank was started.
+	return launchSelf(ctx, log, "tune", args, launch.Spec{N: *n, NATSURL: *nats})
 }
 
 func tuneWorker(ctx context.Context, log *slog.Logger, out string) error {
-	cfg, err := a2a.ConfigFromEnv()
-	if err != nil {
-		return err
-	}
-	cfg.Logger = log
-	cfg.Links = a2a.LinksProbe
-	if cfg.Host == "" && cfg.Rank >= 0 {
-		// Ranks 0 and 1 share a host; the rest pose as another one.
-		cfg.Host = fmt.Sprintf("tune-host-%d", min(cfg.Rank/2, 1))
-	}
-	c, err := a2a.Join(ctx, cfg)
+	c, err := joinWorker(ctx, log, func(cfg *a2a.Config) {
+		cfg.Links = a2a.LinksProbe
+		if cfg.Host == "" && cfg.Rank >= 0 {
+			// Ranks 0 and 1 share a host; the rest pose as another one.
+			cfg.Host = fmt.Sprintf("tune-host-%d", min(cfg.Rank/2, 1))
+		}
+	})
 	if err != nil {
 		return err
 	}

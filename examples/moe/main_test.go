@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"a2a/a2a"
+	"a2a/a2a/transport/shm"
 	"a2a/internal/natsd"
 )
 
@@ -294,7 +295,7 @@ func TestDemoKilledRank(t *testing.T) {
 		}
 	}
 	if after := shmSegments(t); after > shmBefore {
-		t.Errorf("%d a2a segments in /dev/shm after the demo, %d before", after, shmBefore)
+		t.Errorf("%d a2a segments in %s after the demo, %d before", after, shm.DefaultDir, shmBefore)
 	}
 }
 
@@ -324,15 +325,18 @@ func children(t *testing.T, pid int) []int {
 	return pids
 }
 
-// shmSegments counts the shared-memory transport's segments in /dev/shm.
+// shmSegments counts the shared-memory transport's segments in its default
+// directory, where the demo's ranks create them.
 func shmSegments(t *testing.T) int {
 	t.Helper()
-	ents, err := os.ReadDir("/dev/shm")
+	ents, err := os.ReadDir(shm.DefaultDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := 0
 	for _, e := range ents {
+		// "a2a-" starts every segment's name; the shm package keeps its
+		// constant unexported.
 		if strings.HasPrefix(e.Name(), "a2a-") {
 			n++
 		}

@@ -195,6 +195,16 @@ func Run(ctx context.Context, spec Spec) error {
 	ours := -1 // failures[ours:] came after we terminated the ranks ourselves
 	terminated := false
 	var settleTimer, killTimer <-chan time.Time
+	// terminate stops the ranks still running, once: SIGTERM now, SIGKILL
+	// after the grace period.
+	terminate := func() {
+		if terminated {
+			return
+		}
+		terminated, ours = true, len(failures)
+		killAll(cmds, syscall.SIGTERM)
+		killTimer = time.After(grace)
+	}
 	for remaining := spec.N; remaining > 0; {
 		select {
 		case ex := <-exits:
@@ -208,20 +218,12 @@ func Run(ctx context.Context, spec Spec) error {
 			}
 		case <-settleTimer:
 			settleTimer = nil
-			if !terminated {
-				terminated, ours = true, len(failures)
-				killAll(cmds, syscall.SIGTERM)
-				killTimer = time.After(grace)
-			}
+			terminate()
 		case <-killTimer:
 			killAll(cmds, syscall.SIGKILL)
 		case <-ctx.Done():
-			if !terminated {
-				terminated, ours = true, len(failures)
-				killAll(cmds, syscall.SIGTERM)
-				killTimer = time.After(grace)
-			}
-			ctx = context.Background()
+			terminate()
+			ctx = context.Background() // a nil Done channel: never again
 		}
 	}
 	if len(failures) == 0 {
@@ -247,25 +249,32 @@ func Run(ctx context.Context, spec Spec) error {
 	return re
 }
 
-// signaled reports whether a rank died of a signal.
-func signaled(err error) bool {
+// waitStatus is the wait status of a rank whose exec.Cmd.Wait returned err;
+// ok is false when err does not come from the rank's exit.
+func waitStatus(err error) (ws syscall.WaitStatus, ok bool) {
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
-		ws, ok := ee.Sys().(syscall.WaitStatus)
-		return ok && ws.Signaled()
+		ws, ok = ee.Sys().(syscall.WaitStatus)
 	}
-	return false
+	return ws, ok
 }
 
+// signaled reports whether a rank died of a signal.
+func signaled(err error) bool {
+	ws, ok := waitStatus(err)
+	return ok && ws.Signaled()
+}
+
+// describe says how a rank failed, for RankError.State.
 func describe(err error) string {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return "killed by signal " + ws.Signal().String()
-		}
-		return fmt.Sprintf("exit status %d", ee.ExitCode())
+	ws, ok := waitStatus(err)
+	if !ok {
+		return err.Error()
 	}
-	return err.Error()
+	if ws.Signaled() {
+		return "killed by signal " + ws.Signal().String()
+	}
+	return fmt.Sprintf("exit status %d", ws.ExitStatus())
 }
 
 func killAll(cmds []*exec.Cmd, sig syscall.Signal) {
