@@ -20,8 +20,8 @@ import (
 // empty blocks included, so a rank's call returns only after each same-host
 // rank has entered the call (package dispatch relies on that).
 func (c *Comm) AllToAllV(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
-	return c.exchange(ctx, "alltoallv", func(seq uint64, deadline time.Time) (algo.Algo, []int, []int, error) {
-		a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, sendCounts, recv, recvCounts, nil)
+	return c.exchange(ctx, "alltoallv", func(seq uint64) (algo.Algo, []int, []int, error) {
+		a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, send, sendCounts, recv, recvCounts, nil)
 		return a, sendCounts, recvCounts, err
 	})
 }
@@ -29,14 +29,14 @@ func (c *Comm) AllToAllV(ctx context.Context, send []byte, sendCounts []int, rec
 // exchange runs one AllToAllV-shaped call: it takes the operation lock, runs
 // f, aborts the group if f failed, and reports to the Observer before
 // releasing the lock, so the counts and wait figures it reads are this call's.
-func (c *Comm) exchange(ctx context.Context, name string, f func(seq uint64, deadline time.Time) (algo.Algo, []int, []int, error)) error {
-	start := time.Now()
-	seq, deadline, err := c.begin(ctx, start)
+func (c *Comm) exchange(ctx context.Context, name string, f func(seq uint64) (algo.Algo, []int, []int, error)) error {
+	start := c.clock()
+	seq, err := c.begin(ctx, start)
 	if err != nil {
 		c.observeRejected(name, start, err)
 		return err
 	}
-	a, sendCounts, recvCounts, err := f(seq, deadline)
+	a, sendCounts, recvCounts, err := f(seq)
 	if err != nil {
 		err = c.fail(err)
 	}
@@ -49,7 +49,7 @@ func (c *Comm) exchange(ctx context.Context, name string, f func(seq uint64, dea
 // rank j, and rank i's block lands in block i of recv. len(send) must be a
 // multiple of Size and len(recv) == len(send).
 func (c *Comm) AllToAll(ctx context.Context, send, recv []byte) error {
-	return c.exchange(ctx, "alltoall", func(seq uint64, deadline time.Time) (algo.Algo, []int, []int, error) {
+	return c.exchange(ctx, "alltoall", func(seq uint64) (algo.Algo, []int, []int, error) {
 		if len(send)%c.size != 0 || len(recv) != len(send) {
 			return algo.AlgoAuto, nil, nil, fault.New(fault.ErrInvalidArgument, c.rank, "AllToAll: len(send)=%d must be a multiple of %d ranks and equal len(recv)=%d", len(send), c.size, len(recv))
 		}
@@ -57,7 +57,7 @@ func (c *Comm) AllToAll(ctx context.Context, send, recv []byte) error {
 		for i := range c.equalSend {
 			c.equalSend[i], c.equalRecv[i] = block, block
 		}
-		a, err := c.alltoallv(ctx, transport.OpAllToAll, seq, deadline, send, c.equalSend, recv, c.equalRecv, nil)
+		a, err := c.alltoallv(ctx, transport.OpAllToAll, seq, send, c.equalSend, recv, c.equalRecv, nil)
 		return a, c.equalSend, c.equalRecv, err
 	})
 }
@@ -68,13 +68,13 @@ func (c *Comm) AllToAll(ctx context.Context, send, recv []byte) error {
 // (len Size) is filled with what each rank sent; recv must hold their sum, or
 // the call fails with ErrInvalidArgument before any payload moves.
 func (c *Comm) AllToAllVInBand(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
-	return c.exchange(ctx, "alltoallv", func(seq uint64, deadline time.Time) (algo.Algo, []int, []int, error) {
-		a, err := c.inBand(ctx, seq, deadline, send, sendCounts, recv, recvCounts)
+	return c.exchange(ctx, "alltoallv", func(seq uint64) (algo.Algo, []int, []int, error) {
+		a, err := c.inBand(ctx, seq, send, sendCounts, recv, recvCounts)
 		return a, sendCounts, recvCounts, err
 	})
 }
 
-func (c *Comm) inBand(ctx context.Context, seq uint64, deadline time.Time, send []byte, sendCounts []int, recv []byte, recvCounts []int) (algo.Algo, error) {
+func (c *Comm) inBand(ctx context.Context, seq uint64, send []byte, sendCounts []int, recv []byte, recvCounts []int) (algo.Algo, error) {
 	if err := c.checkCounts("send", sendCounts, len(send)); err != nil {
 		return algo.AlgoAuto, err
 	}
@@ -85,7 +85,7 @@ func (c *Comm) inBand(ctx context.Context, seq uint64, deadline time.Time, send 
 		binary.LittleEndian.PutUint64(c.countsOut[8*j:], uint64(n))
 		c.equalSend[j], c.equalRecv[j] = 8, 8
 	}
-	if _, err := c.alltoallv(ctx, transport.OpCounts, seq, deadline, c.countsOut, c.equalSend, c.countsIn, c.equalRecv, nil); err != nil {
+	if _, err := c.alltoallv(ctx, transport.OpCounts, seq, c.countsOut, c.equalSend, c.countsIn, c.equalRecv, nil); err != nil {
 		return algo.AlgoAuto, err
 	}
 	total := 0
@@ -96,7 +96,7 @@ func (c *Comm) inBand(ctx context.Context, seq uint64, deadline time.Time, send 
 	if total > len(recv) {
 		return algo.AlgoAuto, fault.New(fault.ErrInvalidArgument, c.rank, "AllToAllVInBand: peers send %d bytes, recv holds %d", total, len(recv))
 	}
-	return c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, sendCounts, recv, recvCounts, nil)
+	return c.alltoallv(ctx, transport.OpAllToAllV, seq, send, sendCounts, recv, recvCounts, nil)
 }
 
 // ExchangeCounts sends sendCounts[j] (what this rank will send rank j) through
@@ -117,8 +117,8 @@ func (c *Comm) ExchangeCountsMatrix(ctx context.Context, sendCounts, recvCounts,
 }
 
 func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matrix []int) error {
-	start := time.Now()
-	seq, deadline, err := c.begin(ctx, start)
+	start := c.clock()
+	seq, err := c.begin(ctx, start)
 	if err != nil {
 		if o := c.observer; o != nil {
 			o.CountsExchanged(time.Since(start), err)
@@ -128,7 +128,7 @@ func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matri
 	if err = c.checkCounts("send", sendCounts, -1); err == nil {
 		if _, has := ctx.Deadline(); !has {
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithDeadline(ctx, deadline)
+			ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
 			defer cancel()
 		}
 		err = c.member.ExchangeCounts(ctx, seq, sendCounts, recvCounts, matrix)
@@ -145,7 +145,7 @@ func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matri
 
 // alltoallv validates, plans and runs one AllToAllV-shaped exchange. matrix,
 // when not nil, is the global traffic matrix every rank holds identically.
-func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64, deadline time.Time, send []byte, sendCounts []int, recv []byte, recvCounts []int, matrix []int) (algo.Algo, error) {
+func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64, send []byte, sendCounts []int, recv []byte, recvCounts []int, matrix []int) (algo.Algo, error) {
 	if err := c.checkCounts("send", sendCounts, len(send)); err != nil {
 		return algo.AlgoAuto, err
 	}
@@ -173,7 +173,7 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 	}
 	var err error
 	if (a == algo.AlgoStaged || a == algo.AlgoSkew) && matrix == nil {
-		if matrix, err = c.gatherMatrix(ctx, seq, deadline, sendCounts); err != nil {
+		if matrix, err = c.gatherMatrix(ctx, seq, sendCounts); err != nil {
 			return a, err
 		}
 	}
@@ -184,17 +184,25 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 		err = algo.PlanStaged(&c.sched, algo.StagedArgs{Rank: c.rank, World: c.size, Matrix: matrix, Hosts: c.hosts, Streams: c.cfg.Streams})
 	}
 	args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts, Streams: c.cfg.Streams, Window: c.cfg.Window}
-	if a == algo.AlgoPairwise || a == algo.AlgoFullmesh || a == algo.AlgoLL {
+	sched := &c.sched
+	if err == nil && (a == algo.AlgoPairwise || a == algo.AlgoFullmesh || a == algo.AlgoLL) {
+		// These plans depend on the counts and the Comm's settings only.
 		args.LLCutoff = c.llCut
-	}
-	switch {
-	case err != nil:
-	case a == algo.AlgoPairwise:
-		err = algo.PlanPairwise(&c.sched, args)
-	case a == algo.AlgoFullmesh:
-		err = algo.PlanFullmesh(&c.sched, args)
-	case a == algo.AlgoLL:
-		err = algo.PlanLL(&c.sched, args)
+		var entry *cachedPlan
+		var planned bool
+		if sched, entry, planned = c.plans.lookup("alltoallv", a, sendCounts, recvCounts); !planned {
+			switch a {
+			case algo.AlgoPairwise:
+				err = algo.PlanPairwise(sched, args)
+			case algo.AlgoFullmesh:
+				err = algo.PlanFullmesh(sched, args)
+			default:
+				err = algo.PlanLL(sched, args)
+			}
+			if err != nil {
+				entry.forget()
+			}
+		}
 	}
 	if err != nil {
 		return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", a)
@@ -204,7 +212,7 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 	}
 	c.lastAlgo = a
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = send, recv
-	err = c.eng.run(ctx, kind, seq, 0, &c.sched, &c.bufs, deadline)
+	err = c.eng.run(ctx, kind, seq, 0, sched, &c.bufs)
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
 	// Every pair exchanged something in this op (a message or a frame, even
 	// an empty one), so a peer that starts the next op has finished reading
@@ -223,7 +231,7 @@ func (c *Comm) chooseForMatrix(matrix []int) algo.Algo {
 
 // gatherMatrix builds the global traffic matrix on the data plane: every rank
 // sends its row of counts to every rank (an all-to-all of Size*8-byte blocks).
-func (c *Comm) gatherMatrix(ctx context.Context, seq uint64, deadline time.Time, sendCounts []int) ([]int, error) {
+func (c *Comm) gatherMatrix(ctx context.Context, seq uint64, sendCounts []int) ([]int, error) {
 	n := c.size
 	if c.matrix == nil {
 		c.matrix = make([]int, n*n)
@@ -237,7 +245,7 @@ func (c *Comm) gatherMatrix(ctx context.Context, seq uint64, deadline time.Time,
 		}
 		c.rowCounts[j] = 8 * n
 	}
-	if _, err := c.alltoallv(ctx, transport.OpCounts, seq, deadline, c.rowsOut, c.rowCounts, c.rowsIn, c.rowCounts, nil); err != nil {
+	if _, err := c.alltoallv(ctx, transport.OpCounts, seq, c.rowsOut, c.rowCounts, c.rowsIn, c.rowCounts, nil); err != nil {
 		return nil, err
 	}
 	for i := range c.matrix {
@@ -253,7 +261,7 @@ func (c *Comm) gatherMatrix(ctx context.Context, seq uint64, deadline time.Time,
 // on algorithms that need it: the staged two-level exchange across hosts and
 // the cost model's pick for this very matrix.
 func (c *Comm) AllToAllVMatrix(ctx context.Context, send, recv []byte, matrix []int) error {
-	return c.exchange(ctx, "alltoallv", func(seq uint64, deadline time.Time) (algo.Algo, []int, []int, error) {
+	return c.exchange(ctx, "alltoallv", func(seq uint64) (algo.Algo, []int, []int, error) {
 		n := c.size
 		if len(matrix) != n*n {
 			return algo.AlgoAuto, nil, nil, fault.New(fault.ErrInvalidArgument, c.rank, "len(matrix)=%d, want %d", len(matrix), n*n)
@@ -261,7 +269,7 @@ func (c *Comm) AllToAllVMatrix(ctx context.Context, send, recv []byte, matrix []
 		for j := range n {
 			c.matSend[j], c.matRecv[j] = matrix[c.rank*n+j], matrix[j*n+c.rank]
 		}
-		a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, deadline, send, c.matSend, recv, c.matRecv, matrix)
+		a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, send, c.matSend, recv, c.matRecv, matrix)
 		return a, c.matSend, c.matRecv, err
 	})
 }

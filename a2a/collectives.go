@@ -272,15 +272,15 @@ func (c *Comm) vCounts(n int) []int {
 // collective runs one collective: validation (a failure aborts the group so
 // no rank waits for this one), planning, execution, Avg's division, report.
 func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) error {
-	start := time.Now()
-	seq, deadline, err := c.begin(ctx, start)
+	start := c.clock()
+	seq, err := c.begin(ctx, start)
 	if err != nil {
 		c.observeRejected(k.name, start, err)
 		return err
 	}
 	var a algo.Algo
 	if err = validate(); err == nil {
-		a, err = c.runCollective(ctx, k, seq, deadline)
+		a, err = c.runCollective(ctx, k, seq)
 		c.lastAlgo = a
 	}
 	if err != nil {
@@ -296,7 +296,7 @@ func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) e
 	return err
 }
 
-func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64, deadline time.Time) (algo.Algo, error) {
+func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64) (algo.Algo, error) {
 	op := k.op
 	if op == Avg {
 		op = Sum // divided once at the end
@@ -305,9 +305,9 @@ func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64, deadline 
 		DType: uint8(k.dt), Op: uint8(op), Root: k.root, Streams: c.cfg.Streams, Hosts: c.hosts, BlockSize: collBlock,
 		InPlace: len(k.send) > 0 && len(k.recv) > 0 && &k.send[0] == &k.recv[0]}
 	if k.name == "allreduce" && k.bytes > allReduceSegment {
-		return c.segmentedAllReduce(ctx, k, &args, seq, deadline)
+		return c.segmentedAllReduce(ctx, k, &args, seq)
 	}
-	a, err := c.planCollective(k, &args)
+	a, sched, err := c.planCollective(k, &args)
 	if err != nil {
 		return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", k.name)
 	}
@@ -317,12 +317,12 @@ func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64, deadline 
 		// unseen. One ring round of empty frames carrying the signature
 		// compares every rank with its neighbour: if any two ranks differ,
 		// some neighbours differ, and the receiver reports ErrMismatch.
-		if err := c.eng.run(ctx, k.kind, seq, k.signature(), &c.ringCheck, &c.bufs, deadline); err != nil {
+		if err := c.eng.run(ctx, k.kind, seq, k.signature(), &c.ringCheck, &c.bufs); err != nil {
 			return a, err
 		}
 	}
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = k.send, k.recv
-	err = c.eng.run(ctx, k.kind, seq, k.signature(), &c.sched, &c.bufs, deadline)
+	err = c.eng.run(ctx, k.kind, seq, k.signature(), sched, &c.bufs)
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
 	if a == algo.AlgoLL {
 		// An LL barrier is all-to-all shaped (every pair exchanged a
@@ -346,7 +346,7 @@ const allReduceSegment = 512 << 10
 
 // segmentedAllReduce runs k as consecutive AllReduces of allReduceSegment
 // bytes; every frame still carries the whole call's signature.
-func (c *Comm) segmentedAllReduce(ctx context.Context, k *coll, args *algo.CollArgs, seq uint64, deadline time.Time) (algo.Algo, error) {
+func (c *Comm) segmentedAllReduce(ctx context.Context, k *coll, args *algo.CollArgs, seq uint64) (algo.Algo, error) {
 	seg := allReduceSegment - allReduceSegment%k.dt.Size()
 	k.segmented = true
 	var a algo.Algo
@@ -354,11 +354,12 @@ func (c *Comm) segmentedAllReduce(ctx context.Context, k *coll, args *algo.CollA
 		hi := min(lo+seg, k.bytes)
 		args.Bytes = hi - lo
 		var err error
-		if a, err = c.planCollective(k, args); err != nil {
+		var sched *algo.Schedule
+		if a, sched, err = c.planCollective(k, args); err != nil {
 			return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", k.name)
 		}
 		c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = k.send[lo:hi], k.recv[lo:hi]
-		err = c.eng.run(ctx, k.kind, seq, k.signature(), &c.sched, &c.bufs, deadline)
+		err = c.eng.run(ctx, k.kind, seq, k.signature(), sched, &c.bufs)
 		c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
 		if err != nil {
 			return a, err

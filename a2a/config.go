@@ -22,7 +22,7 @@ type Config struct {
 	AlgoAllReduce string        // A2A_ALGO_ALLREDUCE "" = auto | ring | recdoubling | hierarchical
 	Streams       int           // A2A_STREAMS    connections (and shm rings) per peer pair (default DefaultStreams)
 	Window        int           // A2A_WINDOW     peers in flight at once for fullmesh (default 4)
-	Timeout       time.Duration // A2A_TIMEOUT    per-operation deadline when ctx has none (default 60s)
+	Timeout       time.Duration // A2A_TIMEOUT    per-operation deadline when ctx has none, from when the op first waits (default 60s)
 	Listen        string        // A2A_LISTEN     data-plane listen address (default 127.0.0.1:0)
 	Host          string        // A2A_HOST       host identity; ranks with equal ones share memory (default HostIdentity())
 	Transport     string        // A2A_TRANSPORT  auto (shm on this host, TCP to others) | tcp | shm

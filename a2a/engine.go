@@ -61,6 +61,10 @@ type engine struct {
 	lastPeer int
 	lastWait time.Duration
 	opStart  time.Time
+	// deadline ends the operation's waiting (see startOp); timeout is
+	// Config.Timeout.
+	deadline time.Time
+	timeout  time.Duration
 
 	// LL: the transport's one-sided window (nil without one), its slot
 	// capacity by peer (0: none, the pair's LL messages go as frames), the
@@ -154,7 +158,7 @@ func (b *opBuffers) srcDst(st *algo.Step) (src, dst []byte, err error) {
 
 // run executes s for the operation (kind, seq) and returns when every step of
 // every round is done, or at the first error.
-func (e *engine) run(ctx context.Context, kind transport.OpKind, seq, aux uint64, s *algo.Schedule, bufs *opBuffers, deadline time.Time) error {
+func (e *engine) run(ctx context.Context, kind transport.OpKind, seq, aux uint64, s *algo.Schedule, bufs *opBuffers) error {
 	clear(e.sendFrames)
 	clear(e.recvFrames)
 	e.dtype, e.op, e.aux = reduce.DType(s.DType), reduce.Op(s.Op), aux
@@ -163,11 +167,17 @@ func (e *engine) run(ctx context.Context, kind transport.OpKind, seq, aux uint64
 		e.scratch = make([]byte, s.ScratchBytes)
 	}
 	bufs[algo.BufScratch] = e.scratch[:s.ScratchBytes]
+	if e.slots != nil {
+		if !e.slots.BeginBatch() {
+			return fault.New(fault.ErrClosed, -1, "transport closed")
+		}
+		defer e.slots.EndBatch()
+	}
 	for r := 0; r < s.NumRounds(); r++ {
 		if err := e.post(kind, seq, s.Algo, s.Round(r), bufs); err != nil {
 			return err
 		}
-		if err := e.progress(ctx, deadline); err != nil {
+		if err := e.progress(ctx); err != nil {
 			return err
 		}
 	}
@@ -361,7 +371,7 @@ func (e *engine) checkCount(a *activeOp) error {
 }
 
 // progress drives the posted operations to completion.
-func (e *engine) progress(ctx context.Context, deadline time.Time) error {
+func (e *engine) progress(ctx context.Context) error {
 	var idleStart time.Time
 	waited := false // the engine has waited in this call: arrivals need a clock read
 	for {
@@ -426,7 +436,7 @@ func (e *engine) progress(ctx context.Context, deadline time.Time) error {
 					// Arrivals come in time order; without a wait since the
 					// last clock read this one adds no waiting time.
 					w := e.lastWait
-					if waited {
+					if waited && !e.opStart.IsZero() {
 						w = time.Since(e.opStart)
 					}
 					if w >= e.lastWait {
@@ -471,7 +481,7 @@ func (e *engine) progress(ctx context.Context, deadline time.Time) error {
 			runtime.Gosched()
 			continue
 		}
-		if err := e.checkStop(ctx, deadline, now); err != nil {
+		if err := e.checkStop(ctx, now); err != nil {
 			return err
 		}
 		if idle < e.spin+e.yield {
@@ -481,7 +491,7 @@ func (e *engine) progress(ctx context.Context, deadline time.Time) error {
 			schedYield() // let an oversubscribed peer rank run on this core
 			continue
 		}
-		park := min(deadline.Sub(now), maxPark)
+		park := min(e.deadline.Sub(now), maxPark)
 		if err := e.tr.Wait(park); err != nil {
 			return err
 		}
@@ -514,7 +524,7 @@ func (e *engine) copySome() (bool, error) {
 // p2p runs one point-to-point transfer: a send of buf to peer, or a receive
 // from peer of at most len(buf) bytes (the count is returned). Its frame
 // carries the tag and a per-pair sequence number instead of the collective one.
-func (e *engine) p2p(ctx context.Context, send bool, peer, tag int, seq uint64, buf []byte, deadline time.Time) (int, error) {
+func (e *engine) p2p(ctx context.Context, send bool, peer, tag int, seq uint64, buf []byte) (int, error) {
 	e.active, e.copies, e.copied = e.active[:0], e.copies[:0], 0
 	h := transport.Header{Kind: transport.OpSendRecv, Flags: transport.FlagLast, Epoch: e.epoch, Seq: seq, Aux: uint64(uint32(tag))}
 	if len(e.sendOps) == 0 {
@@ -532,7 +542,7 @@ func (e *engine) p2p(ctx context.Context, send bool, peer, tag int, seq uint64, 
 		e.recvOps[0].Reset(h, buf, true)
 	}
 	e.active = append(e.active, activeOp{send: send, peer: peer, conn: e.tr.Conn(peer, 0)})
-	if err := e.progress(ctx, deadline); err != nil {
+	if err := e.progress(ctx); err != nil {
 		return 0, err
 	}
 	if send {
@@ -543,9 +553,11 @@ func (e *engine) p2p(ctx context.Context, send bool, peer, tag int, seq uint64, 
 }
 
 // startOp resets the per-operation figures (bytes, wait attribution) for an
-// operation that started at start; the schedules it runs add to them.
-func (e *engine) startOp(start time.Time) {
-	e.opStart, e.traffic = start, traffic{}
+// operation that started at start (the zero Time: nobody reads its waits),
+// whose schedules add to them, and sets its deadline: the given one, or, if
+// that is zero, timeout after the operation first waits.
+func (e *engine) startOp(start, deadline time.Time) {
+	e.opStart, e.deadline, e.traffic = start, deadline, traffic{}
 	e.lastPeer, e.lastWait = -1, 0
 }
 
@@ -579,15 +591,19 @@ func (t traffic) fill(ev *OpEvent) {
 // runtime.Gosched only yields to goroutines of this process.
 func schedYield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
 
-// checkStop reports why the operation must stop waiting: abort, cancellation or deadline.
-func (e *engine) checkStop(ctx context.Context, deadline, now time.Time) error {
+// checkStop reports why the operation must stop waiting: abort, cancellation
+// or deadline. The first call of an operation without a deadline sets it.
+func (e *engine) checkStop(ctx context.Context, now time.Time) error {
+	if e.deadline.IsZero() {
+		e.deadline = now.Add(e.timeout)
+	}
 	if err := e.stopped(); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return ctxError(err)
 	}
-	if !now.Before(deadline) {
+	if !now.Before(e.deadline) {
 		return fault.Wrap(fault.ErrTimeout, -1, context.DeadlineExceeded, "operation did not complete within its deadline")
 	}
 	return nil

@@ -15,6 +15,8 @@ type mixedTransport struct {
 	byPeer []transport.Transport
 	slots  []transport.Slots // byPeer's one-sided window, nil where it has none
 	parts  []transport.Transport
+	// windows are the parts with a one-sided window, once each.
+	windows []transport.Slots
 }
 
 // mixedPark bounds each park on one part while the other may be the one that
@@ -122,4 +124,24 @@ func (m *mixedTransport) Load(peer int, epoch, tag uint32, dst []byte, anyLen bo
 		return false, fault.New(fault.ErrInvalidArgument, peer, "no LL slot from rank %d", peer)
 	}
 	return s.Load(peer, epoch, tag, dst, anyLen, st)
+}
+
+// BeginBatch starts a batch on every part with a one-sided window.
+func (m *mixedTransport) BeginBatch() bool {
+	for i, w := range m.windows {
+		if !w.BeginBatch() {
+			for _, begun := range m.windows[:i] {
+				begun.EndBatch()
+			}
+			return false
+		}
+	}
+	return true
+}
+
+// EndBatch ends the batch on every part with a one-sided window.
+func (m *mixedTransport) EndBatch() {
+	for _, w := range m.windows {
+		w.EndBatch()
+	}
 }

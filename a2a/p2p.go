@@ -26,7 +26,7 @@ func (c *Comm) Recv(ctx context.Context, buf []byte, peer, tag int) (int, error)
 }
 
 func (c *Comm) p2p(ctx context.Context, send bool, buf []byte, peer, tag int) (int, error) {
-	start := time.Now()
+	start := c.clock()
 	name := "recv"
 	if send {
 		name = "send"
@@ -47,13 +47,13 @@ func (c *Comm) p2p(ctx context.Context, send bool, buf []byte, peer, tag int) (i
 	case tag < 0 || tag > 1<<31-1:
 		err = fault.New(fault.ErrInvalidArgument, c.rank, "%s: tag %d outside [0, 2^31)", name, tag)
 	default:
-		deadline := c.startOp(ctx, start)
+		c.startOp(ctx, start)
 		seqs := c.recvSeq
 		if send {
 			seqs = c.sendSeq
 		}
 		seqs[peer]++
-		n, err = c.eng.p2p(ctx, send, peer, tag, seqs[peer], buf, deadline)
+		n, err = c.eng.p2p(ctx, send, peer, tag, seqs[peer], buf)
 	}
 	if err != nil {
 		err = c.fail(err)

@@ -1,15 +1,39 @@
 package a2a
 
 import (
+	"slices"
+
 	"a2a/a2a/algo"
 	"a2a/a2a/internal/fault"
 )
 
-// planCollective plans collective k into c.sched and returns the algorithm.
-// Every choice depends only on what all ranks share (world, sizes every rank
-// passes identically, hosts, config), so the ranks agree without a round.
-func (c *Comm) planCollective(k *coll, a *algo.CollArgs) (algo.Algo, error) {
-	s, link := &c.sched, c.links.Flat(c.numHosts)
+// planCollective plans collective k and returns the algorithm and the
+// schedule: c.sched, or for Barrier, whose plan depends on the Comm alone,
+// the one planned at its first call. Every choice depends only on what all
+// ranks share (world, sizes every rank passes identically, hosts, config), so
+// the ranks agree without a round.
+func (c *Comm) planCollective(k *coll, a *algo.CollArgs) (algo.Algo, *algo.Schedule, error) {
+	if k.name == "barrier" {
+		choice := algo.AlgoDissemination
+		if c.llBarrier {
+			choice = algo.AlgoLL
+		}
+		s, entry, planned := c.plans.lookup(k.name, choice, nil, nil)
+		if !planned {
+			if _, err := c.planInto(s, k, a); err != nil {
+				entry.forget()
+				return choice, s, err
+			}
+		}
+		return choice, s, nil
+	}
+	choice, err := c.planInto(&c.sched, k, a)
+	return choice, &c.sched, err
+}
+
+// planInto plans collective k into s and returns the algorithm.
+func (c *Comm) planInto(s *algo.Schedule, k *coll, a *algo.CollArgs) (algo.Algo, error) {
+	link := c.links.Flat(c.numHosts)
 	switch k.name {
 	case "allreduce":
 		choice := c.allReduceAlgo
@@ -63,3 +87,49 @@ func parseAllReduceAlgo(name string) (algo.Algo, error) {
 	}
 	return a, fault.New(fault.ErrInvalidArgument, -1, "algorithm %q is not available for AllReduce (ring, recdoubling, hierarchical)", name)
 }
+
+// planCacheSize is how many recent AllToAllV-shaped plans a Comm keeps. A
+// MoE step repeats a few fixed shapes every step (the counts exchange, the
+// dispatcher's descriptor AllToAll, the in-band counts round) around the
+// varying data exchange, and a benchmark repeats one shape.
+const planCacheSize = 4
+
+// planCache keeps the schedules of the last few AllToAllV-shaped calls and of
+// Barrier, so that a call with the same inputs as an earlier one runs the
+// schedule it planned then instead of planning again. A plan depends only on
+// the algorithm, the counts and the Comm's fixed settings (rank, world,
+// streams, window, LL cutoffs, hosts), so the key is the algorithm and the
+// counts. Each entry owns its schedule: entries never alias Comm.sched.
+type planCache struct {
+	entries [planCacheSize]cachedPlan
+	next    int // the entry the next miss replaces
+}
+
+type cachedPlan struct {
+	valid      bool
+	op         string // "alltoallv" or "barrier"
+	algo       algo.Algo
+	send, recv []int
+	sched      algo.Schedule
+}
+
+// lookup returns the schedule planned for op with algorithm a and these
+// counts, and whether it is planned already. On a miss it returns an entry to
+// plan into, keyed to these inputs; the caller must call forget if planning
+// fails.
+func (p *planCache) lookup(op string, a algo.Algo, send, recv []int) (*algo.Schedule, *cachedPlan, bool) {
+	for i := range p.entries {
+		e := &p.entries[i]
+		if e.valid && e.algo == a && e.op == op && slices.Equal(e.send, send) && slices.Equal(e.recv, recv) {
+			return &e.sched, e, true
+		}
+	}
+	e := &p.entries[p.next]
+	p.next = (p.next + 1) % len(p.entries)
+	e.valid, e.op, e.algo = true, op, a
+	e.send, e.recv = append(e.send[:0], send...), append(e.recv[:0], recv...)
+	return &e.sched, e, false
+}
+
+// forget drops an entry whose planning failed.
+func (e *cachedPlan) forget() { e.valid = false }

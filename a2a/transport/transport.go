@@ -291,7 +291,8 @@ func (op *RecvOp) Land(peer int) ([]byte, error) {
 // NextEpoch), so consecutive epochs always differ in parity and a zeroed
 // window matches no epoch. A slot of parity p is written again only two
 // epochs later; the caller guarantees the receiver finished with it by then
-// (every pair of ranks exchanges something in every epoch).
+// (every pair of ranks exchanges something in every epoch). Stores are made
+// by one goroutine at a time, and so are Loads.
 type Slots interface {
 	// SlotBytes is the most payload one Store to peer may carry; 0 when
 	// peer cannot be reached one-sided (a rank on another host).
@@ -312,6 +313,20 @@ type Slots interface {
 	// Load never blocks; a load that cannot progress is what
 	// Transport.Wait waits for.
 	Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen bool, st *SlotLoad) (done bool, err error)
+	// BeginBatch starts a batch of Stores and Loads that one goroutine
+	// makes (an operation's) and reports false once the transport is
+	// closed. Until EndBatch, those calls skip their per-call guard against
+	// Close (Close waits for EndBatch instead), and a Store's wake-up of a
+	// parked peer waits until the batch's goroutine waits (Transport.Wait)
+	// or ends the batch. Per call, each of those costs a locked instruction,
+	// and a locked instruction after a store to a peer's cache line waits
+	// for that line to arrive: in a batch the stores to every peer overlap
+	// with what follows them. Batches do not nest, and no other goroutine
+	// may Store or Load during one.
+	BeginBatch() bool
+	// EndBatch ends the batch BeginBatch started and wakes the parked peers
+	// still due a wake-up.
+	EndBatch()
 }
 
 // SlotTagBits is the width of an LL message's tag.

@@ -19,10 +19,11 @@ type llPeer struct {
 	// rxWord is the index of rx[p][0] in t.window, for the watch.
 	rxWord [2]uint32
 
-	_     [lineSize]byte // the loading goroutine writes below
-	idle  uint32         // fruitless loads, for the pidfd poll
-	watch atomic.Uint64  // epoch<<32 | index in t.window of the awaited word, or 0
-	_     [lineSize]byte
+	_       [lineSize]byte // the loading goroutine writes below
+	idle    uint32         // fruitless loads, for the pidfd poll
+	watch   atomic.Uint64  // epoch<<32 | index in t.window of the awaited word, or 0
+	bellDue bool           // in a batch: a Store left the peer's wake-up for later
+	_       [lineSize]byte
 }
 
 // words is the []uint64 view of n words of mem at off (8-byte aligned).
@@ -92,19 +93,27 @@ func badEpoch(peer int, epoch uint32) error {
 // Store writes data into this rank's slot of parity epoch&1 in peer's window:
 // the data words with plain 8-byte stores (an aligned 8-byte store is atomic
 // on 64-bit targets; atomic.StoreUint64, an XCHG, took 10.5 us for an 8 KiB
-// message against 1 us), then the length word with an atomic store, which
-// orders them before it and before the doorbell check that follows (a parked
-// receiver is woken). It never blocks. Errors:
+// message against 1 us), then the length word with a release store, which
+// orders them before it. A parked receiver is woken: at once, or in a batch
+// (BeginBatch) when the batch first waits or ends. It never blocks. Errors:
 // fault.ErrClosed after Close, fault.ErrInvalidArgument for more than
 // SlotBytes(peer) bytes, a peer without a slot or an epoch below
 // transport.FirstEpoch, fault.ErrPeerLost when peer closed or exited. The
 // bytes it counts in Stats are the words it stores, 8 bytes each (twice the
 // payload, plus the length word).
 func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error {
+	if t.batch {
+		return t.store(peer, epoch, tag, data)
+	}
 	if !t.guard.Acquire() {
 		return t.closedErr
 	}
-	defer t.guard.Release()
+	err := t.store(peer, epoch, tag, data)
+	t.guard.Release()
+	return err
+}
+
+func (t *Transport) store(peer int, epoch uint32, tag uint32, data []byte) error {
 	p, i := t.llPeer(peer)
 	switch {
 	case p == nil:
@@ -138,10 +147,48 @@ func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error
 		copy(b[:], src)
 		d[0] = uint64(binary.LittleEndian.Uint32(b[:])) | hi
 	}
-	atomic.StoreUint64(&w[0], uint64(n)|uint64(tag)<<lenBits|hi)
-	t.stats[i].sent.Add(uint64(8 * (1 + nw)))
-	ringBell(t.segs[i])
+	storeRelease(&w[0], uint64(n)|uint64(tag)<<lenBits|hi)
+	t.stats[i].llSent.add(uint64(8 * (1 + nw)))
+	p.bellDue, t.bellsDue = true, true
+	if !t.batch {
+		t.ringDue()
+	}
 	return nil
+}
+
+// BeginBatch starts a batch of Stores and Loads (see transport.Slots).
+func (t *Transport) BeginBatch() bool {
+	if !t.guard.Acquire() {
+		return false
+	}
+	t.batch = true
+	return true
+}
+
+// EndBatch ends the batch BeginBatch started.
+func (t *Transport) EndBatch() {
+	t.ringDue()
+	t.batch = false
+	t.guard.Release()
+}
+
+// ringDue wakes the parked peers whose slots were stored into since it last
+// ran: after every Store, or in a batch when it waits or ends. Until then a
+// parked peer may sleep on; it re-checks within maxPark of its own.
+func (t *Transport) ringDue() {
+	if !t.bellsDue {
+		return
+	}
+	t.bellsDue = false
+	// A locked instruction: the stores become visible before the reads of
+	// whether the peers sleep (Wait announces sleep, then re-checks).
+	t.fence.Add(1)
+	for i := range t.ll {
+		if p := &t.ll[i]; p.bellDue {
+			p.bellDue = false
+			ringBell(t.segs[i])
+		}
+	}
 }
 
 // Load takes what peer stored for epoch into dst (see transport.Slots): the
@@ -162,10 +209,18 @@ func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error
 //
 // Bytes counted in Stats are 8 per word, once the message is complete.
 func (t *Transport) Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
+	if t.batch {
+		return t.load(peer, epoch, tag, dst, anyLen, st)
+	}
 	if !t.guard.Acquire() {
 		return false, t.closedErr
 	}
-	defer t.guard.Release()
+	done, err := t.load(peer, epoch, tag, dst, anyLen, st)
+	t.guard.Release()
+	return done, err
+}
+
+func (t *Transport) load(peer int, epoch uint32, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
 	p, i := t.llPeer(peer)
 	switch {
 	case p == nil:
@@ -185,7 +240,7 @@ func (t *Transport) Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 			p.watch.Store(0)
 		}
 		if done {
-			t.stats[i].recvd.Add(uint64(8 * (1 + slotWords(st.Len))))
+			t.stats[i].llRecvd.add(uint64(8 * (1 + slotWords(st.Len))))
 		}
 	}
 	return done, err

@@ -665,3 +665,84 @@ func TestLLTagMismatch(t *testing.T) {
 		t.Fatalf("oversized tag: %v, want ErrInvalidArgument", err)
 	}
 }
+
+// TestLLBatch covers a batch (BeginBatch/EndBatch): its Stores and Loads move
+// the message and count in Stats like single calls, the wake-up a Store owes
+// a parked peer is delivered when the batch waits or ends, and Close waits
+// for the batch to end, after which no batch begins.
+func TestLLBatch(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wake func(tr *Transport) // what rank 0 does, batch still open, to wake rank 1
+		ends bool                // the wake-up comes from EndBatch
+	}{
+		{"batch waits", func(tr *Transport) { tr.Wait(0) }, false},
+		{"batch ends", func(tr *Transport) { tr.EndBatch() }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := newCluster(t, 2, 1, ringOnly)
+			const e = transport.FirstEpoch
+			msg := pattern(3, 100)
+			dst := make([]byte, len(msg))
+			var st transport.SlotLoad
+			if done, err := ts[1].Load(0, e, testTag, dst, false, &st); done || err != nil {
+				t.Fatalf("load: done %v, err %v", done, err)
+			}
+			woke := make(chan struct{})
+			go func() {
+				ts[1].Wait(10 * time.Second)
+				close(woke)
+			}()
+			time.Sleep(20 * time.Millisecond) // rank 1 parks
+			if !ts[0].BeginBatch() {
+				t.Fatal("BeginBatch on an open transport: false")
+			}
+			inBatch := true
+			defer func() {
+				if inBatch { // a failed check: let the cleanup's Close finish
+					ts[0].EndBatch()
+				}
+			}()
+			if err := ts[0].Store(1, e, testTag, msg); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			tc.wake(ts[0])
+			inBatch = !tc.ends
+			select {
+			case <-woke:
+				t.Logf("rank 1 woke %v after the wake-up", time.Since(start))
+			case <-time.After(5 * time.Second):
+				t.Fatal("the parked rank was not woken")
+			}
+			if done, err := ts[1].Load(0, e, testTag, dst, false, &st); !done || err != nil || !bytes.Equal(dst, msg) {
+				t.Fatalf("load after the wake-up: done %v, err %v", done, err)
+			}
+			want := uint64(8 * (1 + slotWords(len(msg))))
+			if !tc.ends {
+				closed := make(chan struct{})
+				go func() {
+					ts[0].Close()
+					close(closed)
+				}()
+				select {
+				case <-closed:
+					t.Fatal("Close returned during a batch")
+				case <-time.After(50 * time.Millisecond):
+				}
+				if got := ts[0].Stats().BytesSent[1]; got != want {
+					t.Errorf("Stats during the batch: %d bytes sent to rank 1, want %d", got, want)
+				}
+				ts[0].EndBatch()
+				inBatch = false
+				<-closed
+				if ts[0].BeginBatch() {
+					t.Error("BeginBatch after Close: true")
+				}
+			}
+			if got := ts[1].Stats().BytesReceived[0]; got != want {
+				t.Errorf("rank 1 received %d bytes from rank 0, want %d", got, want)
+			}
+		})
+	}
+}

@@ -55,6 +55,11 @@ type Transport struct {
 	guard    transport.Guard // protects the mappings for Wait and Wake
 	log      *slog.Logger
 
+	// An LL batch (BeginBatch): the goroutine making it owns these.
+	batch    bool
+	bellsDue bool          // some llPeer.bellDue is set
+	fence    atomic.Uint32 // the target of ringDue's locked instruction
+
 	closedErr error
 	closeOnce sync.Once
 	closeErr  error
@@ -73,7 +78,18 @@ type peerStats struct {
 	_     [lineSize - 8]byte
 	recvd atomic.Uint64
 	_     [lineSize - 8]byte
+	// LL words: Stores add to llSent, Loads to llRecvd, one goroutine each.
+	llSent, llRecvd counter
+	_               [lineSize - 16]byte
 }
+
+// counter is a byte count with one writer and any number of readers. The
+// writer adds with a plain store, not a locked add: after a Store to a peer's
+// slot, a locked instruction would wait for the peer's cache line to arrive.
+type counter struct{ n uint64 }
+
+func (c *counter) add(n uint64) { storeRelease(&c.n, c.n+n) }
+func (c *counter) load() uint64 { return atomic.LoadUint64(&c.n) }
 
 // Open creates this rank's segment, maps the segment of every other local rank
 // (retrying until it exists, since ranks start in any order), waits until
@@ -494,6 +510,7 @@ func (t *Transport) Wait(timeout time.Duration) error {
 		return t.closedErr
 	}
 	defer t.guard.Release()
+	t.ringDue()
 	own := t.own
 	own.sleeping.Add(1)
 	deadline := time.Now().Add(timeout)
@@ -631,8 +648,8 @@ func (t *Transport) Stats() transport.Stats {
 		BytesReceived: make([]uint64, t.size),
 	}
 	for i, r := range t.cfg.Local {
-		s.BytesSent[r] = t.stats[i].sent.Load()
-		s.BytesReceived[r] = t.stats[i].recvd.Load()
+		s.BytesSent[r] = t.stats[i].sent.Load() + t.stats[i].llSent.load()
+		s.BytesReceived[r] = t.stats[i].recvd.Load() + t.stats[i].llRecvd.load()
 	}
 	return s
 }
