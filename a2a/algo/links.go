@@ -115,3 +115,65 @@ func EstimateStaged(matrix []int, hosts []int, links Links) float64 {
 	}
 	return total
 }
+
+// LowerBoundAllToAllVHosts is LowerBoundAllToAllV for ranks spread over
+// hosts (hosts gives each rank's host, in any order; hosts may be uneven):
+// the larger of two bounds, since local and remote transfers may overlap.
+// Bytes between ranks of one host cross that pair's local link, so the
+// busiest rank's local bytes, sent or received, take at least
+// links.Local's time. Bytes between hosts may be forwarded inside a host
+// first (as staged does), so only the host's total is fixed: the busiest
+// host's outgoing or incoming bytes, spread over its ranks' remote links,
+// take at least links.Remote's time. On one host it is LowerBoundAllToAllV
+// under links.Local.
+func LowerBoundAllToAllVHosts(matrix []int, hosts []int, links Links) float64 {
+	w := len(hosts)
+	if w == 0 || len(matrix) != w*w {
+		return math.Inf(1)
+	}
+	ordinal := map[int]int{}
+	hostOf := make([]int, w)
+	for r, id := range hosts {
+		o, ok := ordinal[id]
+		if !ok {
+			o = len(ordinal)
+			ordinal[id] = o
+		}
+		hostOf[r] = o
+	}
+	if len(ordinal) == 1 {
+		return LowerBoundAllToAllV(matrix, w, links.Local)
+	}
+	ranks := make([]int, len(ordinal))
+	hostOut, hostIn := make([]int, len(ordinal)), make([]int, len(ordinal))
+	localOut, localIn := make([]int, w), make([]int, w)
+	for r := range w {
+		ranks[hostOf[r]]++
+		for j := range w {
+			n := matrix[r*w+j]
+			switch {
+			case r == j:
+			case hostOf[r] == hostOf[j]:
+				localOut[r] += n
+				localIn[j] += n
+			default:
+				hostOut[hostOf[r]] += n
+				hostIn[hostOf[j]] += n
+			}
+		}
+	}
+	local, remote := 0, 0.0
+	for r := range w {
+		local = max(local, localOut[r], localIn[r])
+	}
+	for h := range ranks {
+		remote = max(remote, float64(max(hostOut[h], hostIn[h]))/float64(ranks[h]))
+	}
+	return max(links.Local.Alpha+links.Local.fullRate(float64(local)), links.Remote.Alpha+links.Remote.fullRate(remote))
+}
+
+// fullRate is the time of n bytes from one rank at its full bandwidth: Lanes
+// transfers at 1/Beta each.
+func (l Link) fullRate(n float64) float64 {
+	return float64(l.Beta*n) / float64(max(1, l.Lanes))
+}

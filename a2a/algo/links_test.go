@@ -106,5 +106,63 @@ func TestLowerBound(t *testing.T) {
 				t.Fatalf("skew estimated %v below the bound %v for %v", est, lb, mat)
 			}
 		}
+		// Several lanes: the bound is the busiest rank's bytes spread over them.
+		wide := Link{Alpha: link.Alpha, Beta: link.Beta, Lanes: 4}
+		lbWide := LowerBoundAllToAllV(mat, p, wide)
+		if est := EstimateAllToAllV(AlgoFullmesh, mat, p, 4, 4, wide); est < lbWide*(1-1e-12) {
+			t.Fatalf("fullmesh over 4 lanes estimated %v below the bound %v for %v", est, lbWide, mat)
+		}
+	}
+}
+
+// TestLowerBoundHosts: across hosts the bound takes the larger of the
+// busiest rank's local bytes and the busiest host's remote bytes spread over
+// its ranks, and no priced schedule (flat ones at the remote link, staged by
+// phase) beats it.
+func TestLowerBoundHosts(t *testing.T) {
+	links := Links{Local: Link{Alpha: 1e-6, Beta: 1e-10, Lanes: 1}, Remote: Link{Alpha: 1e-5, Beta: 1e-9, Lanes: 1}}
+	// Ranks 0,1 on host 7; ranks 2,3 on host 3.
+	m := []int{
+		0, 50, 10, 0,
+		5, 0, 20, 4,
+		1, 0, 0, 60,
+		0, 2, 3, 0,
+	}
+	for _, c := range []struct {
+		name  string
+		hosts []int
+		want  float64
+	}{
+		// Host 7 sends 34 bytes out over 2 ranks (17 each); rank 0's 50 local bytes take 5 ns.
+		{"two hosts", []int{7, 7, 3, 3}, max(1e-6+50e-10, 1e-5+17e-9)},
+		{"one host", []int{5, 5, 5, 5}, LowerBoundAllToAllV(m, 4, links.Local)},
+		// Rank 3 alone on host 9 receives 4+60 bytes.
+		{"uneven hosts", []int{7, 7, 3, 9}, max(1e-6+50e-10, 1e-5+64e-9)},
+	} {
+		if got := LowerBoundAllToAllVHosts(m, c.hosts, links); math.Abs(got-c.want) > 1e-15 {
+			t.Errorf("%s: bound %v, want %v", c.name, got, c.want)
+		}
+	}
+	if !math.IsInf(LowerBoundAllToAllVHosts(m, []int{1, 2}, links), 1) {
+		t.Error("malformed matrix priced")
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range 200 {
+		h, l := 2+rng.IntN(4), 1+rng.IntN(4)
+		p := h * l
+		hosts := make([]int, p)
+		for r := range hosts {
+			hosts[r] = r / l
+		}
+		mat := generators[i%len(generators)].gen(rng, p, 1<<16)
+		lb := LowerBoundAllToAllVHosts(mat, hosts, links)
+		if est := EstimateStaged(mat, hosts, links); est < lb*(1-1e-12) {
+			t.Fatalf("staged estimated %v below the bound %v for %v on hosts %v", est, lb, mat, hosts)
+		}
+		for _, a := range []Algo{AlgoPairwise, AlgoFullmesh} {
+			if est := EstimateAllToAllV(a, mat, p, 1, 0, links.Flat(h)); est < lb*(1-1e-12) {
+				t.Fatalf("%v estimated %v below the bound %v for %v on hosts %v", a, est, lb, mat, hosts)
+			}
+		}
 	}
 }

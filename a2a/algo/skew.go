@@ -201,7 +201,8 @@ func ChooseAllToAllVMatrix(world, hosts, streams, window int, matrix []int, link
 
 // LowerBoundAllToAllV is the time no AllToAllV schedule can beat under link:
 // the busiest rank's bytes sent or received to or from other ranks (the
-// largest off-diagonal row or column sum) at full bandwidth, plus one Alpha.
+// largest off-diagonal row or column sum) at full bandwidth (Lanes transfers
+// at 1/Beta each), plus one Alpha.
 // Skew-aware ordering aims at it; when plain pairwise is already close (a
 // hot receiver bounds every schedule), no ordering can gain much.
 func LowerBoundAllToAllV(matrix []int, world int, link Link) float64 {
@@ -211,5 +212,5 @@ func LowerBoundAllToAllV(matrix []int, world int, link Link) float64 {
 	// Not newCounts, which refuses negative entries: the bound checks only
 	// the matrix's shape and sums it as given.
 	busiest := counts{m: matrix, p: world}.busiest(nil)
-	return link.Alpha + float64(link.Beta*float64(busiest))
+	return link.Alpha + link.fullRate(float64(busiest))
 }

@@ -333,6 +333,33 @@ func TestPlan(t *testing.T) {
 	if _, err := a2ad(t, ctx, "plan", "--algo", "bogus").CombinedOutput(); err == nil {
 		t.Error("unknown algorithm accepted")
 	}
+	// No candidate beats the lower bound, on one host or across hosts
+	// (where every candidate pays the remote link).
+	for _, hosts := range []string{"1", "4"} {
+		out, err := a2ad(t, ctx, "plan", "-n", "8", "--hosts", hosts, "--sizes", "64K", "--dist", "zipf:1.5", "--rounds", "0").CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		estimates := map[string]float64{}
+		bound := -1.0
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			switch {
+			case len(f) > 2 && f[1] == "estimated":
+				estimates[f[0]], _ = strconv.ParseFloat(f[2], 64)
+			case len(f) > 2 && f[0] == "lower" && f[1] == "bound":
+				bound, _ = strconv.ParseFloat(f[2], 64)
+			}
+		}
+		if bound <= 0 || len(estimates) < 4 {
+			t.Fatalf("hosts %s: no lower bound or too few estimates:\n%s", hosts, out)
+		}
+		for a, est := range estimates {
+			if est < bound {
+				t.Errorf("hosts %s: %s estimated %.1f us, below the lower bound %.1f us", hosts, a, est, bound)
+			}
+		}
+	}
 }
 
 func TestBenchCollectives(t *testing.T) {

@@ -104,7 +104,7 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 				cut[*rank] = -1
 				args.LLCutoff = cut
 				err = algo.PlanLL(&s, args)
-				est = fmt.Sprintf("%10.1f", algo.EstimateLL(m, *n, *streams, *window, *llBytes, links.Local)*1e6)
+				est = fmt.Sprintf("%10.1f", algo.EstimateLL(m, *n, *streams, *window, *llBytes, link)*1e6)
 			case algo.AlgoStaged:
 				err = algo.PlanStaged(&s, algo.StagedArgs{Rank: *rank, World: *n, Matrix: m, Hosts: hostOf, Streams: *streams})
 				est = fmt.Sprintf("%10.1f", algo.EstimateStaged(m, hostOf, links)*1e6)
@@ -120,7 +120,7 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 				printRounds(s.String(), *rounds)
 			}
 		}
-		fmt.Printf("lower bound %10.1f us (busiest rank's bytes at full bandwidth)\n", algo.LowerBoundAllToAllV(m, *n, link)*1e6)
+		fmt.Printf("lower bound %10.1f us (busiest rank's bytes at full bandwidth; across hosts, or the busiest host's over its ranks' remote links)\n", algo.LowerBoundAllToAllVHosts(m, hostOf, links)*1e6)
 		fmt.Printf("# planned in %v\n", time.Since(start).Round(time.Microsecond))
 	}
 	return nil
