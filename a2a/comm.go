@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -186,13 +187,13 @@ func (c *Comm) join(ctx context.Context) error {
 		m.Abort(err)
 		return err
 	}
-	spin, yield, shared := waitPolicy(cfg.Spin, cfg.Yield, m.Nodes(), c.rank)
-	c.eng = newEngine(c.tr, c.rank, c.size, cfg.Streams, m.Epoch(), spin, yield, c.stopped)
+	w := waitPolicy(cfg.Spin, cfg.Yield, m.Nodes(), c.rank, hostCPUs())
+	c.eng = newEngine(c.tr, c.rank, c.size, cfg.Streams, m.Epoch(), w.spin, w.yield, c.stopped)
 	c.eng.timeout = cfg.Timeout
 	for r, h := range c.hosts {
 		c.eng.sameHost[r] = r != c.rank && h == c.hosts[c.rank]
 	}
-	c.eng.sharedProcess = shared
+	c.eng.sharedProcess, c.eng.crowded = w.sharedProcess, w.crowded
 	c.llCut = c.llCutoffs()
 	c.llBarrier = c.llCut != nil && c.size <= llBarrierMaxRanks
 	for r := range c.size {
@@ -372,14 +373,24 @@ const (
 	defaultYield = time.Millisecond
 )
 
-// waitPolicy resolves Config.Spin and Config.Yield. By default a rank
-// busy-polls, then yields, then parks; when its host runs more ranks than it
-// may use cores a spinning rank would hold the core the rank it waits for
-// needs, so it does not spin (Open MPI's yield_when_idle makes the same
-// call). Ranks that are goroutines of one process (tests, in-process groups)
-// share the process's Ps instead of cores: shared reports them, so the
-// engine also yields to goroutines.
-func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, rank int) (time.Duration, time.Duration, bool) {
+// waiting is how a rank waits (see waitPolicy).
+type waiting struct {
+	spin, yield time.Duration
+	// sharedProcess: other ranks are goroutines of this process.
+	sharedProcess bool
+	// crowded: this host runs more ranks than it has CPUs, so ranks share
+	// cores.
+	crowded bool
+}
+
+// waitPolicy resolves Config.Spin and Config.Yield for a host with
+// hostCPUs CPUs. By default a rank busy-polls, then yields, then parks; when
+// its host runs more ranks than it may use cores a spinning rank would hold
+// the core the rank it waits for needs, so it does not spin (Open MPI's
+// yield_when_idle makes the same call). Ranks that are goroutines of one
+// process (tests, in-process groups) share the process's Ps instead of
+// cores: sharedProcess reports them, so the engine also yields to goroutines.
+func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, rank, hostCPUs int) waiting {
 	local, shared := 0, false
 	for r, n := range nodes {
 		if n.Host == nodes[rank].Host {
@@ -400,7 +411,36 @@ func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, rank int) (
 	if yield == 0 {
 		yield = defaultYield
 	}
-	return spin, yield, shared
+	return waiting{spin: spin, yield: yield, sharedProcess: shared, crowded: local > hostCPUs}
+}
+
+// hostCPUs is the number of CPUs online on this host (not only those this
+// process may use), or runtime.NumCPU if the kernel does not say.
+func hostCPUs() int {
+	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if n := cpuListLen(strings.TrimSpace(string(b))); err == nil && n > 0 {
+		return n
+	}
+	return runtime.NumCPU()
+}
+
+// cpuListLen counts the CPUs of a kernel CPU list ("0-3,8,10-11"), or
+// returns 0 for a malformed one.
+func cpuListLen(list string) int {
+	n := 0
+	for _, part := range strings.Split(list, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		first, err := strconv.Atoi(lo)
+		last := first
+		if err == nil && isRange {
+			last, err = strconv.Atoi(hi)
+		}
+		if err != nil || first < 0 || last < first {
+			return 0
+		}
+		n += last - first + 1
+	}
+	return n
 }
 
 // watchControl turns a control-plane abort (another rank failed, a peer

@@ -8,11 +8,13 @@ import (
 	"math/rand/v2"
 	"net"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"a2a/a2a/control"
 	"a2a/internal/natsd"
 )
 
@@ -621,4 +623,49 @@ func TestExternalNATSServer(t *testing.T) {
 		_, err := c.ExchangeCounts(context.Background(), []int{1, 2, 3, 4})
 		return err
 	}))
+}
+
+func TestWaitPolicy(t *testing.T) {
+	ncpu := runtime.NumCPU()
+	node := func(host string, pid int) control.NodeInfo { return control.NodeInfo{Host: host, PID: pid} }
+	// n ranks on host "a", each its own process, and one rank on host "b".
+	group := func(n int) []control.NodeInfo {
+		nodes := []control.NodeInfo{node("b", 1)}
+		for r := range n {
+			nodes = append(nodes, node("a", 10+r))
+		}
+		return nodes
+	}
+	for _, c := range []struct {
+		name        string
+		spin        time.Duration
+		nodes       []control.NodeInfo
+		hostCPUs    int
+		wantSpin    time.Duration
+		wantShared  bool
+		wantCrowded bool
+	}{
+		{"a core each", 0, group(1), 2, defaultSpin, false, false},
+		{"more ranks than usable cores", 0, group(ncpu + 1), ncpu + 1, 0, false, false},
+		{"more ranks than the host's CPUs", 0, group(ncpu + 1), ncpu, 0, false, true},
+		{"spin forced", 7 * time.Microsecond, group(ncpu + 1), ncpu, 7 * time.Microsecond, false, true},
+		{"spin off", -1, group(1), 2, 0, false, false},
+		{"goroutine ranks", 0, []control.NodeInfo{node("a", 5), node("a", 5)}, 2 * ncpu, defaultSpin, true, false},
+	} {
+		w := waitPolicy(c.spin, 0, c.nodes, len(c.nodes)-1, c.hostCPUs)
+		if w.spin != c.wantSpin || w.yield != defaultYield || w.sharedProcess != c.wantShared || w.crowded != c.wantCrowded {
+			t.Errorf("%s: %+v, want spin %v yield %v sharedProcess %v crowded %v", c.name, w, c.wantSpin, defaultYield, c.wantShared, c.wantCrowded)
+		}
+	}
+}
+
+func TestCPUListLen(t *testing.T) {
+	for list, want := range map[string]int{"0": 1, "0-1": 2, "0-3,8,10-11": 7, "": 0, "1-0": 0, "x": 0, "0-": 0, "-1": 0} {
+		if got := cpuListLen(list); got != want {
+			t.Errorf("cpuListLen(%q) = %d, want %d", list, got, want)
+		}
+	}
+	if n := hostCPUs(); n < runtime.NumCPU() {
+		t.Errorf("hostCPUs() = %d, below the %d this process may use", n, runtime.NumCPU())
+	}
 }

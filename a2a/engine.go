@@ -37,6 +37,8 @@ type engine struct {
 	// sharedProcess: other ranks are goroutines of this process, which a
 	// waiting rank must let run too.
 	sharedProcess bool
+	// crowded: this host runs more ranks than it has CPUs (see post).
+	crowded bool
 
 	sendOps []transport.SendOp
 	recvOps []transport.RecvOp
@@ -277,7 +279,7 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 				return fault.New(fault.ErrInvalidArgument, st.Peer, "schedule step %s to peer %d", st.Kind, st.Peer)
 			}
 			var err error
-			if st.Kind == algo.StepStore && e.slotBytes(st.Peer) > 0 {
+			if st.Kind == algo.StepStore && e.slotBytes(st.Peer) > 0 && e.crowded {
 				oneSided = true // stored after the rest of the round
 				continue
 			}
@@ -293,10 +295,13 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 			return fault.New(fault.ErrInvalidArgument, -1, "schedule step kind %s not supported by the engine", st.Kind)
 		}
 	}
-	// One-sided stores go last: each must fetch the peer's cache line, and
-	// until the line arrives the core's later stores queue behind it. After
-	// the rest of the round's bookkeeping, the fetches overlap the first
-	// polls instead (4 ranks on 2 cores, 8 B AllToAll: 3.50 -> 3.35 us).
+	// On a crowded host one-sided stores go last: each must fetch the
+	// peer's cache line, and until the line arrives the core's later stores
+	// queue behind it. After the rest of the round's bookkeeping, the
+	// fetches overlap the first polls instead (4 ranks on 2 cores, 8 B
+	// AllToAll: 3.58 -> 3.45 us). A rank with a core of its own stores
+	// first: storing last, its first poll came too early and cost a
+	// sched_yield round trip (2 ranks: 0.36 -> 0.64 us).
 	if oneSided {
 		for i := range steps {
 			if st := &steps[i]; st.Kind == algo.StepStore && e.slotBytes(st.Peer) > 0 {
