@@ -126,6 +126,15 @@ func (m *mixedTransport) Load(peer int, epoch, tag uint32, dst []byte, anyLen bo
 	return s.Load(peer, epoch, tag, dst, anyLen, st)
 }
 
+// Rebalance rebalances every part that can.
+func (m *mixedTransport) Rebalance() {
+	for _, p := range m.parts {
+		if pl, ok := p.(transport.Placer); ok {
+			pl.Rebalance()
+		}
+	}
+}
+
 // BeginBatch starts a batch on every part with a one-sided window.
 func (m *mixedTransport) BeginBatch() bool {
 	for i, w := range m.windows {

@@ -329,6 +329,14 @@ type Slots interface {
 	EndBatch()
 }
 
+// Placer is implemented by transports that see where the ranks of this host
+// run: Rebalance moves the calling thread off a CPU that holds more of them
+// than another (see shm.Transport.Rebalance). The engine calls it now and
+// then while it yields on a host with more ranks than CPUs.
+type Placer interface {
+	Rebalance()
+}
+
 // SlotTagBits is the width of an LL message's tag.
 const SlotTagBits = 8
 

@@ -48,7 +48,9 @@
 // payload bytes (little endian) in its low half and the LL epoch in its high
 // half; the length word carries the payload length. Store writes the data
 // words with plain 8-byte stores (atomic on amd64) and the length word last
-// with an atomic store, the one fence of a message; Load takes, with atomic
+// with a release store; in a batch (BeginBatch) nothing waits for the peer's
+// line to arrive, and a parked peer is woken when the batch waits or ends.
+// Load takes, with atomic
 // loads, the words that carry its epoch, so a message needs no stamp, no ring
 // head and no acknowledgment, and the receiver's wait is one cache miss on a
 // line the sender just wrote. No word is ever cleared (see transport.Slots).
@@ -58,7 +60,9 @@
 // acknowledging a descriptor bumps the peer's doorbell and wakes it, but only
 // when the peer announced that it sleeps, so the busy path makes no syscalls.
 // A peer's Close wakes it too; a peer killed outright is noticed when the
-// park ends (the engine parks for at most 10 ms at a time).
+// park ends (the engine parks for at most 10 ms at a time). With more ranks
+// than CPUs, every rank publishes the CPU it polls on in its segment, and
+// Rebalance moves a rank off a CPU that holds two more ranks than another.
 //
 // Cleanup: segment files never outlive Open. Every rank marks itself attached
 // in each peer's segment once it mapped it, and a rank unlinks its own file as

@@ -28,7 +28,7 @@ const (
 	lineSize = 128
 
 	segMagic   = 0x31304d4853413241 // "A2ASHM01"
-	segVersion = 2
+	segVersion = 3
 
 	// Header fields written once by the owner before it publishes offMagic.
 	offMagic   = 0  // u64, stored last
@@ -46,11 +46,12 @@ const (
 	offSegSize = 72 // u64
 	offSlot    = 80 // u64 LL slot payload bytes (0: no LL window)
 
-	offClosed   = 1 * lineSize  // u32: the owner closed its transport
-	offRefused  = offClosed + 4 // u32: world rank + 1 of a peer whose configuration differs
-	offSleeping = 2 * lineSize  // u32: waiters parked on the doorbell
-	offBell     = 3 * lineSize  // u32: the doorbell futex word
-	offAttached = 4 * lineSize  // u32 per local index: that rank mapped this segment
+	offClosed   = 1 * lineSize    // u32: the owner closed its transport
+	offRefused  = offClosed + 4   // u32: world rank + 1 of a peer whose configuration differs
+	offSleeping = 2 * lineSize    // u32: waiters parked on the doorbell
+	offCPU      = offSleeping + 4 // u32: CPU + 1 the owner last polled on (Rebalance), 0: unknown
+	offBell     = 3 * lineSize    // u32: the doorbell futex word
+	offAttached = 4 * lineSize    // u32 per local index: that rank mapped this segment
 
 	// Ring control page.
 	ctlHead  = 0            // u64 bytes ever consumed (receiver)
@@ -150,6 +151,7 @@ type segment struct {
 	closed   *atomic.Uint32
 	sleeping *atomic.Uint32
 	bell     *atomic.Uint32
+	cpu      *atomic.Uint32
 }
 
 func u64at(mem []byte, off int) *atomic.Uint64 { return (*atomic.Uint64)(unsafe.Pointer(&mem[off])) }
@@ -164,6 +166,7 @@ func newSegment(mem []byte, rank, pid int) *segment {
 		closed:   u32at(mem, offClosed),
 		sleeping: u32at(mem, offSleeping),
 		bell:     u32at(mem, offBell),
+		cpu:      u32at(mem, offCPU),
 	}
 }
 

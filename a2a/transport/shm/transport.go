@@ -55,6 +55,12 @@ type Transport struct {
 	guard    transport.Guard // protects the mappings for Wait and Wake
 	log      *slog.Logger
 
+	// Rebalance's view: the CPUs this process may use (as at Open) and
+	// scratch counts of local ranks by CPU.
+	mask   unix.CPUSet
+	cpus   []int
+	perCPU []int
+
 	// An LL batch (BeginBatch): the goroutine making it owns these.
 	batch    bool
 	bellsDue bool          // some llPeer.bellDue is set
@@ -137,6 +143,7 @@ func Open(ctx context.Context, cfg Config) (*Transport, error) {
 	}
 	t.initConns()
 	t.initSlots()
+	t.initPlacement()
 	t.log.Debug("shm: open", "rank", t.rank, "local", cfg.Local, "streams", t.streams,
 		"ring", cfg.RingBytes, "slot", cfg.SlotBytes, "cma", t.cmaRecv, "zcopy", t.zthresh)
 	return t, nil

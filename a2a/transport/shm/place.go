@@ -1,0 +1,87 @@
+package shm
+
+import (
+	"runtime"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Rebalance moves the calling thread to the least crowded CPU this process
+// may use when the host's ranks sit unevenly on them: at least two more on
+// this rank's CPU than on that one. With more ranks than CPUs, ranks that
+// poll and yield keep every CPU busy, and the kernel's balancer, which pulls
+// work to idle CPUs and leaves tasks that ran recently in place, can leave
+// three ranks on one CPU and one on the other for hundreds of
+// milliseconds (4 ranks on 2 cores: 8 B AllToAll 5.4 us against 3.5 us).
+// Every rank publishes the CPU it last polled on in its segment; of the
+// ranks on a crowded CPU only the highest local index moves, so they do not
+// all leave. The thread's affinity is restored at once: the kernel remains
+// free to move it again. A rank that may use one CPU only never moves.
+func (t *Transport) Rebalance() {
+	if len(t.cpus) < 2 || len(t.segs) < 2 || !t.guard.Acquire() {
+		return
+	}
+	defer t.guard.Release()
+	cpu := currentCPU()
+	if cpu < 0 || cpu >= len(t.perCPU) {
+		return
+	}
+	if t.own.cpu.Load() != uint32(cpu+1) {
+		t.own.cpu.Store(uint32(cpu + 1))
+	}
+	clear(t.perCPU)
+	for i, seg := range t.segs {
+		c := int(seg.cpu.Load()) - 1
+		if c < 0 || c >= len(t.perCPU) {
+			continue
+		}
+		t.perCPU[c]++
+		if c == cpu && i > t.me {
+			return // a higher local index on this CPU moves instead
+		}
+	}
+	least := t.cpus[0]
+	for _, c := range t.cpus {
+		if t.perCPU[c] < t.perCPU[least] {
+			least = c
+		}
+	}
+	if t.perCPU[cpu] < t.perCPU[least]+2 {
+		return
+	}
+	var one unix.CPUSet
+	one.Set(least)
+	runtime.LockOSThread() // both calls must change this thread
+	defer runtime.UnlockOSThread()
+	if unix.SchedSetaffinity(0, &one) != nil {
+		return
+	}
+	unix.SchedSetaffinity(0, &t.mask)
+	t.own.cpu.Store(uint32(least + 1))
+	t.log.Debug("shm: moved to a less crowded CPU", "rank", t.rank, "from", cpu, "to", least, "ranks", t.perCPU[cpu])
+}
+
+// currentCPU is the CPU the calling thread runs on, or -1.
+func currentCPU() int {
+	var cpu uint32
+	if _, _, errno := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), 0, 0); errno != 0 {
+		return -1
+	}
+	return int(cpu)
+}
+
+// initPlacement records the CPUs this process may use, for Rebalance.
+func (t *Transport) initPlacement() {
+	if unix.SchedGetaffinity(0, &t.mask) != nil {
+		return
+	}
+	for c := 0; c < len(t.mask)*64 && len(t.cpus) < t.mask.Count(); c++ {
+		if t.mask.IsSet(c) {
+			t.cpus = append(t.cpus, c)
+		}
+	}
+	if len(t.cpus) > 0 {
+		t.perCPU = make([]int, t.cpus[len(t.cpus)-1]+1)
+	}
+}
