@@ -350,13 +350,17 @@ func (c *Comm) segmentedAllReduce(ctx context.Context, k *coll, args *algo.CollA
 	seg := allReduceSegment - allReduceSegment%k.dt.Size()
 	k.segmented = true
 	var a algo.Algo
+	var sched *algo.Schedule
 	for lo := 0; lo < k.bytes; lo += seg {
 		hi := min(lo+seg, k.bytes)
-		args.Bytes = hi - lo
 		var err error
-		var sched *algo.Schedule
-		if a, sched, err = c.planCollective(k, args); err != nil {
-			return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", k.name)
+		// A plan addresses its segment through the buffers, so every
+		// segment of one size runs the same plan: at most two plans.
+		if sched == nil || args.Bytes != hi-lo {
+			args.Bytes = hi - lo
+			if a, sched, err = c.planCollective(k, args); err != nil {
+				return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", k.name)
+			}
 		}
 		c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = k.send[lo:hi], k.recv[lo:hi]
 		err = c.eng.run(ctx, k.kind, seq, k.signature(), sched, &c.bufs)
