@@ -24,9 +24,10 @@
 # of vh<i> in the bridge namespace): a host's traffic to another crosses its own eth0 and the
 # other's vh, D/2 each. Ranks of one host talk over lo, unshaped. Without sch_netem, --rate
 # uses tbf on the same link ends, and --delay replaces the bridge with the user-space delay
-# line internal/cmd/delayswitch (built with go into the log directory, run in the bridge
-# namespace): an L2 learning switch over AF_PACKET sockets on vh0..vh<H-1> that forwards
-# every frame D after it arrived, so host-to-host frames, which cross it once, take D. It
+# line internal/cmd/delayswitch (bin/delayswitch from make build, else built with go into
+# the log directory; run in the bridge namespace): an L2 learning switch over AF_PACKET
+# sockets on vh0..vh<H-1> that forwards every frame D after it arrived, so host-to-host
+# frames, which cross it once, take D. It
 # reports the measured round trip h0-h1 at setup and its own counters, lateness and CPU use
 # at the end; DELAYSWITCH_FLAGS (e.g. "--spin 50us --rtprio 0") tune it. By default it
 # sleeps to each frame's due time rather than spinning before it (--spin 0): the simulated
@@ -394,14 +395,18 @@ if [ -n "$DELAY$RATE" ]; then
 fi
 SWITCH=""
 SWITCH_PID=""
-if [ "$USER_DELAY" = 1 ]; then
+if [ "$USER_DELAY" = 1 ] && [ -x "$ROOT/bin/delayswitch" ]; then
+	SWITCH=$ROOT/bin/delayswitch # make build
+elif [ "$USER_DELAY" = 1 ]; then
 	GO=${GO:-go}
 	command -v "$GO" >/dev/null 2>&1 ||
-		die 2 "--delay: this kernel lacks tc netem (CONFIG_NET_SCH_NETEM / module sch_netem) and there is no go ($GO) to build the user-space delay line"
+		die 2 "--delay: this kernel lacks tc netem (CONFIG_NET_SCH_NETEM / module sch_netem), there is no bin/delayswitch (make build) and no go ($GO) to build the user-space delay line"
 	SWITCH=$LOGDIR/delayswitch
 	if ! out=$(cd "$ROOT" && "$GO" build -o "$SWITCH" ./internal/cmd/delayswitch 2>&1); then
 		die 2 "--delay: building the user-space delay line failed: $out"
 	fi
+fi
+if [ "$USER_DELAY" = 1 ]; then
 	setup ip -n "$BRNS" link del br0 # the delay line is the switch
 fi
 for ((i = 0; i < HOSTS; i++)); do
