@@ -324,17 +324,23 @@ func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64) (algo.Alg
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = k.send, k.recv
 	err = c.eng.run(ctx, k.kind, seq, k.signature(), sched, &c.bufs)
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
-	if a == algo.AlgoLL {
-		// An LL barrier is all-to-all shaped (every pair exchanged a
-		// message), so it may advance the LL epoch like an AllToAllV.
-		c.eng.llEpoch = transport.NextEpoch(c.eng.llEpoch)
-	}
+	c.ranCollective(a)
 	if err == nil && k.op == Avg && len(k.recv) > 0 {
 		if err = reduce.Finish(k.dt, reduce.Avg, k.recv, c.size); err != nil {
 			err = fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "%s", k.name)
 		}
 	}
 	return a, err
+}
+
+// ranCollective follows every run of a collective schedule of algorithm a.
+// An LL one (Barrier, a small AllReduce) is all-to-all shaped, every pair
+// exchanged a message, so it may advance the LL epoch like an AllToAllV;
+// the next LL run must, or it would find this run's messages in the slots.
+func (c *Comm) ranCollective(a algo.Algo) {
+	if a == algo.AlgoLL {
+		c.eng.llEpoch = transport.NextEpoch(c.eng.llEpoch)
+	}
 }
 
 // allReduceSegment: a larger AllReduce runs as consecutive AllReduces of
@@ -365,6 +371,7 @@ func (c *Comm) segmentedAllReduce(ctx context.Context, k *coll, args *algo.CollA
 		c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = k.send[lo:hi], k.recv[lo:hi]
 		err = c.eng.run(ctx, k.kind, seq, k.signature(), sched, &c.bufs)
 		c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
+		c.ranCollective(a)
 		if err != nil {
 			return a, err
 		}

@@ -419,3 +419,47 @@ func TestSegmentedAllReduce(t *testing.T) {
 		}))
 	}
 }
+
+// TestAllReduceLL: on one host a small AllReduce is one LL round (the
+// reduction order the same on every rank, so results are bit-identical),
+// a larger one is not, and forcing ll on a size no slot carries falls back.
+func TestAllReduceLL(t *testing.T) {
+	url := startNATS(t)
+	for _, c := range []struct {
+		name   string
+		forced string
+		n      int // float32 elements
+		wantLL bool
+	}{
+		{"8 B", "", 2, true},
+		{"256 B", "", 64, true},
+		{"512 B", "", 128, false},
+		{"forced, 1 KiB", "ll", 256, false},
+		{"forced, 8 B", "ll", 2, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			logs := make([]*eventLog, 3)
+			comms := group(t, url, 3, func(cfg *Config) {
+				logs[cfg.Rank] = &eventLog{}
+				cfg.Observer, cfg.AlgoAllReduce = logs[cfg.Rank], c.forced
+			})
+			ref := reference(t, Float32, Sum, 3, c.n)
+			mustAll(t, onAll(comms, func(cm *Comm) error {
+				in := input(Float32, Sum, cm.Rank(), c.n)
+				if err := cm.AllReduce(context.Background(), in, in, Float32, Sum); err != nil {
+					return err
+				}
+				if !bytes.Equal(in, ref) {
+					return fmt.Errorf("rank %d: result differs from the reference", cm.Rank())
+				}
+				return nil
+			}))
+			for r, l := range logs {
+				ev, ok := l.last("allreduce")
+				if !ok || (ev.Algo == "ll") != c.wantLL {
+					t.Errorf("rank %d ran %q (reported %v), want ll %v", r, ev.Algo, ok, c.wantLL)
+				}
+			}
+		})
+	}
+}

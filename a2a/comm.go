@@ -59,10 +59,13 @@ type Comm struct {
 	// llBarrier: every peer has an LL slot, so Barrier is one LL round
 	// instead of log2(p) dissemination rounds.
 	llBarrier bool
-	links     algo.Links    // the link table all ranks agreed on at join
-	sched     algo.Schedule // the plan of a call planCache does not keep
-	plans     planCache
-	bufs      opBuffers
+	// llAllReduce: an AllReduce of at most this many bytes is one LL round
+	// (where Barrier is); -1 when none is.
+	llAllReduce int
+	links       algo.Links    // the link table all ranks agreed on at join
+	sched       algo.Schedule // the plan of a call planCache does not keep
+	plans       planCache
+	bufs        opBuffers
 	// scratch for AllToAll counts and the in-band counts exchange
 	equalSend, equalRecv []int
 	countsOut, countsIn  []byte
@@ -199,6 +202,15 @@ func (c *Comm) join(ctx context.Context) error {
 	for r := range c.size {
 		c.llBarrier = c.llBarrier && (r == c.rank || c.eng.slotBytes(r) > 0)
 	}
+	c.llAllReduce = -1
+	if c.llBarrier {
+		c.llAllReduce = llAllReduceBytes
+		for r, cut := range c.llCut {
+			if r != c.rank {
+				c.llAllReduce = min(c.llAllReduce, cut)
+			}
+		}
+	}
 	c.equalSend = make([]int, c.size)
 	c.equalRecv = make([]int, c.size)
 	c.countsOut = make([]byte, 8*c.size)
@@ -245,6 +257,14 @@ func evenHosts(hosts []int, numHosts int) bool {
 // (`a2ad bench --op barrier --transport shm`: 2 ranks 0.6-0.8 us against
 // 0.87 us for dissemination, 4 ranks on 2 cores 4.6 us against 5.2 us).
 const llBarrierMaxRanks = 64
+
+// llAllReduceBytes bounds the one-round LL AllReduce (also by the LL
+// cutoff). Its p-1 stores of 2n bytes and local reduction grow with n where
+// recursive doubling's log2(p) exchanges barely do; they meet near 256 B
+// (one host, in us, LL against recursive doubling: 2 ranks 8 B 0.57/0.83,
+// 256 B 0.93/0.92, 512 B 1.17/0.98; 4 ranks on 2 cores 8 B 4.02/5.59,
+// 256 B 5.20/6.00, 512 B 6.31/6.13).
+const llAllReduceBytes = 256
 
 // llCutoffs is the LL cutoff of every peer (algo.AllToAllVArgs.LLCutoff),
 // from settings and link classes both ends of a pair share: under auto

@@ -19,7 +19,7 @@ type Config struct {
 	WorldSize     int           // A2A_WORLD_SIZE number of ranks in the group
 	Secret        string        // A2A_SECRET     data-plane authentication
 	Algo          string        // A2A_ALGO       "" = auto | pairwise | fullmesh | staged | skew | ll (AllToAllV)
-	AlgoAllReduce string        // A2A_ALGO_ALLREDUCE "" = auto | ring | recdoubling | hierarchical
+	AlgoAllReduce string        // A2A_ALGO_ALLREDUCE "" = auto | ring | recdoubling | hierarchical | ll (small, one host; else auto)
 	Streams       int           // A2A_STREAMS    connections (and shm rings) per peer pair (default DefaultStreams)
 	Window        int           // A2A_WINDOW     peers in flight at once for fullmesh (default 4)
 	Timeout       time.Duration // A2A_TIMEOUT    per-operation deadline when ctx has none, from when the op first waits (default 60s)

@@ -81,6 +81,10 @@ type engine struct {
 	llTag    uint32 // the op kind, which LL messages carry
 	countOut []byte
 	countIn  []byte
+	// Staging of one-sided messages that carry a collective's signature
+	// after their data: the one being stored, and by peer the ones loading.
+	sigOut []byte
+	sigIn  [][]byte
 }
 
 // localCopy is a copy or reduce step still to do; it shrinks as chunks are done.
@@ -106,9 +110,12 @@ type activeOp struct {
 
 	// LL loads: slot is set when the message comes one-sided (else it is
 	// the frame recvOps[idx]); load is its progress; announce is set when
-	// the message is the announcement of a count-byte block.
+	// the message is the announcement of a count-byte block. sigDst, when
+	// set, is where the data goes once the signature after it in dst
+	// checked out.
 	slot     bool
 	dst      []byte
+	sigDst   []byte
 	load     transport.SlotLoad
 	announce bool
 	count    int
@@ -348,6 +355,13 @@ func (e *engine) postStore(kind transport.OpKind, seq uint64, st *algo.Step, buf
 	}
 	e.traffic.add(true, e.sameHost[st.Peer], len(data))
 	if room := e.slotBytes(st.Peer); room > 0 {
+		if e.aux != 0 {
+			// A frame carries the collective's signature in its header; a
+			// one-sided message carries it after the data, so ranks that
+			// run different reductions of one size are caught here too.
+			e.sigOut = binary.LittleEndian.AppendUint64(append(e.sigOut[:0], data...), e.aux)
+			data = e.sigOut
+		}
 		if len(data) > room {
 			return nSend, fault.New(fault.ErrInvalidArgument, st.Peer, "LL block of %d bytes for a %d-byte slot", len(data), room)
 		}
@@ -378,6 +392,15 @@ func (e *engine) postLoad(kind transport.OpKind, seq uint64, st *algo.Step, bufs
 	a := activeOp{peer: st.Peer, dst: dst, announce: st.CountOnly, count: st.Dst.Len}
 	if e.slotBytes(st.Peer) > 0 {
 		a.slot = true
+		if e.aux != 0 { // the message ends with the signature (postStore)
+			if e.sigIn == nil {
+				e.sigIn = make([][]byte, e.size)
+			}
+			if cap(e.sigIn[st.Peer]) < len(dst)+8 {
+				e.sigIn[st.Peer] = make([]byte, len(dst)+8)
+			}
+			a.dst, a.sigDst = e.sigIn[st.Peer][:len(dst)+8], dst
+		}
 	} else {
 		if nRecv == len(e.recvOps) {
 			e.recvOps = append(e.recvOps, transport.RecvOp{})
@@ -388,6 +411,17 @@ func (e *engine) postLoad(kind transport.OpKind, seq uint64, st *algo.Step, bufs
 	}
 	e.active = append(e.active, a)
 	return nRecv, nil
+}
+
+// checkSignature verifies the collective signature after the data of a
+// one-sided message and moves the data to its destination.
+func (e *engine) checkSignature(a *activeOp) error {
+	n := len(a.sigDst)
+	if got := binary.LittleEndian.Uint64(a.dst[n:]); got != e.aux {
+		return fault.New(fault.ErrMismatch, a.peer, "collective mismatch: rank %d runs signature %#x, this rank %#x (root, operator, type or size differ)", a.peer, got, e.aux)
+	}
+	copy(a.sigDst, a.dst[:n])
+	return nil
 }
 
 // checkCount verifies an LL length announcement against the block length
@@ -441,6 +475,11 @@ func (e *engine) progress(ctx context.Context) error {
 				a.done, moved = true, true
 				if a.announce {
 					if err := e.checkCount(a); err != nil {
+						return err
+					}
+				}
+				if a.sigDst != nil {
+					if err := e.checkSignature(a); err != nil {
 						return err
 					}
 				}

@@ -37,6 +37,12 @@ func (c *Comm) planInto(s *algo.Schedule, k *coll, a *algo.CollArgs) (algo.Algo,
 	switch k.name {
 	case "allreduce":
 		choice := c.allReduceAlgo
+		if choice == algo.AlgoLL && a.Bytes > c.llAllReduce {
+			choice = algo.AlgoAuto // a slot cannot carry it (or there are none)
+		}
+		if choice == algo.AlgoAuto && a.Bytes <= c.llAllReduce {
+			choice = algo.AlgoLL
+		}
 		if choice == algo.AlgoAuto {
 			choice = algo.ChooseAllReduce(c.size, a.Bytes, c.hosts, link)
 			if k.segmented && choice == algo.AlgoRecursiveDoubling {
@@ -82,10 +88,10 @@ func parseAllReduceAlgo(name string) (algo.Algo, error) {
 		return a, fault.Wrap(fault.ErrInvalidArgument, -1, err, "A2A_ALGO_ALLREDUCE")
 	}
 	switch a {
-	case algo.AlgoAuto, algo.AlgoRing, algo.AlgoRecursiveDoubling, algo.AlgoHierarchical:
+	case algo.AlgoAuto, algo.AlgoRing, algo.AlgoRecursiveDoubling, algo.AlgoHierarchical, algo.AlgoLL:
 		return a, nil
 	}
-	return a, fault.New(fault.ErrInvalidArgument, -1, "algorithm %q is not available for AllReduce (ring, recdoubling, hierarchical)", name)
+	return a, fault.New(fault.ErrInvalidArgument, -1, "algorithm %q is not available for AllReduce (ring, recdoubling, hierarchical, ll)", name)
 }
 
 // planCacheSize is how many recent AllToAllV-shaped plans a Comm keeps. A

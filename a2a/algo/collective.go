@@ -460,6 +460,8 @@ func PlanAllReduce(s *Schedule, algo Algo, a CollArgs) error {
 		return PlanAllReduceRecursiveDoubling(s, a)
 	case AlgoHierarchical:
 		return PlanAllReduceHierarchical(s, a)
+	case AlgoLL:
+		return PlanAllReduceLL(s, a)
 	}
 	return fmt.Errorf("allreduce: no %v algorithm", algo)
 }

@@ -17,6 +17,7 @@ var collPlanners = []struct {
 }{
 	{"allreduce-ring", PlanAllReduceRing, collReduces},
 	{"allreduce-recdoubling", PlanAllReduceRecursiveDoubling, collReduces},
+	{"allreduce-ll", PlanAllReduceLL, collReduces},
 	{"allreduce-hierarchical", PlanAllReduceHierarchical, collReduces},
 	{"reducescatter-ring", PlanReduceScatterRing, collReduces},
 	{"allgather-ring", PlanAllGatherRing, 0},
@@ -168,6 +169,7 @@ func TestCollShapes(t *testing.T) {
 	}{
 		{"allreduce-ring", PlanAllReduceRing, nil, 14, 14},
 		{"allreduce-recdoubling", PlanAllReduceRecursiveDoubling, nil, 4, 3},
+		{"allreduce-ll", PlanAllReduceLL, nil, 5, 1},
 		{"allreduce-hierarchical 2x4", PlanAllReduceHierarchical, []int{0, 0, 0, 0, 1, 1, 1, 1}, 8, 8},
 		{"allreduce-hierarchical 4x2", PlanAllReduceHierarchical, []int{0, 0, 1, 1, 2, 2, 3, 3}, 8, 8},
 		{"allreduce-hierarchical one host", PlanAllReduceHierarchical, nil, 14, 14},
@@ -341,7 +343,7 @@ func TestPlanDispatch(t *testing.T) {
 	a := CollArgs{Rank: 0, World: 8, Bytes: 64, ElemSize: 4, DType: uint8(reduce.Float32), Op: uint8(reduce.Sum), Streams: 1,
 		Hosts: []int{0, 0, 0, 0, 1, 1, 1, 1}}
 	var s Schedule
-	for _, algo := range []Algo{AlgoRing, AlgoRecursiveDoubling, AlgoHierarchical} {
+	for _, algo := range []Algo{AlgoRing, AlgoRecursiveDoubling, AlgoHierarchical, AlgoLL} {
 		if err := PlanAllReduce(&s, algo, a); err != nil || s.Algo != algo {
 			t.Fatalf("PlanAllReduce(%v) = %v, planned %v", algo, err, s.Algo)
 		}

@@ -153,6 +153,8 @@ var collectives = []collective{
 		bufs: allReduceBufs, want: allReduceWant, identical: true},
 	{name: "allreduce-hierarchical", algo: AlgoHierarchical, plan: PlanAllReduceHierarchical, needs: collReduces, hier: true,
 		bufs: allReduceBufs, want: allReduceWant, identical: true},
+	{name: "allreduce-ll", algo: AlgoLL, plan: PlanAllReduceLL, needs: collReduces,
+		bufs: allReduceBufs, want: allReduceWant, identical: true},
 	{name: "reducescatter-ring", algo: AlgoRing, plan: PlanReduceScatterRing, needs: collReduces,
 		bufs: func(c *collCase, r int) ([]byte, []byte) {
 			send := make([]byte, c.bytes*c.p)
@@ -422,6 +424,13 @@ func checkCollSchedule(t *testing.T, name string, c *collCase, r int, s *Schedul
 		}
 		if st.Peer == r {
 			t.Fatalf("%s %v: rank %d talks to itself: %v", name, c, r, st)
+		}
+		if st.Kind == StepStore || st.Kind == StepLoad {
+			// An LL message is one store of the whole block, not frames.
+			if cur != nil {
+				t.Fatalf("%s %v: rank %d: message to/from %d interrupted by %v", name, c, r, cur.Peer, st)
+			}
+			continue
 		}
 		if cur != nil && (st.Kind != cur.Kind || st.Peer != cur.Peer) {
 			t.Fatalf("%s %v: rank %d: message to/from %d interrupted by %v", name, c, r, cur.Peer, st)
