@@ -426,22 +426,26 @@ func TestSegmentedAllReduce(t *testing.T) {
 func TestAllReduceLL(t *testing.T) {
 	url := startNATS(t)
 	for _, c := range []struct {
-		name   string
-		forced string
-		n      int // float32 elements
-		wantLL bool
+		name    string
+		forced  string
+		llBytes int // Config.LLBytes
+		n       int // float32 elements
+		wantLL  bool
 	}{
-		{"8 B", "", 2, true},
-		{"256 B", "", 64, true},
-		{"512 B", "", 128, false},
-		{"forced, 1 KiB", "ll", 256, false},
-		{"forced, 8 B", "ll", 2, true},
+		{"8 B", "", 0, 2, true},
+		{"256 B", "", 0, 64, true},
+		{"512 B", "", 0, 128, false},
+		{"forced, 1 KiB", "ll", 0, 256, false},
+		{"forced, 8 B", "ll", 0, 2, true},
+		// The message carries an 8-byte signature after the data.
+		{"64 B with a 64 B LL cutoff", "", 64, 16, false},
+		{"56 B with a 64 B LL cutoff", "", 64, 14, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			logs := make([]*eventLog, 3)
 			comms := group(t, url, 3, func(cfg *Config) {
 				logs[cfg.Rank] = &eventLog{}
-				cfg.Observer, cfg.AlgoAllReduce = logs[cfg.Rank], c.forced
+				cfg.Observer, cfg.AlgoAllReduce, cfg.LLBytes = logs[cfg.Rank], c.forced, c.llBytes
 			})
 			ref := reference(t, Float32, Sum, 3, c.n)
 			mustAll(t, onAll(comms, func(cm *Comm) error {

@@ -207,7 +207,8 @@ func (c *Comm) join(ctx context.Context) error {
 		c.llAllReduce = llAllReduceBytes
 		for r, cut := range c.llCut {
 			if r != c.rank {
-				c.llAllReduce = min(c.llAllReduce, cut)
+				// A collective's LL message ends with its 8-byte signature.
+				c.llAllReduce = min(c.llAllReduce, cut-8)
 			}
 		}
 	}
