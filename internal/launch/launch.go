@@ -46,7 +46,9 @@ type Spec struct {
 	// N does not exceed them. Oversubscribed ranks are left to the scheduler:
 	// bound to cores in turn, 4 ranks on 2 cores ran 8 B AllToAll steadily
 	// (4.8 us against 4.9-7.0 us) but 1 MiB slower (1160-1590 us against
-	// 1000-1290 us), and MoE steps are large.
+	// 1000-1290 us; again 800-1130 against 700-830 later), and MoE steps are
+	// large. Unbound, the ranks spread themselves evenly over the cores
+	// (shm.Transport.Rebalance), which the kernel alone did not.
 	// It names an executable that runs ExecPinned on `BindVia pin CPU PROG ARGS`
 	// (a2ad itself), so the affinity is set before PROG starts any thread.
 	BindVia string
