@@ -76,6 +76,7 @@ type engine struct {
 	// capacity by peer (0: none, the pair's LL messages go as frames), the
 	// epoch of the next run, and the 8-byte length announcements by peer.
 	slots    transport.Slots
+	slotOf   []transport.Slots // by peer: the part of slots that reaches it
 	slotRoom []int
 	llEpoch  uint32
 	llTag    uint32 // the op kind, which LL messages carry
@@ -126,10 +127,13 @@ func newEngine(tr transport.Transport, rank, size, streams int, epoch uint32, sp
 	placer, _ := tr.(transport.Placer)
 	// Slot capacities are fixed when the transport opens; every LL step
 	// asks, so they are read once.
-	room := make([]int, size)
+	room, slotOf := make([]int, size), make([]transport.Slots, size)
 	for peer := range room {
 		if slots != nil && peer != rank {
-			room[peer] = slots.SlotBytes(peer)
+			room[peer], slotOf[peer] = slots.SlotBytes(peer), slots
+			if m, ok := tr.(*mixedTransport); ok {
+				slotOf[peer] = m.slotsOf(peer) // one hop less per store and poll
+			}
 		}
 	}
 	return &engine{
@@ -139,6 +143,7 @@ func newEngine(tr transport.Transport, rank, size, streams int, epoch uint32, sp
 		sendFrames: make([]uint32, size*streams),
 		recvFrames: make([]uint32, size*streams),
 		slots:      slots,
+		slotOf:     slotOf,
 		placer:     placer,
 		llEpoch:    transport.FirstEpoch,
 		countOut:   make([]byte, 8*size),
@@ -365,7 +370,7 @@ func (e *engine) postStore(kind transport.OpKind, seq uint64, st *algo.Step, buf
 		if len(data) > room {
 			return nSend, fault.New(fault.ErrInvalidArgument, st.Peer, "LL block of %d bytes for a %d-byte slot", len(data), room)
 		}
-		if err := e.slots.Store(st.Peer, e.llEpoch, e.llTag, data); err != nil {
+		if err := e.slotOf[st.Peer].Store(st.Peer, e.llEpoch, e.llTag, data); err != nil {
 			return nSend, e.peerError(st.Peer, err)
 		}
 		return nSend, nil
@@ -452,7 +457,7 @@ func (e *engine) progress(ctx context.Context) error {
 				if a.load.Known {
 					before++
 				}
-				done, err = e.slots.Load(a.peer, e.llEpoch, e.llTag, a.dst, false, &a.load)
+				done, err = e.slotOf[a.peer].Load(a.peer, e.llEpoch, e.llTag, a.dst, false, &a.load)
 				after = a.load.Words
 				if a.load.Known {
 					after++
