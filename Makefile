@@ -6,7 +6,7 @@ A2AD     := $(BIN)/a2ad
 RACE_PKGS := ./a2a/... ./internal/... ./routing/... ./dispatch/... ./examples/...
 PKGS      := ./...
 
-.PHONY: all build demo test deps fmt-check vet unit bench bench-go bench-a2ad clean test-hosts test-hosts-if-root
+.PHONY: all build demo test deps fmt-check vet unit bench bench-go bench-a2ad compare clean test-hosts test-hosts-if-root
 
 all: build
 
@@ -53,6 +53,10 @@ bench: bench-go bench-a2ad
 bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x ./a2a/...
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 20x ./dispatch/
+
+# Open MPI against a2a on this machine, one run (installs Open MPI on first use).
+compare: build
+	./scripts/compare-mpi.sh
 
 bench-a2ad: build
 	$(A2AD) bench -n 2 --sizes 8:1M --check
