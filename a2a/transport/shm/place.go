@@ -16,8 +16,9 @@ import (
 // milliseconds (4 ranks on 2 cores: 8 B AllToAll 5.4 us against 3.5 us).
 // Every rank publishes the CPU it last polled on in its segment; of the
 // ranks on a crowded CPU only the highest local index moves, so they do not
-// all leave. The thread's affinity is restored at once: the kernel remains
-// free to move it again. A rank that may use one CPU only never moves.
+// all leave, and only to a CPU its thread may use. The thread's affinity is
+// restored at once: the kernel remains free to move it again. A rank that
+// may use one CPU only never moves.
 func (t *Transport) Rebalance() {
 	if len(t.cpus) < 2 || len(t.segs) < 2 || !t.guard.Acquire() {
 		return
@@ -30,6 +31,31 @@ func (t *Transport) Rebalance() {
 	if t.own.cpu.Load() != uint32(cpu+1) {
 		t.own.cpu.Store(uint32(cpu + 1))
 	}
+	least := t.target(cpu)
+	if least < 0 {
+		return
+	}
+	// The thread's affinity as it is now (the application may have changed
+	// it since Open): the target must be in it, and it is what is restored.
+	runtime.LockOSThread() // every call below must concern this thread
+	defer runtime.UnlockOSThread()
+	var mask, one unix.CPUSet
+	if unix.SchedGetaffinity(0, &mask) != nil || !mask.IsSet(least) {
+		return
+	}
+	one.Set(least)
+	if unix.SchedSetaffinity(0, &one) != nil {
+		return
+	}
+	unix.SchedSetaffinity(0, &mask)
+	t.own.cpu.Store(uint32(least + 1))
+	t.log.Debug("shm: moved to a less crowded CPU", "rank", t.rank, "from", cpu, "to", least, "ranks", t.perCPU[cpu])
+}
+
+// target is the CPU a rank on cpu moves to, or -1 to stay: the CPU this
+// process may use with the fewest local ranks, if cpu holds at least two
+// more and this rank has the highest local index of those on cpu.
+func (t *Transport) target(cpu int) int {
 	clear(t.perCPU)
 	for i, seg := range t.segs {
 		c := int(seg.cpu.Load()) - 1
@@ -38,28 +64,19 @@ func (t *Transport) Rebalance() {
 		}
 		t.perCPU[c]++
 		if c == cpu && i > t.me {
-			return // a higher local index on this CPU moves instead
+			return -1 // a higher local index on this CPU moves instead
 		}
 	}
-	least := t.cpus[0]
+	least := -1
 	for _, c := range t.cpus {
-		if t.perCPU[c] < t.perCPU[least] {
+		if least < 0 || t.perCPU[c] < t.perCPU[least] {
 			least = c
 		}
 	}
-	if t.perCPU[cpu] < t.perCPU[least]+2 {
-		return
+	if least < 0 || t.perCPU[cpu] < t.perCPU[least]+2 {
+		return -1
 	}
-	var one unix.CPUSet
-	one.Set(least)
-	runtime.LockOSThread() // both calls must change this thread
-	defer runtime.UnlockOSThread()
-	if unix.SchedSetaffinity(0, &one) != nil {
-		return
-	}
-	unix.SchedSetaffinity(0, &t.mask)
-	t.own.cpu.Store(uint32(least + 1))
-	t.log.Debug("shm: moved to a less crowded CPU", "rank", t.rank, "from", cpu, "to", least, "ranks", t.perCPU[cpu])
+	return least
 }
 
 // currentCPU is the CPU the calling thread runs on, or -1.
@@ -73,11 +90,12 @@ func currentCPU() int {
 
 // initPlacement records the CPUs this process may use, for Rebalance.
 func (t *Transport) initPlacement() {
-	if unix.SchedGetaffinity(0, &t.mask) != nil {
+	var mask unix.CPUSet
+	if unix.SchedGetaffinity(0, &mask) != nil {
 		return
 	}
-	for c := 0; c < len(t.mask)*64 && len(t.cpus) < t.mask.Count(); c++ {
-		if t.mask.IsSet(c) {
+	for c := 0; c < len(mask)*64 && len(t.cpus) < mask.Count(); c++ {
+		if mask.IsSet(c) {
 			t.cpus = append(t.cpus, c)
 		}
 	}

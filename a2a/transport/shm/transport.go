@@ -57,7 +57,6 @@ type Transport struct {
 
 	// Rebalance's view: the CPUs this process may use (as at Open) and
 	// scratch counts of local ranks by CPU.
-	mask   unix.CPUSet
 	cpus   []int
 	perCPU []int
 
