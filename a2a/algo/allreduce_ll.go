@@ -28,10 +28,7 @@ func PlanAllReduceLL(s *Schedule, a CollArgs) error {
 	// (CollArgs.InPlace) the reduction into recv would overwrite this
 	// rank's input before its turn.
 	s.Add(Step{Kind: StepCopy, Src: Span{Buf: BufSend, Len: n}, Dst: input(r)})
-	for k := 1; k < p; k++ {
-		s.Add(Step{Kind: StepStore, Peer: (r + k) % p, Src: Span{Buf: BufSend, Len: n}})
-		s.Add(Step{Kind: StepLoad, Peer: mod(r-k, p), Dst: input(mod(r-k, p))})
-	}
+	s.addLLExchange(r, p, func(int) Span { return Span{Buf: BufSend, Len: n} }, input)
 	s.EndRound()
 	// A binary tree over the slots, one level per round (the steps of a
 	// round run concurrently, so each touches slots of its own).

@@ -141,14 +141,15 @@ func (s *Schedule) displacements(a *AllToAllVArgs) (sd, rd []int) {
 // [f*block, (f+1)*block) of the message, travels on stream f % streams, and the
 // final frame carries Last.
 func (s *Schedule) addMessage(kind StepKind, peer int, span Span, streams, block int) {
-	for f := range FrameCount(span.Len, block) {
-		s.addFrame(kind, peer, span, f, streams, block)
+	nf := FrameCount(span.Len, block)
+	for f := range nf {
+		s.addFrame(kind, peer, span, f, nf, streams, block)
 	}
 }
 
-// addFrame appends frame f of a message cut by addMessage's rule.
-func (s *Schedule) addFrame(kind StepKind, peer int, span Span, f, streams, block int) {
-	nf := FrameCount(span.Len, block)
+// addFrame appends frame f of the nf frames of a message cut by
+// addMessage's rule.
+func (s *Schedule) addFrame(kind StepKind, peer int, span Span, f, nf, streams, block int) {
 	off := f * block
 	sub := Span{Buf: span.Buf, Off: span.Off + off, Len: min(block, span.Len-off)}
 	st := Step{Kind: kind, Peer: peer, Stream: f % streams, Last: f == nf-1}
@@ -201,11 +202,11 @@ func (a *AllToAllVArgs) exchangeFrames(to, from, block int) int {
 // block from peer `from`, each only if that direction has a frame f: the
 // shorter direction (or one that went by LL) sits out the later sub-rounds.
 func (s *Schedule) addExchangeFrame(a *AllToAllVArgs, sd, rd []int, to, from, f, block int) {
-	if f < a.frames(to, a.SendCounts[to], block) {
-		s.addFrame(StepSend, to, Span{Buf: BufSend, Off: sd[to], Len: a.SendCounts[to]}, f, a.Streams, block)
+	if nf := a.frames(to, a.SendCounts[to], block); f < nf {
+		s.addFrame(StepSend, to, Span{Buf: BufSend, Off: sd[to], Len: a.SendCounts[to]}, f, nf, a.Streams, block)
 	}
-	if f < a.frames(from, a.RecvCounts[from], block) {
-		s.addFrame(StepRecv, from, Span{Buf: BufRecv, Off: rd[from], Len: a.RecvCounts[from]}, f, a.Streams, block)
+	if nf := a.frames(from, a.RecvCounts[from], block); f < nf {
+		s.addFrame(StepRecv, from, Span{Buf: BufRecv, Off: rd[from], Len: a.RecvCounts[from]}, f, nf, a.Streams, block)
 	}
 }
 

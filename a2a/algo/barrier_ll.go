@@ -16,12 +16,19 @@ func PlanBarrierLL(s *Schedule, a CollArgs) error {
 		return err
 	}
 	s.resetColl(AlgoLL, &a)
-	p, r := a.World, a.Rank
-	empty := Span{Buf: BufScratch}
-	for k := 1; k < p; k++ {
-		s.Add(Step{Kind: StepStore, Peer: (r + k) % p, Src: empty})
-		s.Add(Step{Kind: StepLoad, Peer: mod(r-k, p), Dst: empty})
-	}
+	empty := func(int) Span { return Span{Buf: BufScratch} }
+	s.addLLExchange(a.Rank, a.World, empty, empty)
 	s.EndRound()
 	return nil
+}
+
+// addLLExchange appends an LL message to and from every other rank: k
+// steps around the ring, a store to rank+k of src(rank+k) and a load from
+// rank-k into dst(rank-k).
+func (s *Schedule) addLLExchange(rank, world int, src, dst func(peer int) Span) {
+	for k := 1; k < world; k++ {
+		to, from := (rank+k)%world, mod(rank-k, world)
+		s.Add(Step{Kind: StepStore, Peer: to, Src: src(to)})
+		s.Add(Step{Kind: StepLoad, Peer: from, Dst: dst(from)})
+	}
 }

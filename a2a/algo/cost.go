@@ -120,10 +120,10 @@ func (c counts) at(i, j int) int {
 }
 
 // busiest is the largest off-diagonal row or column sum of c counting only
-// the entries keep accepts (every one when keep is nil): the bytes the
-// busiest rank sends or receives, which bounds any schedule carrying them
-// at one rank's bandwidth.
-func (c counts) busiest(keep func(n int) bool) int {
+// the entries keep accepts (n bytes from rank i to rank j; every entry when
+// keep is nil): the bytes the busiest rank sends or receives, which bounds
+// any schedule carrying them at one rank's bandwidth.
+func (c counts) busiest(keep func(i, j, n int) bool) int {
 	b := 0
 	for i := range c.p {
 		sent, recvd := 0, 0
@@ -131,10 +131,10 @@ func (c counts) busiest(keep func(n int) bool) int {
 			if j == i {
 				continue
 			}
-			if n := c.at(i, j); keep == nil || keep(n) {
+			if n := c.at(i, j); keep == nil || keep(i, j, n) {
 				sent += n
 			}
-			if n := c.at(j, i); keep == nil || keep(n) {
+			if n := c.at(j, i); keep == nil || keep(j, i, n) {
 				recvd += n
 			}
 		}

@@ -52,19 +52,17 @@ func (s *Schedule) Describe(w io.Writer) error {
 	for i := 0; i < s.NumRounds(); i++ {
 		steps := s.Round(i)
 		var tot [StepRecvReduce + 1]int
+		ll := 0
 		for _, st := range steps {
-			if int(st.Kind) < len(tot) {
+			switch {
+			case int(st.Kind) < len(tot):
 				tot[st.Kind] += stepBytes(st)
+			case (st.Kind == StepStore || st.Kind == StepLoad) && !st.CountOnly:
+				ll += stepBytes(st)
 			}
 		}
 		tot[StepRecv] += tot[StepRecvReduce]
 		tot[StepReduce] += tot[StepRecvReduce]
-		ll := 0
-		for _, st := range steps {
-			if (st.Kind == StepStore || st.Kind == StepLoad) && !st.CountOnly {
-				ll += st.Src.Len + st.Dst.Len
-			}
-		}
 		ew.printf("round %d: send %d B, recv %d B, copy %d B", i, tot[StepSend], tot[StepRecv], tot[StepCopy])
 		if ll > 0 {
 			ew.printf(", LL %d B", ll)

@@ -131,41 +131,23 @@ func LowerBoundAllToAllVHosts(matrix []int, hosts []int, links Links) float64 {
 	if w == 0 || len(matrix) != w*w {
 		return math.Inf(1)
 	}
-	ordinal := map[int]int{}
-	hostOf := make([]int, w)
-	for r, id := range hosts {
-		o, ok := ordinal[id]
-		if !ok {
-			o = len(ordinal)
-			ordinal[id] = o
-		}
-		hostOf[r] = o
-	}
-	if len(ordinal) == 1 {
+	var s Schedule
+	t := s.numberHosts(hosts)
+	if t.hosts == 1 {
 		return LowerBoundAllToAllV(matrix, w, links.Local)
 	}
-	ranks := make([]int, len(ordinal))
-	hostOut, hostIn := make([]int, len(ordinal)), make([]int, len(ordinal))
-	localOut, localIn := make([]int, w), make([]int, w)
+	hostOf, ranks := t.host, t.fwd[:t.hosts]
+	hostOut, hostIn := make([]int, t.hosts), make([]int, t.hosts)
 	for r := range w {
-		ranks[hostOf[r]]++
 		for j := range w {
-			n := matrix[r*w+j]
-			switch {
-			case r == j:
-			case hostOf[r] == hostOf[j]:
-				localOut[r] += n
-				localIn[j] += n
-			default:
-				hostOut[hostOf[r]] += n
-				hostIn[hostOf[j]] += n
+			if hostOf[r] != hostOf[j] {
+				hostOut[hostOf[r]] += matrix[r*w+j]
+				hostIn[hostOf[j]] += matrix[r*w+j]
 			}
 		}
 	}
-	local, remote := 0, 0.0
-	for r := range w {
-		local = max(local, localOut[r], localIn[r])
-	}
+	local := counts{m: matrix, p: w}.busiest(func(i, j, _ int) bool { return hostOf[i] == hostOf[j] })
+	remote := 0.0
 	for h := range ranks {
 		remote = max(remote, float64(max(hostOut[h], hostIn[h]))/float64(ranks[h]))
 	}

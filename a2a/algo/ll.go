@@ -36,7 +36,7 @@ func EstimateLL(matrix []int, world, streams, window, cutoff int, link Link) flo
 	if !ok {
 		return math.Inf(1)
 	}
-	busiest := m.busiest(func(n int) bool { return n <= cutoff })
+	busiest := m.busiest(func(_, _, n int) bool { return n <= cutoff })
 	// The blocks above cutoff only announce their length by LL; their bytes
 	// follow as fullmesh frames, priced on a matrix of them alone.
 	rest := make([]int, world*world)
@@ -48,7 +48,7 @@ func EstimateLL(matrix []int, world, streams, window, cutoff int, link Link) flo
 			}
 		}
 	}
-	t := link.Alpha + float64(link.Beta*float64(2*busiest))
+	t := linkTime(2*busiest, link)
 	if large {
 		t += EstimateAllToAllV(AlgoFullmesh, rest, world, streams, window, link)
 	}

@@ -190,8 +190,30 @@ func (t *hostTopology) before(matrix []int, h, ll, hh, l int) int {
 	return off
 }
 
-// topology groups ranks by host using s.work as storage.
+// topology groups ranks by host using s.work as storage; hosts must hold
+// equal numbers of ranks.
 func (s *Schedule) topology(hostIDs []int) (hostTopology, error) {
+	t := s.numberHosts(hostIDs)
+	w, counts := len(hostIDs), t.fwd
+	t.per = counts[0]
+	for k := 1; k < t.hosts; k++ {
+		if counts[k] != t.per {
+			return t, fmt.Errorf("%w: host %d has %d ranks, host %d has %d", ErrUnevenHosts, t.hostIDs[0], t.per, t.hostIDs[k], counts[k])
+		}
+	}
+	for r := range w {
+		t.members[t.host[r]*t.per+t.local[r]] = r
+	}
+	// fwd needs hosts+1 entries (the end of the last segment).
+	t.fwd = t.fwd[:t.hosts+1]
+	return t, nil
+}
+
+// numberHosts numbers the hosts of hostIDs in order of first appearance,
+// using s.work as storage: t.host[r] is rank r's host, t.local[r] its index
+// among that host's ranks, and, until topology fills it, t.fwd[h] counts
+// host h's ranks. Hosts may be uneven.
+func (s *Schedule) numberHosts(hostIDs []int) hostTopology {
 	w := len(hostIDs)
 	need := 7*w + 1
 	if cap(s.work) < need {
@@ -218,16 +240,5 @@ func (s *Schedule) topology(hostIDs []int) (hostTopology, error) {
 		t.host[r], t.local[r] = ord, counts[ord]
 		counts[ord]++
 	}
-	t.per = counts[0]
-	for k := 1; k < t.hosts; k++ {
-		if counts[k] != t.per {
-			return t, fmt.Errorf("%w: host %d has %d ranks, host %d has %d", ErrUnevenHosts, t.hostIDs[0], t.per, t.hostIDs[k], counts[k])
-		}
-	}
-	for r := range w {
-		t.members[t.host[r]*t.per+t.local[r]] = r
-	}
-	// fwd needs hosts+1 entries (the end of the last segment).
-	t.fwd = t.fwd[:t.hosts+1]
-	return t, nil
+	return t
 }
