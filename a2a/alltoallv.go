@@ -184,12 +184,11 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 		err = algo.PlanStaged(&c.sched, algo.StagedArgs{Rank: c.rank, World: c.size, Matrix: matrix, Hosts: c.hosts, Streams: c.cfg.Streams})
 	}
 	args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts, Streams: c.cfg.Streams, Window: c.cfg.Window}
-	sched := &c.sched
+	sched, allLL := &c.sched, false
 	if err == nil && (a == algo.AlgoPairwise || a == algo.AlgoFullmesh || a == algo.AlgoLL) {
 		// These plans depend on the counts and the Comm's settings only.
 		args.LLCutoff = c.llCut
-		var entry *cachedPlan
-		var planned bool
+		entry, planned := (*cachedPlan)(nil), false
 		if sched, entry, planned = c.plans.lookup("alltoallv", a, sendCounts, recvCounts); !planned {
 			switch a {
 			case algo.AlgoPairwise:
@@ -202,12 +201,14 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 			if err != nil {
 				entry.forget()
 			}
+			entry.allLL = args.AllLL()
 		}
+		allLL = entry.allLL
 	}
 	if err != nil {
 		return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", a)
 	}
-	if args.AllLL() {
+	if allLL {
 		a = algo.AlgoLL // for reports: no block of this rank went by frames
 	}
 	c.lastAlgo = a

@@ -36,9 +36,7 @@ func AllocBuffer(n int) ([]byte, error) {
 		unix.MunmapPtr(p, head)
 	}
 	start := unsafe.Add(p, head)
-	if tail := hugePage - head; tail > 0 {
-		unix.MunmapPtr(unsafe.Add(start, size), tail)
-	}
+	unix.MunmapPtr(unsafe.Add(start, size), hugePage-head) // head < hugePage: never empty
 	b := unsafe.Slice((*byte)(start), size)
 	// Only advice: without THP the buffer still works with base pages.
 	_ = unix.Madvise(b, unix.MADV_HUGEPAGE)

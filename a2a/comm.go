@@ -17,7 +17,6 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,6 +30,7 @@ import (
 	"a2a/a2a/transport"
 	"a2a/a2a/transport/shm"
 	"a2a/a2a/transport/tcp"
+	"a2a/internal/cpus"
 )
 
 // Comm is one rank's communicator. Its methods are collectives: every rank of
@@ -190,13 +190,8 @@ func (c *Comm) join(ctx context.Context) error {
 		m.Abort(err)
 		return err
 	}
-	w := waitPolicy(cfg.Spin, cfg.Yield, m.Nodes(), c.rank, hostCPUs())
-	c.eng = newEngine(c.tr, c.rank, c.size, cfg.Streams, m.Epoch(), w.spin, w.yield, c.stopped)
-	c.eng.timeout = cfg.Timeout
-	for r, h := range c.hosts {
-		c.eng.sameHost[r] = r != c.rank && h == c.hosts[c.rank]
-	}
-	c.eng.sharedProcess, c.eng.crowded = w.sharedProcess, w.crowded
+	w := waitPolicy(cfg.Spin, cfg.Yield, m.Nodes(), c.rank, cpus.Online())
+	c.eng = newEngine(c.tr, c.rank, c.size, cfg.Streams, m.Epoch(), w, c.hosts, cfg.Timeout, c.stopped)
 	c.llCut = c.llCutoffs()
 	c.llBarrier = c.llCut != nil && c.size <= llBarrierMaxRanks
 	for r := range c.size {
@@ -433,35 +428,6 @@ func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, rank, hostC
 		yield = defaultYield
 	}
 	return waiting{spin: spin, yield: yield, sharedProcess: shared, crowded: local > hostCPUs}
-}
-
-// hostCPUs is the number of CPUs online on this host (not only those this
-// process may use), or runtime.NumCPU if the kernel does not say.
-func hostCPUs() int {
-	b, err := os.ReadFile("/sys/devices/system/cpu/online")
-	if n := cpuListLen(strings.TrimSpace(string(b))); err == nil && n > 0 {
-		return n
-	}
-	return runtime.NumCPU()
-}
-
-// cpuListLen counts the CPUs of a kernel CPU list ("0-3,8,10-11"), or
-// returns 0 for a malformed one.
-func cpuListLen(list string) int {
-	n := 0
-	for _, part := range strings.Split(list, ",") {
-		lo, hi, isRange := strings.Cut(part, "-")
-		first, err := strconv.Atoi(lo)
-		last := first
-		if err == nil && isRange {
-			last, err = strconv.Atoi(hi)
-		}
-		if err != nil || first < 0 || last < first {
-			return 0
-		}
-		n += last - first + 1
-	}
-	return n
 }
 
 // watchControl turns a control-plane abort (another rank failed, a peer

@@ -658,14 +658,3 @@ func TestWaitPolicy(t *testing.T) {
 		}
 	}
 }
-
-func TestCPUListLen(t *testing.T) {
-	for list, want := range map[string]int{"0": 1, "0-1": 2, "0-3,8,10-11": 7, "": 0, "1-0": 0, "x": 0, "0-": 0, "-1": 0} {
-		if got := cpuListLen(list); got != want {
-			t.Errorf("cpuListLen(%q) = %d, want %d", list, got, want)
-		}
-	}
-	if n := hostCPUs(); n < runtime.NumCPU() {
-		t.Errorf("hostCPUs() = %d, below the %d this process may use", n, runtime.NumCPU())
-	}
-}

@@ -31,14 +31,8 @@ type engine struct {
 	size    int
 	streams int
 	epoch   uint32
-	spin    time.Duration
-	yield   time.Duration
+	waiting              // spin, yield, sharedProcess, crowded (see post)
 	stopped func() error // abort cause or nil, checked while waiting
-	// sharedProcess: other ranks are goroutines of this process, which a
-	// waiting rank must let run too.
-	sharedProcess bool
-	// crowded: this host runs more ranks than it has CPUs (see post).
-	crowded bool
 	// placer spreads this host's ranks over its CPUs (nil if the transport
 	// cannot); placed is when this rank last asked it to.
 	placer transport.Placer
@@ -122,7 +116,9 @@ type activeOp struct {
 	count    int
 }
 
-func newEngine(tr transport.Transport, rank, size, streams int, epoch uint32, spin, yield time.Duration, stopped func() error) *engine {
+// newEngine makes the engine of rank of size ranks on tr; hosts gives every
+// rank's host, timeout is Config.Timeout.
+func newEngine(tr transport.Transport, rank, size, streams int, epoch uint32, w waiting, hosts []int, timeout time.Duration, stopped func() error) *engine {
 	slots, _ := tr.(transport.Slots)
 	placer, _ := tr.(transport.Placer)
 	// Slot capacities are fixed when the transport opens; every LL step
@@ -136,10 +132,14 @@ func newEngine(tr transport.Transport, rank, size, streams int, epoch uint32, sp
 			}
 		}
 	}
+	sameHost := make([]bool, size)
+	for r, h := range hosts {
+		sameHost[r] = r != rank && h == hosts[rank]
+	}
 	return &engine{
 		slotRoom: room,
 		tr:       tr, rank: rank, size: size, streams: streams, epoch: epoch,
-		spin: spin, yield: yield, stopped: stopped,
+		waiting: w, timeout: timeout, stopped: stopped,
 		sendFrames: make([]uint32, size*streams),
 		recvFrames: make([]uint32, size*streams),
 		slots:      slots,
@@ -148,7 +148,7 @@ func newEngine(tr transport.Transport, rank, size, streams int, epoch uint32, sp
 		llEpoch:    transport.FirstEpoch,
 		countOut:   make([]byte, 8*size),
 		countIn:    make([]byte, 8*size),
-		sameHost:   make([]bool, size), // set by the Comm once hosts are known
+		sameHost:   sameHost,
 	}
 }
 

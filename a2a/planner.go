@@ -14,18 +14,14 @@ import (
 // the ranks agree without a round.
 func (c *Comm) planCollective(k *coll, a *algo.CollArgs) (algo.Algo, *algo.Schedule, error) {
 	if k.name == "barrier" {
-		choice := algo.AlgoDissemination
-		if c.llBarrier {
-			choice = algo.AlgoLL
-		}
-		s, entry, planned := c.plans.lookup(k.name, choice, nil, nil)
+		s, entry, planned := c.plans.lookup(k.name, algo.AlgoAuto, nil, nil)
 		if !planned {
 			if _, err := c.planInto(s, k, a); err != nil {
 				entry.forget()
-				return choice, s, err
+				return s.Algo, s, err
 			}
 		}
-		return choice, s, nil
+		return s.Algo, s, nil
 	}
 	choice, err := c.planInto(&c.sched, k, a)
 	return choice, &c.sched, err
@@ -117,6 +113,7 @@ type cachedPlan struct {
 	algo       algo.Algo
 	send, recv []int
 	sched      algo.Schedule
+	allLL      bool // AllToAllVArgs.AllLL of the planned call: reported as ll
 }
 
 // lookup returns the schedule planned for op with algorithm a and these

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"a2a/internal/cpus"
 )
 
 // Spec describes the ranks to start.
@@ -71,21 +73,6 @@ func ExecPinned(cpu int, prog string, args []string) error {
 	return syscall.Exec(path, append([]string{prog}, args...), os.Environ())
 }
 
-// cpus lists the CPUs this process may run on.
-func cpus() []int {
-	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &set); err != nil {
-		return nil
-	}
-	var out []int
-	for c := 0; c < len(set)*64 && len(out) < set.Count(); c++ {
-		if set.IsSet(c) {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
 // RankError says which rank failed first and how; Others lists the ranks that
 // failed after it (typically with ErrPeerLost).
 type RankError struct {
@@ -135,7 +122,7 @@ func Run(ctx context.Context, spec Spec) error {
 	var outMu sync.Mutex
 	var bindTo []int
 	if spec.BindVia != "" {
-		if c := cpus(); spec.N <= len(c) {
+		if c := cpus.Allowed(); spec.N <= len(c) {
 			bindTo = c
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"a2a/internal/cpus"
 )
 
 // Rebalance moves the calling thread to the least crowded CPU this process
@@ -90,16 +92,7 @@ func currentCPU() int {
 
 // initPlacement records the CPUs this process may use, for Rebalance.
 func (t *Transport) initPlacement() {
-	var mask unix.CPUSet
-	if unix.SchedGetaffinity(0, &mask) != nil {
-		return
-	}
-	for c := 0; c < len(mask)*64 && len(t.cpus) < mask.Count(); c++ {
-		if mask.IsSet(c) {
-			t.cpus = append(t.cpus, c)
-		}
-	}
-	if len(t.cpus) > 0 {
+	if t.cpus = cpus.Allowed(); len(t.cpus) > 0 {
 		t.perCPU = make([]int, t.cpus[len(t.cpus)-1]+1)
 	}
 }

@@ -149,10 +149,12 @@ func (t *Transport) store(peer int, epoch uint32, tag uint32, data []byte) error
 	}
 	storeRelease(&w[0], uint64(n)|uint64(tag)<<lenBits|hi)
 	t.stats[i].llSent.add(uint64(8 * (1 + nw)))
-	p.bellDue, t.bellsDue = true, true
-	if !t.batch {
-		t.ringDue()
+	if t.batch {
+		p.bellDue, t.bellsDue = true, true
+		return nil
 	}
+	t.fence.Add(1) // as in ringDue: the stores are visible before the check
+	ringBell(t.segs[i])
 	return nil
 }
 
@@ -172,9 +174,10 @@ func (t *Transport) EndBatch() {
 	t.guard.Release()
 }
 
-// ringDue wakes the parked peers whose slots were stored into since it last
-// ran: after every Store, or in a batch when it waits or ends. Until then a
-// parked peer may sleep on; it re-checks within maxPark of its own.
+// ringDue wakes the parked peers whose slots a batch stored into since it
+// last ran, when the batch waits or ends (a Store outside a batch rings at
+// once). Until then a parked peer may sleep on; it re-checks within maxPark
+// of its own.
 func (t *Transport) ringDue() {
 	if !t.bellsDue {
 		return
