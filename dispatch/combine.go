@@ -16,8 +16,8 @@ import (
 // For large steps (an output of streamBytes or more) the rows of the next
 // token are prefetched while this one is summed (they sit anywhere in
 // megabytes of outputs, each row a new stream the hardware prefetcher would
-// only pick up after a few misses), and the sums are written with streaming
-// stores.
+// only pick up after a few misses), and the sums of two kept slots are
+// written with streaming stores where the vector kernel can (see vecAxpby).
 func (h *Handle) weightedSum() {
 	d := h.d
 	K, rb, dt := d.cfg.K, d.rowBytes, d.cfg.DType

@@ -52,6 +52,17 @@ func ParseCountsMode(s string) (CountsMode, error) {
 	return 0, fmt.Errorf("%w: counts mode %q: want inband or nats", a2a.ErrInvalidArgument, s)
 }
 
+// ParseRowPath parses "auto" and "alltoallv".
+func ParseRowPath(s string) (RowPath, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "auto":
+		return RowsAuto, nil
+	case "alltoallv":
+		return RowsAllToAllV, nil
+	}
+	return 0, fmt.Errorf("%w: row path %q: want auto or alltoallv", a2a.ErrInvalidArgument, s)
+}
+
 // HeaderAlign is the alignment, in bytes, of the per-block row-count header of
 // [CountsNATS] mode, so that the rows after it keep the alignment of the
 // buffer for any element type.
@@ -167,6 +178,7 @@ type Dispatcher struct {
 	hostPeers        bool          // sharedWith holds a true: this rank's buffers must be shareable
 	views            views         // peers' segments mapped here; used by exec only
 	segGen           atomic.Uint64 // numbers this rank's segments
+	pid              int           // this process's, which peers open its segments by (read once: a system call)
 
 	jobs       chan *Handle
 	inflight   atomic.Int32 // jobs queued or running on the worker

@@ -348,24 +348,22 @@ func (h *Handle) runDispatch() error {
 	// in rank order as the AllToAllV delivers them, then those written
 	// through shared memory, in rank order.
 	off = h.selfBytes
-	for _, shared := range []bool{false, true} {
-		for i := range P {
-			if i != me && d.sharedWith[i] == shared {
-				h.recvDispl[i] = off
-				off += h.recvCounts[i]
-			}
-		}
-		if !shared {
-			h.remoteRecv = off - h.selfBytes
-		}
-	}
-	h.recvDispl[me] = h.selfBytes
 	for i := range P {
 		h.a2aRecv[i] = 0
 		if i != me && !d.sharedWith[i] {
+			h.recvDispl[i] = off
 			h.a2aRecv[i] = h.recvCounts[i]
+			off += h.recvCounts[i]
 		}
 	}
+	h.remoteRecv = off - h.selfBytes
+	for i := range P {
+		if d.sharedWith[i] { // never this rank
+			h.recvDispl[i] = off
+			off += h.recvCounts[i]
+		}
+	}
+	h.recvDispl[me] = h.selfBytes
 	if d.shared {
 		if err := h.growRecv(off, 0); err != nil {
 			return err

@@ -47,12 +47,15 @@ type segment struct {
 // segmentName names the memfds (as /proc shows them: "/memfd:a2a-dispatch (deleted)").
 const segmentName = "a2a-dispatch"
 
-// segmentAlign rounds segment sizes so that growing steps do not remap every
-// time.
+// segmentAlign is what sharedBuffer rounds the sizes of the buffers it grows
+// to, so that growing steps do not remap every time.
 const segmentAlign = 2 << 20
 
+// newSegment creates a segment of size bytes, rounded up to whole pages (what
+// the mapping takes anyway): the caller decides how much room to leave for
+// growth, so that a small segment such as New's probe costs one page.
 func newSegment(size int, gen uint64) (*segment, error) {
-	size = alignUp(max(size, 1), segmentAlign)
+	size = alignUp(max(size, 1), os.Getpagesize())
 	fd, err := unix.MemfdCreate(segmentName, unix.MFD_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
@@ -233,10 +236,13 @@ func mapPeer(pid, fd, size int) ([]byte, error) {
 // host holds two ranks (every rank knows that alike); d.sharedWith, d.shared
 // and d.exchange then come out the same on every rank.
 func (d *Dispatcher) probeShared(ctx context.Context) error {
-	c, P, me := d.comm, d.size, d.rank
+	P, me := d.size, d.rank
+	// Once here rather than in every step's descriptors: os.Getpid is a
+	// system call.
+	d.pid = os.Getpid()
 	canMap := make([]byte, P*P) // canMap[i*P+j] = 1: rank i mapped rank j's probe
-	if anyColocated(c, P) {
-		if err := d.probe(ctx, canMap); err != nil {
+	if some, mine := colocation(d.comm, me); some {
+		if err := d.probe(ctx, canMap, mine); err != nil {
 			return err
 		}
 	}
@@ -246,7 +252,9 @@ func (d *Dispatcher) probeShared(ctx context.Context) error {
 			if i == j {
 				continue
 			}
-			ok := c.Host(i) == c.Host(j) && canMap[i*P+j] == 1 && canMap[j*P+i] == 1
+			// A rank only maps the probes of its own host's ranks: no
+			// need to compare hosts again.
+			ok := canMap[i*P+j] == 1 && canMap[j*P+i] == 1
 			if i == me {
 				d.sharedWith[j] = ok
 				d.hostPeers = d.hostPeers || ok
@@ -260,18 +268,15 @@ func (d *Dispatcher) probeShared(ctx context.Context) error {
 
 // probe fills canMap (P*P) with every rank's view: whether it could map the
 // probe segment of each same-host rank and read back that rank's token.
-func (d *Dispatcher) probe(ctx context.Context, canMap []byte) error {
+// colocated says whether another rank shares this rank's host.
+func (d *Dispatcher) probe(ctx context.Context, canMap []byte, colocated bool) error {
 	c, P, me := d.comm, d.size, d.rank
-	colocated := false
-	for r := range P {
-		colocated = colocated || (r != me && c.Host(r) == c.Host(me))
-	}
 	willing := colocated && d.cfg.Rows == RowsAuto && c.Config().Transport != "tcp"
 	send, recv := make([]byte, descriptorBytes*P), make([]byte, descriptorBytes*P)
 	var probe *segment
 	if willing {
 		var err error
-		if probe, err = newSegment(1, 0); err != nil {
+		if probe, err = newSegment(8, 0); err != nil { // room for the token
 			d.log.Info("dispatch: shared memory unavailable", "rank", me, "err", err)
 			willing = false
 		}
@@ -279,12 +284,11 @@ func (d *Dispatcher) probe(ctx context.Context, canMap []byte) error {
 	defer probe.free()
 	// The token a peer must read back: this rank and process, so that a
 	// stale or foreign descriptor cannot pass.
-	pid := os.Getpid()
 	if willing {
-		binary.LittleEndian.PutUint64(probe.mem, uint64(pid)<<16|uint64(me))
+		binary.LittleEndian.PutUint64(probe.mem, uint64(d.pid)<<16|uint64(me))
 		for j := range P {
 			if j != me && c.Host(j) == c.Host(me) {
-				descriptor{pid: pid, fd: probe.fd, size: len(probe.mem), off: 0, len: 8}.put(send[descriptorBytes*j:])
+				descriptor{pid: d.pid, fd: probe.fd, size: len(probe.mem), off: 0, len: 8}.put(send[descriptorBytes*j:])
 			}
 		}
 	}
@@ -317,16 +321,17 @@ func (d *Dispatcher) probe(ctx context.Context, canMap []byte) error {
 	return c.AllGather(ctx, mine, canMap)
 }
 
-// anyColocated reports whether some host holds two ranks of the group.
-func anyColocated(c *a2a.Comm, P int) bool {
-	seen := make(map[int]bool, P)
-	for r := range P {
-		if seen[c.Host(r)] {
-			return true
-		}
-		seen[c.Host(r)] = true
+// colocation reports whether some host holds two ranks of c's group (the
+// same on every rank) and whether rank me's host does.
+func colocation(c *a2a.Comm, me int) (some, mine bool) {
+	ranks := make(map[int]int, c.Size()) // per host
+	for r := range c.Size() {
+		ranks[c.Host(r)]++
 	}
-	return false
+	for _, n := range ranks {
+		some = some || n > 1
+	}
+	return some, ranks[c.Host(me)] > 1
 }
 
 // ErrSharedMemory is wrapped by the errors of creating this rank's shared
@@ -422,12 +427,11 @@ func (h *Handle) observeShared(combine bool) {
 // block(i) of seg; for the others, nothing.
 func (h *Handle) putDescriptors(seg *segment, block func(i int) (off, n int)) {
 	d := h.d
-	pid := os.Getpid()
 	clear(h.descOut)
 	for i := range d.size {
 		if d.sharedWith[i] {
 			off, n := block(i)
-			descriptor{pid: pid, fd: seg.fd, gen: seg.gen, size: len(seg.mem), off: off, len: n}.put(h.descOut[descriptorBytes*i:])
+			descriptor{pid: d.pid, fd: seg.fd, gen: seg.gen, size: len(seg.mem), off: off, len: n}.put(h.descOut[descriptorBytes*i:])
 		}
 	}
 }
@@ -485,12 +489,14 @@ func (h *Handle) outputSegment() (*segment, int, bool) {
 }
 
 // sharedBuffer returns a buffer of n bytes in *seg, replacing the segment
-// (and keeping its first keep bytes) if it is too small.
+// (and keeping its first keep bytes) if it is too small. A new segment gets
+// a quarter more than n, rounded up to segmentAlign, so that the steps that
+// follow, which usually differ a little, fit in it.
 func (h *Handle) sharedBuffer(seg **segment, n, keep int) ([]byte, error) {
 	if s := *seg; s != nil && len(s.mem) >= n {
 		return s.mem[:n], nil
 	}
-	s, err := newSegment(n+n/4, h.d.segGen.Add(1))
+	s, err := newSegment(alignUp(max(n+n/4, 1), segmentAlign), h.d.segGen.Add(1))
 	if err != nil {
 		return nil, fmt.Errorf("%w: buffer of %d bytes: %w", ErrSharedMemory, n, err)
 	}

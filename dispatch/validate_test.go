@@ -256,3 +256,28 @@ func nan() float32 {
 	z := float32(0)
 	return z / z
 }
+
+// TestParseRowPath checks that ParseRowPath reads back what RowPath.String
+// writes, and refuses anything else with ErrInvalidArgument.
+func TestParseRowPath(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want RowPath
+		ok   bool
+	}{
+		{"auto", RowsAuto, true},
+		{"alltoallv", RowsAllToAllV, true},
+		{" AllToAllV ", RowsAllToAllV, true},
+		{RowsAllToAllV.String(), RowsAllToAllV, true},
+		{"", 0, false},
+		{"shm", 0, false},
+	} {
+		got, err := ParseRowPath(tc.in)
+		switch {
+		case !tc.ok && !errors.Is(err, a2a.ErrInvalidArgument):
+			t.Errorf("ParseRowPath(%q) = %v, %v, want ErrInvalidArgument", tc.in, got, err)
+		case tc.ok && (err != nil || got != tc.want):
+			t.Errorf("ParseRowPath(%q) = %v, %v, want %v", tc.in, got, err, tc.want)
+		}
+	}
+}

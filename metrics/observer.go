@@ -376,8 +376,12 @@ func (o *Observer) ObserveCombine(d time.Duration) { o.combineDuration.Observe(s
 // memory (rows written into same-host peers' buffers, expert outputs read
 // from them) under peer_class="local". Negative counts are ignored.
 func (o *Observer) ObserveSharedTraffic(sent, received int64) {
-	addBytes(o.sentLocal, o.sentRemote, sent, sent)
-	addBytes(o.recvLocal, o.recvRemote, received, received)
+	if sent > 0 {
+		o.sentLocal.Add(float64(sent))
+	}
+	if received > 0 {
+		o.recvLocal.Add(float64(received))
+	}
 }
 
 // seconds converts d to seconds, clamping the negative durations a

@@ -112,12 +112,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.counts, err = dispatch.ParseCountsMode(*counts); err != nil {
 		return o, fmt.Errorf("--counts %q: inband or nats", *counts)
 	}
-	switch *rows {
-	case "auto":
-		o.rows = dispatch.RowsAuto
-	case "alltoallv":
-		o.rows = dispatch.RowsAllToAllV
-	default:
+	if o.rows, err = dispatch.ParseRowPath(*rows); err != nil {
 		return o, fmt.Errorf("--rows %q: auto or alltoallv", *rows)
 	}
 	switch {
