@@ -31,8 +31,15 @@ for tr in $TRANSPORTS; do
 		"$PEERS" "ompi-$tr" "$n" "$SIZES" uniform 2>&1 |
 			sed -n 's/^RESULT .* op=\([a-z]*\) .* peer_bytes=\([0-9]*\) .* med_us=\([0-9.]*\) .*/'"$tr $n"' ompi \1 \2 \3 -/p' >>"$out"
 		for op in $OPS; do
-			bin/a2ad bench --op "$op" -n "$n" --transport "$tr" --sizes "$SIZES" 2>&1 |
-				awk -v k="$tr $n a2a $op" '/^ +[0-9]/ {print k, $1, $4, $3}' >>"$out"
+			# One JSON object per row; pick size, p50_us and algo by key.
+			bin/a2ad bench --op "$op" -n "$n" --transport "$tr" --sizes "$SIZES" --json 2>&1 |
+				awk -v k="$tr $n a2a $op" '
+					function val(key,   v) {
+						if (!match($0, "\"" key "\": *(\"[^\"]*\"|[^,}]*)")) return ""
+						v = substr($0, RSTART, RLENGTH); sub(/^"[^"]*": */, "", v); gsub(/"/, "", v)
+						return v
+					}
+					/^\{.*"p50_us":/ {print k, val("size"), val("p50_us"), val("algo")}' >>"$out"
 		done
 	done
 done

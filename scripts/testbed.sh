@@ -125,6 +125,19 @@ now_us() { echo "${EPOCHREALTIME/./}"; }
 # secs formats a microsecond interval as seconds with two decimals.
 secs() { printf '%d.%02ds' $(($1 / 1000000)) $(($1 % 1000000 / 10000)); }
 
+# await PID LOG DEADLINE EXITED CMD...: waits until CMD succeeds, polling every 0.05 s.
+# Dies with EXITED and LOG's tail if PID exits first; returns 1 once SECONDS reaches
+# DEADLINE (the caller dies with its own message).
+await() {
+	local pid=$1 log=$2 deadline=$3 exited=$4
+	shift 4
+	until "$@"; do
+		kill -0 "$pid" 2>/dev/null || die 2 "$exited: $(tail -n 5 "$log")"
+		[ "$SECONDS" -lt "$deadline" ] || return 1
+		sleep 0.05
+	done
+}
+
 # ---- arguments ----------------------------------------------------------------------------
 
 need_arg() { [ "$2" -ge 2 ] || die 2 "$1 needs a value (see --help)"; }
@@ -229,12 +242,16 @@ if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
 	fi
 fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# need_exe VAR WHAT [HINT]: makes the path in VAR absolute; dies unless it is executable.
+need_exe() {
+	local -n exe=$1
+	case $exe in /*) ;; *) exe=$PWD/$exe ;; esac
+	[ -x "$exe" ] || die 2 "$2 binary $exe not found${3:+: $3}"
+}
 [ -n "$A2AD" ] || A2AD=$ROOT/bin/a2ad
-case $A2AD in /*) ;; *) A2AD=$PWD/$A2AD ;; esac
-[ -x "$A2AD" ] || die 2 "a2ad binary $A2AD not found: run make build, or pass --a2ad PATH"
+need_exe A2AD a2ad "run make build, or pass --a2ad PATH"
 if [ -n "$MOE" ]; then
-	case $MOE in /*) ;; *) MOE=$PWD/$MOE ;; esac
-	[ -x "$MOE" ] || die 2 "MoE binary $MOE not found"
+	need_exe MOE MoE
 elif [ -x "$ROOT/bin/moe" ]; then
 	MOE=$ROOT/bin/moe
 fi
@@ -437,12 +454,9 @@ if [ "$USER_DELAY" = 1 ]; then
 		"${ports[@]}" >"$LOGDIR/delayswitch.log" 2>&1 &
 	SWITCH_PID=$!
 	PIDS+=("$SWITCH_PID")
-	deadline=$((SECONDS + 5))
-	until grep -q '^delayswitch: ready' "$LOGDIR/delayswitch.log"; do
-		kill -0 "$SWITCH_PID" 2>/dev/null || die 2 "the delay line exited: $(tail -n 5 "$LOGDIR/delayswitch.log")"
-		[ "$SECONDS" -lt "$deadline" ] || die 2 "the delay line is not ready after 5s: $(tail -n 5 "$LOGDIR/delayswitch.log")"
-		sleep 0.05
-	done
+	await "$SWITCH_PID" "$LOGDIR/delayswitch.log" $((SECONDS + 5)) "the delay line exited" \
+		grep -q '^delayswitch: ready' "$LOGDIR/delayswitch.log" ||
+		die 2 "the delay line is not ready after 5s: $(tail -n 5 "$LOGDIR/delayswitch.log")"
 fi
 SHAPING="none"
 if [ -n "$DELAY$RATE" ]; then
@@ -471,12 +485,10 @@ SERVE_PID=$!
 PIDS+=("$SERVE_PID")
 # Wait until every host reaches the NATS port: the server listens and every link works.
 deadline=$((SECONDS + 15))
+reaches_nats() { timeout 2 ip netns exec "$(host_ns "$1")" bash -c "exec 3<>/dev/tcp/$H0IP/4222" 2>/dev/null; }
 for ((i = 0; i < HOSTS; i++)); do
-	until timeout 2 ip netns exec "$(host_ns "$i")" bash -c "exec 3<>/dev/tcp/$H0IP/4222" 2>/dev/null; do
-		kill -0 "$SERVE_PID" 2>/dev/null || die 2 "a2ad serve exited in $(host_ns 0): $(tail -n 5 "$LOGDIR/serve.log")"
-		[ "$SECONDS" -lt "$deadline" ] || die 2 "host $i ($(host_ns "$i")) cannot reach the control plane at $H0IP:4222 after 15s"
-		sleep 0.1
-	done
+	await "$SERVE_PID" "$LOGDIR/serve.log" "$deadline" "a2ad serve exited in $(host_ns 0)" reaches_nats "$i" ||
+		die 2 "host $i ($(host_ns "$i")) cannot reach the control plane at $H0IP:4222 after 15s"
 done
 T_SETUP=$(($(now_us) - T0))
 say "control plane at $NATS_URL in $(host_ns 0); setup took $(secs "$T_SETUP")"
@@ -505,18 +517,20 @@ JOB=0
 FAILED=()   # "name: reason" of failed checks
 REJECTED=() # algorithms a2ad rejected
 JOB_US=0    # duration of the last job
+JOB_OUT=""  # host 0's stdout of the last job
 ROW_RE='^\[rank 0\] +[0-9]+ +[0-9]+ '
 
 # run_job NAME ARGS...: runs `WORKER ARGS` as one job of H*L ranks, every host's ranks
 # started by `a2ad run` in its namespace, all hosts in parallel. WORKER is the caller's
 # local array (bash scoping is dynamic): call it through bench_job or moe_job.
 # Returns 0 when every host's run exits 0, 3 when a2ad rejected the --algo, 1 otherwise
-# (FAILED names the hosts). Logs: $LOGDIR/<job>.h<i>.{out,err}.
+# (FAILED names the hosts). Logs: $LOGDIR/<job>.h<i>.{out,err}; JOB_OUT is host 0's stdout.
 run_job() {
 	local name=$1
 	shift
 	JOB=$((JOB + 1))
 	local tag="$JOB.${name//\//-}" group="tb$RUN-$JOB-${name//\//-}" i
+	JOB_OUT=$LOGDIR/$tag.h0.out
 	local pids=() st=() t0
 	t0=$(now_us)
 	for ((i = 0; i < HOSTS; i++)); do
@@ -609,16 +623,16 @@ moe_job() {
 	run_job "$@"
 }
 
-# job_out NAME prints the file holding host 0's stdout of the last job, named NAME.
-job_out() { printf '%s' "$LOGDIR/$JOB.${1//\//-}.h0.out"; }
+# job_out prints the file holding host 0's stdout of the last job.
+job_out() { printf '%s' "$JOB_OUT"; }
 
 # rows prints rank 0's output of the last job's host 0 without the rank prefix.
-rows() { sed -n 's/^\[rank 0\] //p' "$(job_out "$1")"; }
+rows() { sed -n 's/^\[rank 0\] //p' "$(job_out)"; }
 
 # check_rows NAME NROWS: rank 0 printed NROWS rows, all with check=ok.
 check_rows() {
 	local name=$1 want=$2 out n bad
-	out=$(job_out "$name")
+	out=$(job_out)
 	n=$(grep -cE "$ROW_RE" "$out")
 	bad=$(grep -E "$ROW_RE" "$out" | awk '$NF != "ok"' | head -n 3)
 	if [ "$n" != "$want" ] || [ -n "$bad" ] || grep -q fail "$out"; then
@@ -651,7 +665,7 @@ for algo in "${ALGO_LIST[@]}"; do
 		if check_rows "$name" "$N_CHECK_SIZES"; then
 			CHECKED+=("$algo")
 			say "ok   $name in $(secs "$JOB_US")"
-			rows "$name" | grep -v '^#' | sed 's/^/    /'
+			rows | grep -v '^#' | sed 's/^/    /'
 		fi
 		;;
 	*) ACCEPTED+=("$algo") ;;
@@ -665,13 +679,13 @@ if bench_job "$name" --op alltoall "${CHECK_ARGS[@]}"; then
 	if check_rows "$name" "$N_CHECK_SIZES"; then
 		CHECKED+=("alltoall")
 		say "ok   $name in $(secs "$JOB_US")"
-		rows "$name" | grep -v '^#' | sed 's/^/    /'
+		rows | grep -v '^#' | sed 's/^/    /'
 	fi
 fi
 if [ -n "$MOE" ]; then
 	name="moe"
 	if moe_job "$name" -n "$WORLD" --experts $((2 * WORLD)) --tokens 48 --hidden 32 --ffn 16 --steps 3 --skew 1.1; then
-		out=$(job_out "$name")
+		out=$(job_out)
 		if grep -q "all 3 steps verified on $WORLD ranks" "$out"; then
 			CHECKED+=("moe")
 			say "ok   $name in $(secs "$JOB_US"): $(grep -m1 -o 'rows: .*' "$out" | sed 's/ (.*//')"
@@ -696,7 +710,7 @@ if [ "$CHECK_ONLY" = 0 ] && [ ${#FAILED[@]} -eq 0 ]; then
 		say "benchmark: alltoallv algo=$algo hosts=$HOSTS ranks/host=$LOCAL dist=$BENCH_DIST counts=$BENCH_COUNTS timing=$BENCH_TIMING shaping: $SHAPING"
 		if bench_job "$name" --op alltoallv --algo "$algo" --dist "$BENCH_DIST" --counts "$BENCH_COUNTS" \
 			--timing "$BENCH_TIMING" --sizes "$BENCH_SIZES"; then
-			rows "$name"
+			rows
 			BENCHED+=("$algo")
 		fi
 	done

@@ -354,8 +354,6 @@ func (b *bench) measure(ctx context.Context, row benchRow, op collective) (bench
 			switch {
 			case !span:
 				slowest[i] = max(slowest[i], float64(end-start)/1e3)
-			case r == 0:
-				lastStart[i], lastEnd[i] = start, end
 			default:
 				lastStart[i], lastEnd[i] = max(lastStart[i], start), max(lastEnd[i], end)
 			}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"a2a/a2a/algo"
+	"a2a/a2a/transport/shm"
 )
 
 // cmdPlan prints, without running anything, the AllToAllV schedule every
@@ -17,7 +18,7 @@ import (
 func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
 	algos := fs.String("algo", "all", "candidates: all, or a comma list of pairwise, fullmesh, skew, staged, ll")
-	llBytes := fs.Int("ll-bytes", 512, "LL cutoff for the ll candidate (the shm slot size by default)")
+	llBytes := fs.Int("ll-bytes", shm.DefaultSlotBytes, "LL cutoff for the ll candidate (the shm slot size by default)")
 	n := fs.Int("n", 8, "ranks")
 	sizes := fs.String("sizes", "64K", "per-peer bytes: MIN:MAX (x2 steps) or a comma list")
 	distFlag := fs.String("dist", "uniform", "traffic: uniform | zipf:S | lognormal:SIGMA | hot:F")
@@ -74,6 +75,11 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	for r := range hostOf {
 		hostOf[r] = r * *hosts / *n
 	}
+	cut := make([]int, *n) // LL cutoff of the ll candidate: every peer but the printed rank
+	for j := range cut {
+		cut[j] = *llBytes
+	}
+	cut[*rank] = -1
 	for _, size := range szs {
 		start := time.Now()
 		m := d.matrix(*n, size, *seed)
@@ -97,11 +103,6 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 				err = algo.PlanSkew(&s, algo.SkewArgs{Rank: *rank, World: *n, Matrix: m, Streams: *streams, Window: 1})
 				est = fmt.Sprintf("%10.1f", algo.EstimateSkew(m, *n, 1, link)*1e6)
 			case algo.AlgoLL:
-				cut := make([]int, *n)
-				for j := range cut {
-					cut[j] = *llBytes
-				}
-				cut[*rank] = -1
 				args.LLCutoff = cut
 				err = algo.PlanLL(&s, args)
 				est = fmt.Sprintf("%10.1f", algo.EstimateLL(m, *n, *streams, *window, *llBytes, link)*1e6)

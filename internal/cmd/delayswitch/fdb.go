@@ -68,7 +68,6 @@ type hist struct {
 	maxNs  int64
 	sumNs  int64
 	minNs  int64
-	hasMin bool
 }
 
 func (h *hist) add(ns int64) {
@@ -80,8 +79,8 @@ func (h *hist) add(ns int64) {
 	if ns > h.maxNs {
 		h.maxNs = ns
 	}
-	if !h.hasMin || ns < h.minNs {
-		h.minNs, h.hasMin = ns, true
+	if h.n == 1 || ns < h.minNs {
+		h.minNs = ns
 	}
 	us := ns / 1000
 	if us >= int64(len(h.bucket)) {
