@@ -1,4 +1,4 @@
-module a2a
+module github.com/a2a-moe/a2a
 
 go 1.26.0
 

@@ -5,9 +5,9 @@ import (
 	"encoding/binary"
 	"time"
 
-	"a2a/a2a/algo"
-	"a2a/a2a/internal/fault"
-	"a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // AllToAllV sends send[displ(j) : displ(j)+sendCounts[j]] to rank j and

@@ -5,7 +5,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 // hugePage is the transparent huge page size on x86-64 and arm64 (4 KiB

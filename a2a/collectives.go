@@ -4,10 +4,10 @@ import (
 	"context"
 	"time"
 
-	"a2a/a2a/algo"
-	"a2a/a2a/internal/fault"
-	"a2a/a2a/reduce"
-	"a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // DType is the element type of reduction collectives.

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/a2a/reduce"
 )
 
 // input is rank r's deterministic input of n elements of dt: small integers

@@ -24,13 +24,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"a2a/a2a/algo"
-	"a2a/a2a/control"
-	"a2a/a2a/internal/fault"
-	"a2a/a2a/transport"
-	"a2a/a2a/transport/shm"
-	"a2a/a2a/transport/tcp"
-	"a2a/internal/cpus"
+	"github.com/a2a-moe/a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/control"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/transport/shm"
+	"github.com/a2a-moe/a2a/a2a/transport/tcp"
+	"github.com/a2a-moe/a2a/internal/cpus"
 )
 
 // Comm is one rank's communicator. Its methods are collectives: every rank of

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/control"
-	"a2a/internal/natsd"
+	"github.com/a2a-moe/a2a/a2a/control"
+	"github.com/a2a-moe/a2a/internal/natsd"
 )
 
 var discard = slog.New(slog.DiscardHandler)

@@ -9,10 +9,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"a2a/a2a/algo"
-	"a2a/a2a/internal/fault"
-	"a2a/a2a/reduce"
-	"a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // maxPark bounds one park in Transport.Wait, so a parked rank re-checks its

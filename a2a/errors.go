@@ -1,6 +1,6 @@
 package a2a
 
-import "a2a/a2a/internal/fault"
+import "github.com/a2a-moe/a2a/a2a/internal/fault"
 
 // Error kinds. Every error a2a returns matches one of them with errors.Is; an
 // error on one rank reaches the others as ErrAborted wrapping the original kind,

@@ -6,8 +6,8 @@ import (
 	"math"
 	"time"
 
-	"a2a/a2a/algo"
-	"a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 // Link table settings (Config.Links).

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/algo"
 )
 
 // TestLinksAgreed: every rank ends up with rank 0's link table, whether rank

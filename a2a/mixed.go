@@ -4,8 +4,8 @@ import (
 	"errors"
 	"time"
 
-	"a2a/a2a/internal/fault"
-	"a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // mixedTransport routes every peer to the transport of its link class: shared

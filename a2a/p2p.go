@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 // Send sends buf to peer with tag and returns when buf may be reused. The

@@ -3,8 +3,8 @@ package a2a
 import (
 	"slices"
 
-	"a2a/a2a/algo"
-	"a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 // planCollective plans collective k and returns the algorithm and the

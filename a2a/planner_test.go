@@ -3,7 +3,7 @@ package a2a
 import (
 	"testing"
 
-	"a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/algo"
 )
 
 func TestPlanCache(t *testing.T) {

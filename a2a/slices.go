@@ -3,7 +3,7 @@ package a2a
 import (
 	"context"
 
-	"a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/a2a/reduce"
 )
 
 // Number is an element type the typed helpers accept.

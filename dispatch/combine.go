@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 
-	"a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/a2a/reduce"
 )
 
 // weightedSum writes every token's gate-weighted sum of expert outputs, read

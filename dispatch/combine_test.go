@@ -7,7 +7,7 @@ import (
 	"testing"
 	"unsafe"
 
-	"a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/a2a/reduce"
 )
 
 // TestKernelsMatchReference checks the fused one- and two-row kernels

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a"
-	"a2a/a2a/reduce"
-	"a2a/routing"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/routing"
 )
 
 // dispatchCase is one layer configuration run for a few steps on an

@@ -12,9 +12,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"a2a/a2a"
-	"a2a/a2a/reduce"
-	"a2a/routing"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/routing"
 )
 
 // CountsMode says how a rank learns how many rows it will receive for each of

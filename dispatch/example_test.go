@@ -7,11 +7,11 @@ import (
 	"strings"
 	"sync"
 
-	"a2a/a2a"
-	"a2a/a2a/reduce"
-	"a2a/dispatch"
-	"a2a/internal/natsd"
-	"a2a/routing"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/dispatch"
+	"github.com/a2a-moe/a2a/internal/natsd"
+	"github.com/a2a-moe/a2a/routing"
 )
 
 // One MoE step on 2 ranks (goroutines here, processes in real life) hosting 4

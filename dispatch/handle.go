@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"a2a/a2a"
-	"a2a/routing"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/routing"
 )
 
 type handleState uint8

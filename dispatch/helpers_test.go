@@ -10,10 +10,10 @@ import (
 	"sync"
 	"testing"
 
-	"a2a/a2a"
-	"a2a/a2a/a2atest"
-	"a2a/a2a/reduce"
-	"a2a/routing"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/a2atest"
+	"github.com/a2a-moe/a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/routing"
 )
 
 var discard = slog.New(slog.DiscardHandler)

@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a"
 )
 
 // Shared memory: between ranks of one host, the receive and output buffers

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a"
-	"a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/reduce"
 )
 
 // TestSharedMemoryChoice: with RowsAuto, exactly the pairs of ranks on one

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a"
-	"a2a/a2a/reduce"
-	"a2a/routing"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/routing"
 )
 
 // TestNewRejectsBadConfig covers the configurations New refuses before

@@ -3,7 +3,7 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"a2a/a2a/control"
+	"github.com/a2a-moe/a2a/a2a/control"
 )
 
 // controlCollector reports the control-plane service's view of its groups at

@@ -7,7 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"a2a/a2a/control"
+	"github.com/a2a-moe/a2a/a2a/control"
 )
 
 func TestControlCollector(t *testing.T) {

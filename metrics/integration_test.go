@@ -12,8 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"a2a/a2a"
-	"a2a/a2a/a2atest"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/a2atest"
 )
 
 // TestWithComm runs real communicators (embedded NATS, loopback TCP) with one

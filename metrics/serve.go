@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a"
 )
 
 // shutdownGrace bounds how long Serve waits for in-flight scrapes once its

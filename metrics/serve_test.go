@@ -17,7 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a"
 )
 
 // promtool returns the path of promtool (Debian package prometheus), failing

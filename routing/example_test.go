@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 
-	"a2a/routing"
+	"github.com/a2a-moe/a2a/routing"
 )
 
 // One MoE step for 8 tokens, top-2 of 4 experts spread over 2 ranks: route,

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a"
-	"a2a/internal/natsd"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/internal/natsd"
 )
 
 // StartNATS runs an embedded NATS server for the test and returns its URL.

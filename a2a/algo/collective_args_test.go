@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/a2a/reduce"
 )
 
 // collPlanners is every collective planner with what it requires.

@@ -8,7 +8,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/a2a/reduce"
 )
 
 // testReducer runs the real kernels, so simulated reductions are the

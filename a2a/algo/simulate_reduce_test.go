@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/a2a/reduce"
 )
 
 func int32s(vs ...int32) []byte {

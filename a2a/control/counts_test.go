@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 // randomMatrix returns an n x n row-major matrix with some zero rows/entries.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 func TestJoin(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 // Defaults for JoinConfig.

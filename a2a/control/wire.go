@@ -10,7 +10,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
-	"a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 const (

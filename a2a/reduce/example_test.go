@@ -3,7 +3,7 @@ package reduce_test
 import (
 	"fmt"
 
-	"a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/a2a/reduce"
 )
 
 // An average over three ranks' contributions: accumulate with Avg, then

@@ -1,6 +1,6 @@
 package transport
 
-import "a2a/a2a/internal/fault"
+import "github.com/a2a-moe/a2a/a2a/internal/fault"
 
 // side is the state machine SendSide and RecvSide share: which op owns the
 // direction, and the sticky error. An op is only ever set while err is nil

@@ -18,7 +18,7 @@ import (
 	"fmt"
 	"time"
 
-	"a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 // OpKind names the collective a frame belongs to, so that ranks calling

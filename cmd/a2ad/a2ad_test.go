@@ -1,7 +1,6 @@
 package main
 
 import (
-	"a2a/a2a/algo"
 	"bufio"
 	"bytes"
 	"context"
@@ -19,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/a2a-moe/a2a/a2a/algo"
 )
 
 // a2adBin is the a2ad binary built once for the multi-process tests.

@@ -11,8 +11,8 @@ import (
 	"slices"
 	"time"
 
-	"a2a/a2a"
-	"a2a/internal/launch"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/internal/launch"
 )
 
 // benchFlags are shared by the launcher and its worker ranks.

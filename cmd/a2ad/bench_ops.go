@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"math"
 
-	"a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a"
 )
 
 // benchOps are the operations `a2ad bench --op` measures. Sizes follow

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"a2a/a2a"
-	"a2a/internal/launch"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/internal/launch"
 )
 
 func cmdDemo(ctx context.Context, log *slog.Logger, args []string) error {

@@ -16,7 +16,7 @@ import (
 	"strconv"
 	"syscall"
 
-	"a2a/internal/launch"
+	"github.com/a2a-moe/a2a/internal/launch"
 )
 
 const usage = `a2ad: the a2a all-to-all service

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"a2a/a2a/algo"
-	"a2a/a2a/transport/shm"
+	"github.com/a2a-moe/a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/transport/shm"
 )
 
 // cmdPlan prints, without running anything, the AllToAllV schedule every

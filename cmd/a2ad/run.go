@@ -10,9 +10,9 @@ import (
 	"os"
 	"path/filepath"
 
-	"a2a/a2a"
-	"a2a/a2a/transport/shm"
-	"a2a/internal/launch"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/transport/shm"
+	"github.com/a2a-moe/a2a/internal/launch"
 )
 
 func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {

@@ -12,9 +12,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"a2a/a2a/control"
-	"a2a/internal/natsd"
-	"a2a/metrics"
+	"github.com/a2a-moe/a2a/a2a/control"
+	"github.com/a2a-moe/a2a/internal/natsd"
+	"github.com/a2a-moe/a2a/metrics"
 )
 
 // controlPlane is a running control plane: an embedded NATS server (unless an

@@ -8,8 +8,8 @@ import (
 	"log/slog"
 	"os"
 
-	"a2a/a2a"
-	"a2a/internal/launch"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/internal/launch"
 )
 
 // cmdTune measures the link table of this machine: it starts local ranks,

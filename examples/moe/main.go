@@ -39,11 +39,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"a2a/a2a/control"
-	"a2a/a2a/reduce"
-	"a2a/dispatch"
-	"a2a/internal/launch"
-	"a2a/internal/natsd"
+	"github.com/a2a-moe/a2a/a2a/control"
+	"github.com/a2a-moe/a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/dispatch"
+	"github.com/a2a-moe/a2a/internal/launch"
+	"github.com/a2a-moe/a2a/internal/natsd"
 )
 
 // options are the demo's flags, shared by the launcher and its workers.

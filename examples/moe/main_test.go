@@ -21,9 +21,9 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a"
-	"a2a/a2a/transport/shm"
-	"a2a/internal/natsd"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/transport/shm"
+	"github.com/a2a-moe/a2a/internal/natsd"
 )
 
 // moeBin is the demo built once for the tests that run it as processes.

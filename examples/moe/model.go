@@ -5,8 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 
-	"a2a/a2a/reduce"
-	"a2a/routing"
+	"github.com/a2a-moe/a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/routing"
 )
 
 // Salts keep the random streams of tokens, router logits and expert weights

@@ -14,11 +14,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"a2a/a2a"
-	"a2a/a2a/reduce"
-	"a2a/dispatch"
-	"a2a/metrics"
-	"a2a/routing"
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/dispatch"
+	"github.com/a2a-moe/a2a/metrics"
+	"github.com/a2a-moe/a2a/routing"
 )
 
 // runWorker is one rank started by the launcher (or by a2ad run): it reads

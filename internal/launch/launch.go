@@ -20,7 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"a2a/internal/cpus"
+	"github.com/a2a-moe/a2a/internal/cpus"
 )
 
 // Spec describes the ranks to start.

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/transport"
-	"a2a/a2a/transport/transporttest"
+	"github.com/a2a-moe/a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/transport/transporttest"
 )
 
 // progress is transporttest.Progress: one send and one receive driven

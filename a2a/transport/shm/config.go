@@ -88,7 +88,7 @@ import (
 	"math"
 	"slices"
 
-	"a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 // Defaults applied by Open to zero Config fields.

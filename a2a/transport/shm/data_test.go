@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/internal/fault"
-	"a2a/a2a/transport"
-	"a2a/a2a/transport/transporttest"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/transport/transporttest"
 )
 
 // frameSizes cover empty frames, frames smaller and equal to a header, a page,

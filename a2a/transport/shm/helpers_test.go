@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/transport/transporttest"
+	"github.com/a2a-moe/a2a/a2a/transport/transporttest"
 )
 
 const testEpoch = transporttest.Epoch

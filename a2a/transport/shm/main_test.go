@@ -6,7 +6,7 @@ import (
 	"os"
 	"testing"
 
-	"a2a/a2a/transport/transporttest"
+	"github.com/a2a-moe/a2a/a2a/transport/transporttest"
 )
 
 // TestMain fails the run if goroutines, descriptors, mappings or segment

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 // TestInvalidArguments checks that bad configurations and calls are refused

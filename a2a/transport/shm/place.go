@@ -6,7 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"a2a/internal/cpus"
+	"github.com/a2a-moe/a2a/internal/cpus"
 )
 
 // Rebalance moves the calling thread to the least crowded CPU this process

@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/internal/fault"
-	"a2a/a2a/transport"
-	"a2a/a2a/transport/transporttest"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/transport/transporttest"
 )
 
 // Helper processes: the test binary re-executed with helperEnv set runs

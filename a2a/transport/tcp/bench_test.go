@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/transport"
-	"a2a/a2a/transport/transporttest"
+	"github.com/a2a-moe/a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/transport/transporttest"
 )
 
 // progress drives one send and one receive on c with the engine's idle

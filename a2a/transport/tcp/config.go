@@ -22,7 +22,7 @@ import (
 	"math"
 	"time"
 
-	"a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 // Defaults applied by Listen to a zero Config field.

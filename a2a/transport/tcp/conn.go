@@ -7,8 +7,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"a2a/a2a/internal/fault"
-	"a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 const hdrSize = transport.HeaderSize

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/internal/fault"
-	"a2a/a2a/transport/transporttest"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport/transporttest"
 )
 
 // strangerHello opens a connection to addr and runs the dialer side of the

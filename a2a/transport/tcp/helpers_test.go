@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/transport/transporttest"
+	"github.com/a2a-moe/a2a/a2a/transport/transporttest"
 )
 
 var testSecret = []byte("a2a-tcp-test-secret-0123456789ab")

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 // Listener states.

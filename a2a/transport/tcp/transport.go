@@ -13,8 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"a2a/a2a/internal/fault"
-	"a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // Transport is one rank's set of authenticated TCP streams to every peer. It

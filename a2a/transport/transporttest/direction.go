@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // OneOpPerDirection checks that a conn leaves a second op untouched while

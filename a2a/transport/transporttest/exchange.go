@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // Exchange sends a frame of every size in sizes from every rank to every

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/internal/fault"
-	"a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // HeaderMismatch checks that a frame whose header differs from the expected

@@ -6,7 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // The engine's idle policy, for the tests' and benchmarks' progress loops:

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"a2a/a2a/internal/fault"
-	"a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // Epoch is the membership epoch the transport tests use.

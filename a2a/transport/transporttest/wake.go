@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/internal/fault"
-	"a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // WakeAndClose checks the end of tr's life as the engine relies on it: Wake

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"a2a/a2a/internal/fault"
-	"a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // AnyLenAndWindow checks window receives (puts land at their offset, an
