@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Installs what the tests need that a fresh machine lacks, using Debian's packages:
-#   nats-server  the standalone NATS server binary (the external-server test)
-#   prometheus   promtool (metric-name lint) and the Prometheus server (scrape test)
-# Idempotent: does nothing when everything is present.
+# Installs what the tests need that a fresh machine lacks, using Debian's packages.
+# Each line of NEEDS is "command package": the package is installed when the
+# command is missing. Idempotent: does nothing when everything is present.
 set -euo pipefail
+NEEDS=(
+  "nats-server nats-server"   # the standalone NATS server binary (external-server test)
+  "promtool prometheus"       # metric-name lint and the Prometheus server (scrape test)
+)
 need=()
-command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
-command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+for line in "${NEEDS[@]}"; do
+  read -r cmd pkg <<<"$line"
+  command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
+done
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
