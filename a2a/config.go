@@ -14,7 +14,7 @@ import (
 // A2A_* variables that `a2ad run` sets.
 type Config struct {
 	NATSURL       string        // A2A_NATS_URL   control plane (default nats://127.0.0.1:4222)
-	Group         string        // A2A_GROUP      job name; ranks of one job share it (default "github.com/a2a-moe/a2a")
+	Group         string        // A2A_GROUP      job name; ranks of one job share it (default "a2a")
 	Rank          int           // A2A_RANK       -1: assigned at join
 	WorldSize     int           // A2A_WORLD_SIZE number of ranks in the group
 	Secret        string        // A2A_SECRET     data-plane authentication
@@ -104,7 +104,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		cfg.NATSURL = "nats://127.0.0.1:4222"
 	}
 	if cfg.Group == "" {
-		cfg.Group = "github.com/a2a-moe/a2a"
+		cfg.Group = "a2a"
 	}
 	if cfg.Streams == 0 {
 		cfg.Streams = DefaultStreams

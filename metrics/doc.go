@@ -4,7 +4,7 @@
 // demo.
 //
 // Every series carries the constant labels group and rank. The families, with
-// the default namespace "github.com/a2a-moe/a2a":
+// the default namespace "a2a":
 //
 //	a2a_collective_duration_seconds{op,algo}         histogram, completed collectives
 //	a2a_algorithm_selections_total{op,algo}          counter, every collective

@@ -17,14 +17,14 @@ import (
 
 // Options name the series an Observer exports.
 type Options struct {
-	// Group is the job's group name, the constant label group (default "github.com/a2a-moe/a2a",
+	// Group is the job's group name, the constant label group (default "a2a",
 	// as in a2a.Config).
 	Group string
 	// Rank is this process's rank, the constant label rank. A negative rank
 	// (assigned at join) leaves the label out: the scrape target's instance
 	// label then tells the ranks apart.
 	Rank int
-	// Namespace prefixes every metric name (default "github.com/a2a-moe/a2a"). The dashboard in
+	// Namespace prefixes every metric name (default "a2a"). The dashboard in
 	// deploy/grafana assumes the default.
 	Namespace string
 }
@@ -157,11 +157,11 @@ func New(reg prometheus.Registerer, opts Options) (*Observer, error) {
 	}
 	ns := opts.Namespace
 	if ns == "" {
-		ns = "github.com/a2a-moe/a2a"
+		ns = "a2a"
 	}
 	group := opts.Group
 	if group == "" {
-		group = "github.com/a2a-moe/a2a"
+		group = "a2a"
 	}
 	labels := prometheus.Labels{"group": group}
 	if opts.Rank >= 0 {

@@ -347,7 +347,7 @@ func TestConstLabels(t *testing.T) {
 		fam  string
 	}{
 		{"group and rank", Options{Group: "job7", Rank: 3}, map[string]string{"group": "job7", "rank": "3"}, "a2a_membership_size"},
-		{"defaults", Options{Rank: 0}, map[string]string{"group": "github.com/a2a-moe/a2a", "rank": "0"}, "a2a_membership_size"},
+		{"defaults", Options{Rank: 0}, map[string]string{"group": "a2a", "rank": "0"}, "a2a_membership_size"},
 		{"rank unknown", Options{Group: "g", Rank: -1}, map[string]string{"group": "g", "rank": ""}, "a2a_membership_size"},
 		{"namespace", Options{Group: "g", Rank: 1, Namespace: "moe"}, map[string]string{"group": "g", "rank": "1"}, "moe_membership_size"},
 	}
