@@ -427,9 +427,6 @@ func TestInvalidArguments(t *testing.T) {
 	if _, err := l.Connect(ctx, 1, []string{l.Addr()}); !errors.Is(err, fault.ErrInvalidArgument) {
 		t.Errorf("Connect with one address for two ranks: %v", err)
 	}
-	if _, err := l.Connect(ctx, 1, []string{l.Addr(), ""}); !errors.Is(err, fault.ErrInvalidArgument) {
-		t.Errorf("Connect with an empty peer address: %v", err)
-	}
 	ts := newCluster(t, 2, 1)
 	if _, err := ts[0].l.Connect(ctx, 1, []string{"a", "b"}); !errors.Is(err, fault.ErrInvalidArgument) {
 		t.Errorf("second Connect: %v", err)
@@ -451,5 +448,60 @@ func TestInvalidArguments(t *testing.T) {
 	rj.Recv.Want.Len = 4
 	if _, err := rj.C.TryRecv(rj.Recv); !errors.Is(err, fault.ErrInvalidArgument) {
 		t.Errorf("receive larger than its buffer: %v", err)
+	}
+}
+
+// TestConnectSubset links only the pairs with an address, as a Comm does when
+// other transports reach the rest: ranks 0 and 2 talk over TCP, rank 1 links
+// nobody, and a hello from a rank the acceptor does not link is refused.
+func TestConnectSubset(t *testing.T) {
+	cfgs := []Config{testConfig(t, 0, 3, 2), testConfig(t, 1, 3, 2), testConfig(t, 2, 3, 2)}
+	ls, addrs := listenAll(t, cfgs)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var ts [3]*Transport
+	var errs [3]error
+	var wg sync.WaitGroup
+	wg.Go(func() { ts[0], errs[0] = ls[0].Connect(ctx, testEpoch, []string{"", "", addrs[2]}) })
+	wg.Go(func() { ts[2], errs[2] = ls[2].Connect(ctx, testEpoch, []string{addrs[0], "", ""}) })
+	wg.Go(func() { ts[1], errs[1] = ls[1].Connect(ctx, testEpoch, []string{"", "", ""}) })
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+		defer ts[r].Close()
+	}
+	data := pattern(7, 100_000)
+	got := make([]byte, len(data))
+	jobs := [][]job{{sendJob(ts[0].Conn(2, 1), hdr(0, 1, 0, 1), data)}, {recvJob(ts[2].Conn(0, 1), hdr(0, 1, 0, 1), got)}}
+	if err := firstErr(driveAll([]*Transport{ts[0], ts[2]}, jobs, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("payload differs")
+	}
+
+	// Rank 1 of a second group believes it is linked with rank 0, which
+	// links only rank 2: its hello is refused and it does not hang.
+	ls, addrs = listenAll(t, cfgs)
+	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer scancel()
+	wg.Go(func() { ts[0], errs[0] = ls[0].Connect(sctx, testEpoch, []string{"", "", addrs[2]}) })
+	wg.Go(func() { ts[2], errs[2] = ls[2].Connect(sctx, testEpoch, []string{addrs[0], "", ""}) })
+	wg.Go(func() { ts[1], errs[1] = ls[1].Connect(sctx, testEpoch, []string{addrs[0], "", ""}) })
+	wg.Wait()
+	if errs[1] == nil {
+		ts[1].Close()
+		t.Fatal("a rank rank 0 does not link connected to it")
+	}
+	for _, r := range []int{0, 2} {
+		if errs[r] != nil {
+			t.Fatalf("rank %d: %v", r, errs[r])
+		}
+		ts[r].Close()
+	}
+	if ls[0].Rejected() == 0 {
+		t.Error("the refused hello was not counted")
 	}
 }

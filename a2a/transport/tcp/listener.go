@@ -36,6 +36,7 @@ type Listener struct {
 	state   int
 	epoch   uint32
 	slots   []*net.TCPConn // accepted connections by (dialer-rank-1)*Streams + stream
+	linked  []bool         // by rank: the ranks Connect links (those with an address)
 	filled  chan struct{}  // one token per slot whose hello completed
 	pending map[*net.TCPConn]struct{}
 	wg      sync.WaitGroup // the accept loop and every hello in progress
@@ -118,10 +119,11 @@ func (l *Listener) shutdown() {
 	})
 }
 
-// Connect links this rank with every peer: Streams connections per pair, the
+// Connect links this rank with its peers: Streams connections per pair, the
 // higher rank dialing the lower one, each authenticated by the hello. peers[r]
-// is the Addr of rank r (peers[Rank] is ignored). It returns once every
-// connection is up. Errors: fault.ErrTimeout (or fault.ErrAborted if ctx is
+// is the Addr of rank r, or "" for a rank another transport reaches (and
+// peers[Rank] is ignored); both ranks of a pair must agree on whether they
+// are linked. It returns once every connection is up. Errors: fault.ErrTimeout (or fault.ErrAborted if ctx is
 // cancelled) when ctx ends first, naming the lowest missing rank;
 // fault.ErrPeerLost when a peer keeps refusing connections for
 // HandshakeTimeout; fault.ErrMismatch when a peer refuses our hello (other
@@ -135,12 +137,14 @@ func (l *Listener) Connect(ctx context.Context, epoch uint32, peers []string) (*
 	if len(peers) != cfg.Size {
 		return nil, fault.New(fault.ErrInvalidArgument, -1, "tcp: %d peer addresses for a world of %d", len(peers), cfg.Size)
 	}
+	linked := make([]bool, cfg.Size)
+	nAccept := 0
 	for r, a := range peers {
-		if r != cfg.Rank && a == "" {
-			return nil, fault.New(fault.ErrInvalidArgument, r, "tcp: no address for rank %d", r)
+		linked[r] = r != cfg.Rank && a != ""
+		if linked[r] && r > cfg.Rank {
+			nAccept += cfg.Streams
 		}
 	}
-	nAccept := (cfg.Size - 1 - cfg.Rank) * cfg.Streams
 	l.mu.Lock()
 	switch l.state {
 	case stateClosed:
@@ -153,13 +157,14 @@ func (l *Listener) Connect(ctx context.Context, epoch uint32, peers []string) (*
 	}
 	l.state = stateConnecting
 	l.epoch = epoch
-	l.slots = make([]*net.TCPConn, nAccept)
+	l.slots = make([]*net.TCPConn, (cfg.Size-1-cfg.Rank)*cfg.Streams)
 	l.filled = make(chan struct{}, nAccept)
+	l.linked = linked
 	l.wg.Add(1)
 	l.mu.Unlock()
 	go l.acceptLoop()
 
-	t, err := l.connect(ctx, epoch, peers)
+	t, err := l.connect(ctx, epoch, peers, nAccept)
 	if err != nil {
 		l.shutdown()
 		return nil, err
@@ -168,7 +173,7 @@ func (l *Listener) Connect(ctx context.Context, epoch uint32, peers []string) (*
 	return t, nil
 }
 
-func (l *Listener) connect(ctx context.Context, epoch uint32, peers []string) (*Transport, error) {
+func (l *Listener) connect(ctx context.Context, epoch uint32, peers []string, nAccept int) (*Transport, error) {
 	cfg := &l.cfg
 	S := cfg.Streams
 	dctx, cancel := context.WithCancel(ctx)
@@ -179,10 +184,15 @@ func (l *Listener) connect(ctx context.Context, epoch uint32, peers []string) (*
 		c            *net.TCPConn
 		err          error
 	}
-	nDial := cfg.Rank * S
+	nDial := 0
+	for p := range cfg.Rank {
+		if l.linked[p] {
+			nDial += S
+		}
+	}
 	results := make(chan dialed, nDial)
 	for p := 0; p < cfg.Rank; p++ {
-		for s := 0; s < S; s++ {
+		for s := 0; s < S && l.linked[p]; s++ {
 			go func() {
 				c, err := l.dial(dctx, epoch, p, s, peers[p])
 				results <- dialed{p, s, c, err}
@@ -206,7 +216,7 @@ func (l *Listener) connect(ctx context.Context, epoch uint32, peers []string) (*
 		}
 	}
 	accepted := 0
-	for left := nDial; left > 0 || accepted < len(l.slots); {
+	for left := nDial; left > 0 || accepted < nAccept; {
 		select {
 		case r := <-results:
 			left--
@@ -248,7 +258,7 @@ func (l *Listener) missing(ctx context.Context, dialed []*net.TCPConn) error {
 	S := l.cfg.Streams
 	var ranks []int
 	for p := 0; p < l.cfg.Rank; p++ {
-		for s := 0; s < S; s++ {
+		for s := 0; s < S && l.linked[p]; s++ {
 			if dialed[p*S+s] == nil {
 				ranks = append(ranks, p)
 				break
@@ -257,7 +267,7 @@ func (l *Listener) missing(ctx context.Context, dialed []*net.TCPConn) error {
 	}
 	l.mu.Lock()
 	for i := 0; i < len(l.slots); i += S {
-		for s := 0; s < S; s++ {
+		for s := 0; s < S && l.linked[l.cfg.Rank+1+i/S]; s++ {
 			if l.slots[i+s] == nil {
 				ranks = append(ranks, l.cfg.Rank+1+i/S)
 				break
@@ -464,8 +474,11 @@ func (l *Listener) check(h *hello) (int, byte) {
 		return 0, statusBadRank
 	}
 	slot := (int(h.dialer)-cfg.Rank-1)*cfg.Streams + int(h.stream)
-	if l.state != stateConnecting || l.slots[slot] != nil {
+	switch {
+	case l.state != stateConnecting || l.slots[slot] != nil:
 		return 0, statusDuplicate
+	case !l.linked[h.dialer]: // another transport reaches it
+		return 0, statusBadRank
 	}
 	return slot, statusOK
 }

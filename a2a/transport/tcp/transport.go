@@ -4,12 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -157,7 +155,7 @@ func (t *Transport) Wait(timeout time.Duration) error {
 	}
 	defer t.guard.Release()
 	var evs [16]unix.EpollEvent
-	n, err := epollWait(t.epfd, evs[:], timeout, &t.noPwait2)
+	n, err := transport.EpollWait(t.epfd, evs[:], timeout, &t.noPwait2)
 	if err != nil {
 		if err == unix.EINTR {
 			return nil
@@ -227,27 +225,6 @@ func (t *Transport) Close() error {
 	return t.closeErr
 }
 
-// epollWait waits for events at most timeout (<= 0: poll once). It keeps
-// sub-millisecond timeouts with epoll_pwait2: the mixed transport parks on TCP
-// for 100 us at a time while shared-memory peers may become ready, and
-// epoll_wait's whole milliseconds made that a 1 ms sleep.
-// noPwait2 is set for good by the first ENOSYS (kernels before 5.11).
-func epollWait(epfd int, evs []unix.EpollEvent, timeout time.Duration, noPwait2 *atomic.Bool) (int, error) {
-	if timeout > 0 && timeout < time.Second && !noPwait2.Load() {
-		ts := unix.NsecToTimespec(int64(timeout))
-		n, _, errno := unix.Syscall6(unix.SYS_EPOLL_PWAIT2, uintptr(epfd), uintptr(unsafe.Pointer(&evs[0])), uintptr(len(evs)),
-			uintptr(unsafe.Pointer(&ts)), 0, 0)
-		if errno != unix.ENOSYS {
-			if errno != 0 {
-				return 0, errno
-			}
-			return int(n), nil
-		}
-		noPwait2.Store(true)
-	}
-	ms := 0
-	if timeout > 0 {
-		ms = int(min((timeout+time.Millisecond-1)/time.Millisecond, math.MaxInt32))
-	}
-	return unix.EpollWait(epfd, evs, ms)
-}
+// PollFD is the transport's epoll set: readable when Wait would return, so a
+// composed transport can sleep on it together with other parts' descriptors.
+func (t *Transport) PollFD() int { return t.epfd }
