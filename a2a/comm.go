@@ -28,8 +28,6 @@ import (
 	"github.com/a2a-moe/a2a/a2a/control"
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/a2a/transport"
-	"github.com/a2a-moe/a2a/a2a/transport/shm"
-	"github.com/a2a-moe/a2a/a2a/transport/tcp"
 	"github.com/a2a-moe/a2a/internal/cpus"
 )
 
@@ -48,6 +46,7 @@ type Comm struct {
 	nc            *nats.Conn
 	member        *control.Member
 	tr            transport.Transport
+	byPeer        []transport.Transport // the part of tr that reaches each rank
 	eng           *engine
 	rank          int
 	size          int
@@ -132,34 +131,27 @@ func (c *Comm) join(ctx context.Context) error {
 		// that do not know the group name; A2A_SECRET makes it a real key.
 		secret = "a2a-group:" + cfg.Group
 	}
-	ln, err := tcp.Listen(tcp.Config{
-		Group: cfg.Group, Rank: cfg.Rank, Size: cfg.WorldSize, Streams: cfg.Streams,
-		Secret: []byte(secret), ListenAddr: cfg.Listen, Logger: c.log,
-	})
-	if err != nil {
-		return fault.Wrap(fault.ErrInvalidArgument, -1, err, "data-plane listen on %s", cfg.Listen)
-	}
 	host := cfg.Host
 	if host == "" {
 		host = HostIdentity()
 	}
+	dp, err := listen(ctx, cfg, transport.Self{Group: cfg.Group, Rank: cfg.Rank, Size: cfg.WorldSize, Host: host,
+		Streams: cfg.Streams, Secret: []byte(secret), Logger: c.log})
+	if err != nil {
+		return err
+	}
+	defer dp.close()
 	m, err := control.Join(ctx, nc, control.JoinConfig{
 		Group: cfg.Group, Rank: cfg.Rank, WorldSize: cfg.WorldSize,
-		Info:              control.NodeInfo{Rank: cfg.Rank, Host: host, PID: os.Getpid(), DataAddrs: []string{ln.Addr()}, Streams: cfg.Streams},
+		Info:              control.NodeInfo{Rank: cfg.Rank, Host: host, PID: os.Getpid(), Transports: dp.addresses(), Streams: cfg.Streams},
 		HeartbeatInterval: cfg.HeartbeatInterval, PeerTimeout: cfg.PeerTimeout, Logger: c.log,
 	})
 	if err != nil {
-		ln.Close()
 		return err
 	}
 	c.member = m
 	c.rank, c.size = m.Rank(), m.Size()
-	peers := make([]string, c.size)
-	for r, n := range m.Nodes() {
-		if len(n.DataAddrs) > 0 {
-			peers[r] = n.DataAddrs[0]
-		}
-	}
+	c.hosts, c.numHosts = hostOrdinals(m.Nodes())
 	// A rank that fails to connect aborts the group, so its peers stop
 	// waiting for it instead of running into their deadline.
 	cctx, cancel := context.WithCancel(ctx)
@@ -170,23 +162,15 @@ func (c *Comm) join(ctx context.Context) error {
 		case <-cctx.Done():
 		}
 	}()
-	err = ln.SetRank(c.rank)
-	var tr *tcp.Transport
+	choice, err := dp.choose(c.rank, m.Nodes())
 	if err == nil {
-		tr, err = ln.Connect(cctx, m.Epoch(), peers)
+		c.tr, c.byPeer, err = dp.connect(cctx, c.rank, m.Epoch(), m.Nodes(), choice)
 	}
 	cancel()
 	if err != nil {
-		ln.Close() // idempotent; Connect already closed it on its own failures
 		if merr := m.Err(); merr != nil {
 			err = merr
 		}
-		m.Abort(err)
-		return err
-	}
-	c.hosts, c.numHosts = hostOrdinals(m.Nodes())
-	if c.tr, err = c.routeTransports(ctx, tr); err != nil {
-		tr.Close()
 		m.Abort(err)
 		return err
 	}
@@ -294,58 +278,6 @@ func (c *Comm) llCutoffs() []int {
 		return nil
 	}
 	return cut
-}
-
-// routeTransports picks the transport of every peer (Config.Transport): by
-// default shared memory for the ranks of this host and TCP for the others;
-// "tcp" forces TCP everywhere (so it stays measurable on one host), "shm"
-// requires every rank to be local. The TCP mesh is always connected, so ranks
-// whose settings differ fail to open shm within the deadline instead of
-// hanging in each other's TCP connect.
-func (c *Comm) routeTransports(ctx context.Context, tcpTr transport.Transport) (transport.Transport, error) {
-	var local []int
-	for r, h := range c.hosts {
-		if h == c.hosts[c.rank] {
-			local = append(local, r)
-		}
-	}
-	switch c.cfg.Transport {
-	case "tcp":
-		return tcpTr, nil
-	case "shm":
-		if len(local) != c.size {
-			return nil, fault.New(fault.ErrInvalidArgument, c.rank, "A2A_TRANSPORT=shm but only %d of %d ranks share this host", len(local), c.size)
-		}
-	}
-	if len(local) < 2 {
-		return tcpTr, nil
-	}
-	shmTr, err := shm.Open(ctx, shm.Config{Group: c.cfg.Group, Epoch: c.member.Epoch(), Rank: c.rank, Size: c.size,
-		Local: local, Streams: c.cfg.Streams, Logger: c.log})
-	if err != nil {
-		return nil, err
-	}
-	mixed := &mixedTransport{byPeer: make([]transport.Transport, c.size), parts: []transport.Transport{tcpTr, shmTr}}
-	for r := range c.size {
-		mixed.byPeer[r] = tcpTr
-	}
-	for _, r := range local {
-		mixed.byPeer[r] = shmTr
-	}
-	// Looked up on every LL store and poll: resolved once.
-	mixed.slots = make([]transport.Slots, c.size)
-	for r, tr := range mixed.byPeer {
-		mixed.slots[r], _ = tr.(transport.Slots)
-	}
-	if len(local) == c.size {
-		mixed.parts = []transport.Transport{shmTr, tcpTr} // park on the futex: every peer is local
-	}
-	for _, p := range mixed.parts {
-		if w, ok := p.(transport.Slots); ok {
-			mixed.windows = append(mixed.windows, w)
-		}
-	}
-	return mixed, nil
 }
 
 // hostOrdinals numbers the hosts in order of first appearance by rank.
@@ -518,9 +450,19 @@ func (c *Comm) Err() error { return c.stopped() }
 // exactly when their ordinals are equal. Every rank sees the same ordinals.
 func (c *Comm) Host(rank int) int { return c.hosts[rank] }
 
-// TransportName names the data plane in use: "tcp", or "tcp+shm" when the
-// ranks of this host talk through shared memory.
+// TransportName names the data planes in use, joined by "+" in order of
+// preference: "shm" on one host, "shm+tcp" when the ranks of this host talk
+// through shared memory and the others through TCP.
 func (c *Comm) TransportName() string { return c.tr.Name() }
+
+// PeerTransport names the data plane that links this rank with rank ("" for
+// this rank itself).
+func (c *Comm) PeerTransport(rank int) string {
+	if rank < 0 || rank >= c.size || c.byPeer[rank] == nil {
+		return ""
+	}
+	return c.byPeer[rank].Name()
+}
 
 // Config returns the configuration the communicator runs with, defaults
 // filled in.

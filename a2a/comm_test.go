@@ -505,8 +505,8 @@ func TestPeerClosedMidOperation(t *testing.T) {
 
 func TestStrangersOnTheDataPort(t *testing.T) {
 	url := startNATS(t)
-	comms := group(t, url, 3, nil)
-	addr := comms[0].member.Nodes()[0].DataAddrs[0]
+	comms := group(t, url, 3, func(c *Config) { c.Transport = "tcp" })
+	addr := string(comms[0].member.Nodes()[0].Transports["tcp"])
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

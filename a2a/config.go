@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // Config says how a rank joins its group. ConfigFromEnv reads it from the
@@ -25,7 +26,7 @@ type Config struct {
 	Timeout       time.Duration // A2A_TIMEOUT    per-operation deadline when ctx has none, from when the op first waits (default 60s)
 	Listen        string        // A2A_LISTEN     data-plane listen address (default 127.0.0.1:0)
 	Host          string        // A2A_HOST       host identity; ranks with equal ones share memory (default HostIdentity())
-	Transport     string        // A2A_TRANSPORT  auto (shm on this host, TCP to others) | tcp | shm
+	Transport     string        // A2A_TRANSPORT  auto (each pair: the first provider that links it) | a provider's name: tcp, shm
 	Spin          time.Duration // A2A_SPIN       busy-poll time before yielding the core (0: 50us, or none when this host runs more ranks than cores; negative: none)
 	Yield         time.Duration // A2A_YIELD      sched_yield time before parking (default 1ms)
 	Links         string        // A2A_LINKS      link table: "" built-in | "probe" measured at join | path of `a2ad tune` output (rank 0's counts)
@@ -38,6 +39,11 @@ type Config struct {
 
 	Logger   *slog.Logger // nil: slog.Default()
 	Observer Observer     // nil: none; metrics.Observer implements it
+
+	// Providers are the data planes to use, in order of preference (nil:
+	// DefaultProviders). Every rank of a group must list the same ones in
+	// the same order; Transport may force one of them by name.
+	Providers []transport.Provider
 }
 
 // ConfigFromEnv reads a Config from the A2A_* environment variables.
@@ -136,10 +142,8 @@ func (cfg Config) withDefaults() (Config, error) {
 	case cfg.Timeout < 0 || cfg.Yield < 0:
 		return cfg, fault.New(fault.ErrInvalidArgument, -1, "negative duration in config")
 	}
-	switch cfg.Transport {
-	case "", "auto", "tcp", "shm":
-	default:
-		return cfg, fault.New(fault.ErrInvalidArgument, -1, "transport %q: auto, tcp or shm (A2A_TRANSPORT)", cfg.Transport)
+	if _, err := cfg.providers(); err != nil {
+		return cfg, err
 	}
 	if _, err := parseAlgo(cfg.Algo); err != nil {
 		return cfg, err

@@ -127,8 +127,8 @@ func newEngine(tr transport.Transport, rank, size, streams int, epoch uint32, w 
 	for peer := range room {
 		if slots != nil && peer != rank {
 			room[peer], slotOf[peer] = slots.SlotBytes(peer), slots
-			if m, ok := tr.(*mixedTransport); ok {
-				slotOf[peer] = m.slotsOf(peer) // one hop less per store and poll
+			if m, ok := tr.(transport.PeerSlots); ok {
+				slotOf[peer] = m.SlotsOf(peer) // one hop less per store and poll
 			}
 		}
 	}

@@ -132,7 +132,7 @@ func configs(group string, ranks []int, mod func(i int, c *JoinConfig)) []JoinCo
 	for i, r := range ranks {
 		cfgs[i] = JoinConfig{Group: group, Rank: r, WorldSize: len(ranks), Info: NodeInfo{
 			Host: fmt.Sprintf("host%d", i), PID: 1000 + i, Streams: 2,
-			DataAddrs: []string{fmt.Sprintf("127.0.0.1:%d", 20000+i)}, Shm: []byte{byte(i)},
+			Transports: map[string][]byte{"tcp": fmt.Appendf(nil, "127.0.0.1:%d", 20000+i), "shm": {byte(i)}},
 		}}
 		if mod != nil {
 			mod(i, &cfgs[i])

@@ -1,9 +1,11 @@
 package control
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -71,7 +73,7 @@ func TestJoin(t *testing.T) {
 				}
 				n := nodes0[m.Rank()]
 				if n.Rank != m.Rank() || n.Host != cfgs[i].Info.Host || n.PID != cfgs[i].Info.PID ||
-					!slices.Equal(n.DataAddrs, cfgs[i].Info.DataAddrs) || n.Streams != 2 || !slices.Equal(n.Shm, cfgs[i].Info.Shm) {
+					!maps.EqualFunc(n.Transports, cfgs[i].Info.Transports, bytes.Equal) || n.Streams != 2 {
 					t.Errorf("member %d: node %+v does not describe config %+v", i, n, cfgs[i].Info)
 				}
 			}
@@ -279,7 +281,7 @@ func TestGroupsView(t *testing.T) {
 	}
 	for r, rv := range g.Ranks {
 		if rv.Rank != r || rv.Host != mems[0].Nodes()[r].Host || rv.Left || rv.Lost ||
-			!slices.Equal(rv.DataAddrs, mems[0].Nodes()[r].DataAddrs) || time.Since(rv.LastHeartbeat) > time.Second {
+			!slices.Equal(rv.Transports, []string{"shm", "tcp"}) || time.Since(rv.LastHeartbeat) > time.Second {
 			t.Errorf("rank view %+v", rv)
 		}
 	}

@@ -27,13 +27,13 @@ const (
 
 // NodeInfo is what a rank publishes at join.
 type NodeInfo struct {
-	Rank      int      `msgpack:"r"` // requested rank, -1 = assign at join
-	Host      string   `msgpack:"h"` // host identity (grouping of ranks per host); default os.Hostname()
-	PID       int      `msgpack:"p"` // default os.Getpid()
-	DataAddrs []string `msgpack:"a"` // data-plane listener addresses (tcp host:port)
-	Streams   int      `msgpack:"s"` // connections per peer pair; equal on all ranks (0 means 1)
-	Shm       []byte   `msgpack:"shm"`
-	RDMA      []byte   `msgpack:"rdma"`
+	Rank    int    `msgpack:"r"` // requested rank, -1 = assign at join
+	Host    string `msgpack:"h"` // host identity (grouping of ranks per host); default os.Hostname()
+	PID     int    `msgpack:"p"` // default os.Getpid()
+	Streams int    `msgpack:"s"` // connections per peer pair; equal on all ranks (0 means 1)
+	// Transports holds the address of every data plane the rank offers, by
+	// provider name ("tcp": host:port, "shm", "verbs": opaque to control).
+	Transports map[string][]byte `msgpack:"t"`
 }
 
 // JoinConfig configures Join.

@@ -58,7 +58,7 @@ type RankView struct {
 	Rank          int
 	Host          string
 	PID           int
-	DataAddrs     []string
+	Transports    []string  // names of the data planes it offered, sorted
 	LastHeartbeat time.Time // formed groups: last heartbeat (formation time before the first); forming: last join refresh
 	Left          bool
 	Lost          bool // silent longer than its PeerTimeout
@@ -230,7 +230,7 @@ func (s *Service) Groups() []GroupView {
 			v := GroupView{Group: g.name, Size: f.world, Forming: true}
 			for _, j := range f.joiners {
 				v.Ranks = append(v.Ranks, RankView{Rank: j.req.Rank, Host: j.req.Info.Host, PID: j.req.Info.PID,
-					DataAddrs: slices.Clone(j.req.Info.DataAddrs), LastHeartbeat: j.seen})
+					Transports: transportNames(j.req.Info), LastHeartbeat: j.seen})
 			}
 			slices.SortFunc(v.Ranks, func(a, b RankView) int {
 				return cmp.Or(cmp.Compare(a.Rank, b.Rank), cmp.Compare(a.Host, b.Host), cmp.Compare(a.PID, b.PID))
@@ -246,7 +246,7 @@ func (s *Service) Groups() []GroupView {
 				gone++
 			}
 			v.Ranks = append(v.Ranks, RankView{Rank: r, Host: st.info.Host, PID: st.info.PID,
-				DataAddrs: slices.Clone(st.info.DataAddrs), LastHeartbeat: st.lastHB, Left: st.left, Lost: lost && !st.left})
+				Transports: transportNames(st.info), LastHeartbeat: st.lastHB, Left: st.left, Lost: lost && !st.left})
 		}
 		if gone == len(f.ranks) {
 			g.form = nil
@@ -727,4 +727,14 @@ func (f *formation) putOp(op *countsOp) {
 	if len(f.free) < 4 {
 		f.free = append(f.free, op)
 	}
+}
+
+// transportNames lists the data planes a rank offered, sorted.
+func transportNames(n NodeInfo) []string {
+	names := make([]string, 0, len(n.Transports))
+	for name := range n.Transports {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
 }
