@@ -6,6 +6,8 @@ set -euo pipefail
 NEEDS=(
   "nats-server nats-server"   # the standalone NATS server binary (external-server test)
   "promtool prometheus"       # metric-name lint and the Prometheus server (scrape test)
+  "mpirun.openmpi openmpi-bin" # Open MPI's mpirun starts ranks in the launcher test
+  "mpiexec.hydra mpich"       # MPICH's Hydra mpiexec starts ranks in the launcher test
 )
 need=()
 for line in "${NEEDS[@]}"; do
