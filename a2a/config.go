@@ -12,7 +12,8 @@ import (
 )
 
 // Config says how a rank joins its group. ConfigFromEnv reads it from the
-// A2A_* variables that `a2ad run` sets.
+// A2A_* variables that `a2ad run` sets, or from those of the launcher that
+// started the rank (mpirun, mpiexec, srun, torchrun).
 type Config struct {
 	NATSURL       string        // A2A_NATS_URL   control plane (default nats://127.0.0.1:4222)
 	Group         string        // A2A_GROUP      job name; ranks of one job share it (default "a2a")
@@ -31,6 +32,9 @@ type Config struct {
 	Yield         time.Duration // A2A_YIELD      sched_yield time before parking (default 1ms)
 	Links         string        // A2A_LINKS      link table: "" built-in | "probe" measured at join | path of `a2ad tune` output (rank 0's counts)
 	LLBytes       int           // A2A_LL_BYTES   largest block sent by the LL protocol (0: DefaultLLBytes; negative: no LL unless A2A_ALGO=ll)
+	LocalRank     int           // A2A_LOCAL_RANK index among the job's ranks on this host, as the launcher says (ConfigFromEnv: -1 if none does); Join does not use it
+	LocalSize     int           // A2A_LOCAL_SIZE the job's ranks on this host, as the launcher says (0: not known); Join does not use it
+	Launcher      string        // who set Rank and WorldSize: "" for A2A_* (or the program), else a launcher's name (see ConfigFromEnv)
 
 	// HeartbeatInterval and PeerTimeout tune failure detection (defaults
 	// 250ms and 1.5s: a dead rank is noticed by everyone within 3s).
@@ -47,11 +51,27 @@ type Config struct {
 }
 
 // ConfigFromEnv reads a Config from the A2A_* environment variables.
+//
+// When neither A2A_RANK nor A2A_WORLD_SIZE is set, the rank, world size and
+// local rank come from the launcher that started the process, the first of
+// these whose rank and size variables are both set:
+//
+//	torchrun  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; job TORCHELASTIC_RUN_ID, MASTER_ADDR, MASTER_PORT
+//	openmpi   OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE; job PMIX_NAMESPACE
+//	pmi       PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS (MPICH's Hydra, Slurm's pmi2); job PMI_JOBID
+//	slurm     SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; job SLURM_JOB_ID, SLURM_STEP_ID
+//
+// Config.Launcher names the one found. Unless A2A_GROUP is set, the group is
+// the launcher's name and its job variables' values (e.g. "slurm-4242-0");
+// a launcher that exports none (Hydra's mpiexec) needs A2A_GROUP. torchrun's
+// MASTER_ADDR is the default control-plane host (nats://MASTER_ADDR:4222)
+// when A2A_NATS_URL is unset. A2A_* variables that are set always win.
 func ConfigFromEnv() (Config, error) {
 	cfg := Config{
 		NATSURL:       os.Getenv("A2A_NATS_URL"),
 		Group:         os.Getenv("A2A_GROUP"),
 		Rank:          -1,
+		LocalRank:     -1,
 		Secret:        os.Getenv("A2A_SECRET"),
 		Algo:          os.Getenv("A2A_ALGO"),
 		AlgoAllReduce: os.Getenv("A2A_ALGO_ALLREDUCE"),
@@ -60,10 +80,16 @@ func ConfigFromEnv() (Config, error) {
 		Transport:     os.Getenv("A2A_TRANSPORT"),
 		Links:         os.Getenv("A2A_LINKS"),
 	}
+	if os.Getenv("A2A_RANK") == "" && os.Getenv("A2A_WORLD_SIZE") == "" {
+		if err := cfg.fromLauncher(os.Getenv); err != nil {
+			return cfg, err
+		}
+	}
 	ints := []struct {
 		name string
 		dst  *int
-	}{{"A2A_RANK", &cfg.Rank}, {"A2A_WORLD_SIZE", &cfg.WorldSize}, {"A2A_STREAMS", &cfg.Streams}, {"A2A_WINDOW", &cfg.Window}, {"A2A_LL_BYTES", &cfg.LLBytes}}
+	}{{"A2A_RANK", &cfg.Rank}, {"A2A_WORLD_SIZE", &cfg.WorldSize}, {"A2A_STREAMS", &cfg.Streams}, {"A2A_WINDOW", &cfg.Window}, {"A2A_LL_BYTES", &cfg.LLBytes},
+		{"A2A_LOCAL_RANK", &cfg.LocalRank}, {"A2A_LOCAL_SIZE", &cfg.LocalSize}}
 	for _, v := range ints {
 		if s := os.Getenv(v.name); s != "" {
 			n, err := strconv.Atoi(s)
@@ -155,5 +181,9 @@ func (cfg Config) withDefaults() (Config, error) {
 }
 
 func (cfg Config) String() string {
-	return fmt.Sprintf("group=%s rank=%d world=%d algo=%q streams=%d", cfg.Group, cfg.Rank, cfg.WorldSize, cfg.Algo, cfg.Streams)
+	s := fmt.Sprintf("group=%s rank=%d world=%d algo=%q streams=%d", cfg.Group, cfg.Rank, cfg.WorldSize, cfg.Algo, cfg.Streams)
+	if cfg.Launcher != "" {
+		s += " launcher=" + cfg.Launcher
+	}
+	return s
 }
