@@ -128,3 +128,14 @@ func TestConfigFromEnvBadLauncherValues(t *testing.T) {
 		}
 	}
 }
+
+// The default group must be one NATS subject token, or Join refuses it.
+func TestDefaultGroupIsAToken(t *testing.T) {
+	cfg, err := Config{WorldSize: 1}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Group != groupToken(cfg.Group) || cfg.Group == "" {
+		t.Errorf("default group %q is not a NATS subject token", cfg.Group)
+	}
+}
