@@ -1,0 +1,271 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/a2a-moe/a2a/internal/natsd"
+)
+
+// checkBin is a2acheck built once for the tests.
+var checkBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "a2acheck-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	checkBin = filepath.Join(dir, "a2acheck")
+	build := exec.Command("go", "build", "-o", checkBin, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building a2acheck:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// The ranks run 4 on this host, as the issue asks.
+const ranks = 4
+
+// TestOpenMPI starts the ranks with Open MPI's mpirun, which tells each its
+// rank in OMPI_COMM_WORLD_* and the job in PMIX_NAMESPACE: only the NATS URL
+// is given, exported with -x as on a cluster.
+func TestOpenMPI(t *testing.T) {
+	url := startNATS(t, "127.0.0.1:0")
+	mpirun := need(t, "mpirun.openmpi", "openmpi-bin")
+	// Root needs --allow-run-as-root; 4 ranks on fewer cores --oversubscribe.
+	// mpirun's own daemon traffic stays on loopback.
+	cmd := command(t, mpirun, "--allow-run-as-root", "--oversubscribe",
+		"--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo",
+		"-n", strconv.Itoa(ranks), "-x", "A2A_NATS_URL", checkBin)
+	cmd.Env = append(cleanEnv(), "A2A_NATS_URL="+url)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("mpirun: %v\n%s", err, out)
+	}
+	checkRanks(t, out, "openmpi", regexp.MustCompile(`^openmpi-[0-9]+$`), ranks, ranks)
+}
+
+// TestMPICH starts the ranks with MPICH's Hydra mpiexec. It tells each its
+// rank in PMI_RANK/PMI_SIZE and its local rank in MPI_LOCALRANKID, but
+// exports no job id, so the group comes from A2A_GROUP; without one every
+// rank must fail saying so.
+func TestMPICH(t *testing.T) {
+	url := startNATS(t, "127.0.0.1:0")
+	mpiexec := need(t, "mpiexec.hydra", "mpich")
+	group := fmt.Sprintf("hydra-%d", rand.Uint32())
+	args := func(extra ...string) []string {
+		// -launcher fork: no ssh to this host; -iface lo: Hydra's own
+		// connections on loopback.
+		a := []string{"-launcher", "fork", "-iface", "lo", "-n", strconv.Itoa(ranks), "-genv", "A2A_NATS_URL", url}
+		return append(append(a, extra...), checkBin)
+	}
+	cmd := command(t, mpiexec, args("-genv", "A2A_GROUP", group)...)
+	cmd.Env = cleanEnv()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("mpiexec: %v\n%s", err, out)
+	}
+	checkRanks(t, out, "pmi", regexp.MustCompile("^"+group+"$"), ranks, ranks)
+
+	cmd = command(t, mpiexec, args()...)
+	cmd.Env = cleanEnv()
+	out, err = cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("mpiexec without A2A_GROUP succeeded:\n%s", out)
+	}
+	if n := strings.Count(string(out), "set A2A_GROUP"); n != ranks {
+		t.Errorf("%d of %d ranks ask for A2A_GROUP:\n%s", n, ranks, out)
+	}
+}
+
+// TestSlurmByHand starts the ranks with the variables srun sets (no Slurm
+// here): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and the job and step ids.
+func TestSlurmByHand(t *testing.T) {
+	url := startNATS(t, "127.0.0.1:0")
+	job := strconv.Itoa(int(rand.Uint32() % 1e6))
+	outs, errs := startRanks(t, ranks, func(r int) []string {
+		return []string{"A2A_NATS_URL=" + url, "SLURM_PROCID=" + strconv.Itoa(r), "SLURM_NTASKS=" + strconv.Itoa(ranks),
+			"SLURM_LOCALID=" + strconv.Itoa(r), "SLURM_JOB_ID=" + job, "SLURM_STEP_ID=0", "SLURM_NODEID=0"}
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v\n%s", r, err, outs[r])
+		}
+	}
+	checkRanks(t, bytes.Join(outs, nil), "slurm", regexp.MustCompile("^slurm-"+job+"-0$"), ranks, 0)
+}
+
+// TestTorchrunByHand starts the ranks with the variables torchrun sets and
+// no A2A_NATS_URL: the control plane is found at MASTER_ADDR:4222. The NATS
+// server listens on a random address of 127/8 so that port 4222 is free.
+func TestTorchrunByHand(t *testing.T) {
+	var addr string
+	for try := 0; ; try++ {
+		addr = fmt.Sprintf("127.%d.%d.%d", rand.IntN(256), rand.IntN(256), 1+rand.IntN(254))
+		s, err := natsd.Start(addr + ":4222")
+		if err == nil {
+			t.Cleanup(s.Shutdown)
+			break
+		}
+		if try == 4 {
+			t.Fatal(err)
+		}
+	}
+	outs, errs := startRanks(t, ranks, func(r int) []string {
+		return []string{"RANK=" + strconv.Itoa(r), "WORLD_SIZE=" + strconv.Itoa(ranks), "LOCAL_RANK=" + strconv.Itoa(r),
+			"LOCAL_WORLD_SIZE=" + strconv.Itoa(ranks), "GROUP_RANK=0", "MASTER_ADDR=" + addr, "MASTER_PORT=29500",
+			"TORCHELASTIC_RUN_ID=none"}
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v\n%s", r, err, outs[r])
+		}
+	}
+	group := "torchrun-none-" + strings.ReplaceAll(addr, ".", "_") + "-29500"
+	checkRanks(t, bytes.Join(outs, nil), "torchrun", regexp.MustCompile("^"+group+"$"), ranks, ranks)
+}
+
+// TestCheckFails makes rank 1 send a wrong byte: its receiver must say
+// which, and every rank must exit non-zero (the check aborts the group).
+func TestCheckFails(t *testing.T) {
+	url := startNATS(t, "127.0.0.1:0")
+	outs, errs := startRanks(t, ranks, func(r int) []string {
+		return []string{"A2A_NATS_URL=" + url, "A2A_GROUP=corrupt", "A2A_RANK=" + strconv.Itoa(r), "A2A_WORLD_SIZE=" + strconv.Itoa(ranks)}
+	}, "--corrupt", "1")
+	for r, err := range errs {
+		if err == nil {
+			t.Errorf("rank %d exited 0 although rank 1 sent a wrong byte:\n%s", r, outs[r])
+		}
+	}
+	if all := string(bytes.Join(outs, nil)); !regexp.MustCompile(`round 0: byte [0-9]+ of [0-9]+ from rank 1 is`).MatchString(all) {
+		t.Errorf("no rank reports rank 1's wrong byte:\n%s", all)
+	}
+}
+
+// need returns the path of a launcher, failing the test when it is missing:
+// scripts/deps.sh installs it before make test runs the tests.
+func need(t *testing.T, name, pkg string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Fatalf("%s not found: install Debian's %s (scripts/deps.sh, run by make test, does)", name, pkg)
+	}
+	return p
+}
+
+// startNATS starts a NATS server on addr for the test.
+func startNATS(t *testing.T, addr string) string {
+	t.Helper()
+	s, err := natsd.Start(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	return s.ClientURL()
+}
+
+// command is name args in its own process group, killed whole (launcher and
+// ranks) when the test's deadline passes.
+func command(t *testing.T, name string, args ...string) *exec.Cmd {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+// startRanks runs n a2acheck processes with args, rank r's environment
+// extended by env(r), and returns each one's output and exit error.
+func startRanks(t *testing.T, n int, env func(r int) []string, args ...string) ([][]byte, []error) {
+	t.Helper()
+	cmds := make([]*exec.Cmd, n)
+	outs := make([]bytes.Buffer, n)
+	for r := range n {
+		cmds[r] = command(t, checkBin, args...)
+		cmds[r].Env = append(cleanEnv(), env(r)...)
+		cmds[r].Stdout, cmds[r].Stderr = &outs[r], &outs[r]
+		if err := cmds[r].Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, errs := make([][]byte, n), make([]error, n)
+	for r, cmd := range cmds {
+		errs[r] = cmd.Wait()
+		res[r] = outs[r].Bytes()
+	}
+	return res, errs
+}
+
+// cleanEnv is this process's environment without a2a's and the launchers'
+// variables, in case the tests themselves run under a launcher.
+func cleanEnv() []string {
+	drop := regexp.MustCompile(`^(A2A_|OMPI_|PMIX_|PMI_|MPI_LOCAL|SLURM_|TORCHELASTIC_|(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT)=)`)
+	var env []string
+	for _, kv := range os.Environ() {
+		if !drop.MatchString(kv) {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+var okLine = regexp.MustCompile(`(?m)^a2acheck: rank ([0-9]+) of ([0-9]+) launcher=(\S*) local=(-?[0-9]+)/([0-9]+) group=(\S+) bytes=[0-9]+ ok$`)
+
+// checkRanks checks that out has the success line of every rank of n, each
+// naming the launcher, a group matching group (all the same), its rank as
+// local rank (all ranks run on this host) and localSize (0: the launcher
+// gives none).
+func checkRanks(t *testing.T, out []byte, launcher string, group *regexp.Regexp, n, localSize int) {
+	t.Helper()
+	seen := make([]bool, n)
+	groups := map[string]bool{}
+	for _, m := range okLine.FindAllStringSubmatch(string(out), -1) {
+		r, _ := strconv.Atoi(m[1])
+		size, _ := strconv.Atoi(m[2])
+		local, _ := strconv.Atoi(m[4])
+		ls, _ := strconv.Atoi(m[5])
+		switch {
+		case size != n || r >= n || seen[r]:
+			t.Errorf("line %q: rank %d of %d seen twice or out of range", m[0], r, size)
+			continue
+		case m[3] != launcher:
+			t.Errorf("rank %d: launcher %q, want %q", r, m[3], launcher)
+		case !group.MatchString(m[6]):
+			t.Errorf("rank %d: group %q, want %v", r, m[6], group)
+		case local != r || ls != localSize:
+			t.Errorf("rank %d: local rank %d/%d, want %d/%d", r, local, ls, r, localSize)
+		}
+		seen[r] = true
+		groups[m[6]] = true
+	}
+	for r, ok := range seen {
+		if !ok {
+			t.Errorf("rank %d did not report success", r)
+		}
+	}
+	if len(groups) > 1 {
+		t.Errorf("ranks report different groups %v", groups)
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s", out)
+	}
+}
