@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -143,7 +142,8 @@ func (c *Comm) join(ctx context.Context) error {
 	defer dp.close()
 	m, err := control.Join(ctx, nc, control.JoinConfig{
 		Group: cfg.Group, Rank: cfg.Rank, WorldSize: cfg.WorldSize,
-		Info:              control.NodeInfo{Rank: cfg.Rank, Host: host, PID: os.Getpid(), Transports: dp.addresses(), Streams: cfg.Streams},
+		Info: control.NodeInfo{Rank: cfg.Rank, Host: host, PID: os.Getpid(), Transports: dp.addresses(), Streams: cfg.Streams,
+			CPUs: cpus.Format(cpus.Allowed())},
 		HeartbeatInterval: cfg.HeartbeatInterval, PeerTimeout: cfg.PeerTimeout, Logger: c.log,
 	})
 	if err != nil {
@@ -326,40 +326,50 @@ type waiting struct {
 	spin, yield time.Duration
 	// sharedProcess: other ranks are goroutines of this process.
 	sharedProcess bool
-	// crowded: this host runs more ranks than it has CPUs, so ranks share
-	// cores.
+	// crowded: the group's ranks on this host outnumber the CPUs they may
+	// run on, so ranks share cores.
 	crowded bool
 }
 
-// waitPolicy resolves Config.Spin and Config.Yield for a host with
-// hostCPUs CPUs. By default a rank busy-polls, then yields, then parks; when
-// its host runs more ranks than it may use cores a spinning rank would hold
+// waitPolicy resolves Config.Spin and Config.Yield for rank of the group
+// nodes on a host with hostCPUs CPUs online. By default a rank busy-polls,
+// then yields, then parks. When the host is crowded, its ranks of the group
+// outnumbering the CPUs they may run on together, a spinning rank would hold
 // the core the rank it waits for needs, so it does not spin (Open MPI's
-// yield_when_idle makes the same call). Ranks that are goroutines of one
-// process (tests, in-process groups) share the process's Ps instead of
-// cores: sharedProcess reports them, so the engine also yields to goroutines.
+// yield_when_idle makes the same call). The CPUs counted are the union of
+// the local ranks' affinities (NodeInfo.CPUs), not this rank's own: ranks
+// bound to a core each have a core of their own and spin, while ranks a
+// launcher confined to fewer cores than there are ranks do not. Ranks that
+// are goroutines of one process (tests, in-process groups) share the
+// process's Ps instead of cores: sharedProcess reports them, so the engine
+// also yields to goroutines.
 func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, rank, hostCPUs int) waiting {
 	local, shared := 0, false
+	usable := map[int]bool{}
+	known := true
 	for r, n := range nodes {
 		if n.Host == nodes[rank].Host {
 			local++
 			shared = shared || (r != rank && n.PID == nodes[rank].PID)
+			known = cpus.Parse(n.CPUs, usable) && known
 		}
 	}
-	// NumCPU counts the CPUs this process may run on: a rank bound to one
-	// core counts one, so bound ranks do not spin either.
-	over := local > runtime.NumCPU()
+	jobCPUs := hostCPUs
+	if known {
+		jobCPUs = min(len(usable), hostCPUs)
+	}
+	crowded := local > jobCPUs
 	switch {
 	case spin < 0:
 		spin = 0
-	case spin == 0 && over:
+	case spin == 0 && crowded:
 	case spin == 0:
 		spin = defaultSpin
 	}
 	if yield == 0 {
 		yield = defaultYield
 	}
-	return waiting{spin: spin, yield: yield, sharedProcess: shared, crowded: local > hostCPUs}
+	return waiting{spin: spin, yield: yield, sharedProcess: shared, crowded: crowded}
 }
 
 // watchControl turns a control-plane abort (another rank failed, a peer

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"sync"
 	"testing"
@@ -626,16 +625,20 @@ func TestExternalNATSServer(t *testing.T) {
 }
 
 func TestWaitPolicy(t *testing.T) {
-	ncpu := runtime.NumCPU()
-	node := func(host string, pid int) control.NodeInfo { return control.NodeInfo{Host: host, PID: pid} }
-	// n ranks on host "a", each its own process, and one rank on host "b".
-	group := func(n int) []control.NodeInfo {
-		nodes := []control.NodeInfo{node("b", 1)}
+	node := func(host string, pid int, cpus string) control.NodeInfo {
+		return control.NodeInfo{Host: host, PID: pid, CPUs: cpus}
+	}
+	// n ranks on host "a", each its own process with affinity cpus(r), and
+	// one rank on host "b" (8 CPUs, never counted).
+	group := func(n int, cpus func(r int) string) []control.NodeInfo {
+		nodes := []control.NodeInfo{node("b", 1, "0-7")}
 		for r := range n {
-			nodes = append(nodes, node("a", 10+r))
+			nodes = append(nodes, node("a", 10+r, cpus(r)))
 		}
 		return nodes
 	}
+	unbound := func(int) string { return "0-1" }
+	bound := func(r int) string { return strconv.Itoa(r % 2) }
 	for _, c := range []struct {
 		name        string
 		spin        time.Duration
@@ -645,12 +648,18 @@ func TestWaitPolicy(t *testing.T) {
 		wantShared  bool
 		wantCrowded bool
 	}{
-		{"a core each", 0, group(1), 2, defaultSpin, false, false},
-		{"more ranks than usable cores", 0, group(ncpu + 1), ncpu + 1, 0, false, false},
-		{"more ranks than the host's CPUs", 0, group(ncpu + 1), ncpu, 0, false, true},
-		{"spin forced", 7 * time.Microsecond, group(ncpu + 1), ncpu, 7 * time.Microsecond, false, true},
-		{"spin off", -1, group(1), 2, 0, false, false},
-		{"goroutine ranks", 0, []control.NodeInfo{node("a", 5), node("a", 5)}, 2 * ncpu, defaultSpin, true, false},
+		{"2 unbound ranks, 2 CPUs", 0, group(2, unbound), 2, defaultSpin, false, false},
+		{"2 ranks bound to a core each", 0, group(2, bound), 2, defaultSpin, false, false},
+		{"4 unbound ranks, 2 CPUs", 0, group(4, unbound), 2, 0, false, true},
+		{"4 ranks bound two per core", 0, group(4, bound), 2, 0, false, true},
+		{"2 ranks confined to one core", 0, group(2, func(int) string { return "1" }), 2, 0, false, true},
+		{"2 ranks, host of 64, job given 2", 0, group(2, unbound), 64, defaultSpin, false, false},
+		{"3 ranks, job given 2 of 64", 0, group(3, unbound), 64, 0, false, true},
+		{"affinity unknown: the host's CPUs", 0, group(2, func(int) string { return "" }), 2, defaultSpin, false, false},
+		{"affinity unknown, crowded host", 0, group(3, func(int) string { return "" }), 2, 0, false, true},
+		{"spin forced", 7 * time.Microsecond, group(4, unbound), 2, 7 * time.Microsecond, false, true},
+		{"spin off", -1, group(1, unbound), 2, 0, false, false},
+		{"goroutine ranks", 0, []control.NodeInfo{node("a", 5, "0-3"), node("a", 5, "0-3")}, 4, defaultSpin, true, false},
 	} {
 		w := waitPolicy(c.spin, 0, c.nodes, len(c.nodes)-1, c.hostCPUs)
 		if w.spin != c.wantSpin || w.yield != defaultYield || w.sharedProcess != c.wantShared || w.crowded != c.wantCrowded {

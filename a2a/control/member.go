@@ -31,6 +31,7 @@ type NodeInfo struct {
 	Host    string `msgpack:"h"` // host identity (grouping of ranks per host); default os.Hostname()
 	PID     int    `msgpack:"p"` // default os.Getpid()
 	Streams int    `msgpack:"s"` // connections per peer pair; equal on all ranks (0 means 1)
+	CPUs    string `msgpack:"c"` // CPUs the rank may run on, as a kernel CPU list ("" unknown)
 	// Transports holds the address of every data plane the rank offers, by
 	// provider name ("tcp": host:port, "shm", "verbs": opaque to control).
 	Transports map[string][]byte `msgpack:"t"`

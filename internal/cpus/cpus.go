@@ -31,16 +31,40 @@ func Allowed() []int {
 // process may use), or runtime.NumCPU if the kernel does not say.
 func Online() int {
 	b, err := os.ReadFile("/sys/devices/system/cpu/online")
-	if n := listLen(strings.TrimSpace(string(b))); err == nil && n > 0 {
-		return n
+	if set := map[int]bool{}; err == nil && Parse(strings.TrimSpace(string(b)), set) {
+		return len(set)
 	}
 	return runtime.NumCPU()
 }
 
-// listLen counts the CPUs of a kernel CPU list ("0-3,8,10-11"), or returns
-// 0 for a malformed one.
-func listLen(list string) int {
-	n := 0
+// Format writes a CPU list in the kernel's form ("0-3,8,10-11"); cpus must
+// be increasing.
+func Format(cpus []int) string {
+	var b strings.Builder
+	for i := 0; i < len(cpus); {
+		j := i
+		for j+1 < len(cpus) && cpus[j+1] == cpus[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(cpus[i]))
+		if j > i {
+			b.WriteByte('-')
+			b.WriteString(strconv.Itoa(cpus[j]))
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+// Parse reads a kernel CPU list into set (CPU numbers as keys) and reports
+// whether it was well formed and not empty.
+func Parse(list string, set map[int]bool) bool {
+	if list == "" {
+		return false
+	}
 	for _, part := range strings.Split(list, ",") {
 		lo, hi, isRange := strings.Cut(part, "-")
 		first, err := strconv.Atoi(lo)
@@ -48,10 +72,12 @@ func listLen(list string) int {
 		if err == nil && isRange {
 			last, err = strconv.Atoi(hi)
 		}
-		if err != nil || first < 0 || last < first {
-			return 0
+		if err != nil || first < 0 || last < first || last-first > 1<<16 {
+			return false
 		}
-		n += last - first + 1
+		for c := first; c <= last; c++ {
+			set[c] = true
+		}
 	}
-	return n
+	return true
 }
