@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/transport"
 	"github.com/a2a-moe/a2a/a2a/transport/shm"
 	"github.com/a2a-moe/a2a/a2a/transport/tcp"
@@ -49,12 +50,13 @@ func TestTransportPerPair(t *testing.T) {
 		transport string
 		perHost   int
 		want      string // every rank's TransportName
+		wantLocal string // the link class that prices ranks of one host
 		wantErr   string // substring of every rank's Join error
 	}{
-		{name: "one host", perHost: 4, want: "shm"},
-		{name: "two hosts", perHost: 2, want: "shm+tcp"},
-		{name: "one per host", perHost: 1, want: "tcp"},
-		{name: "forced tcp", transport: "tcp", perHost: 4, want: "tcp"},
+		{name: "one host", perHost: 4, want: "shm", wantLocal: "shm"},
+		{name: "two hosts", perHost: 2, want: "shm+tcp", wantLocal: "shm"},
+		{name: "one per host", perHost: 1, want: "tcp", wantLocal: "shm"},
+		{name: "forced tcp", transport: "tcp", perHost: 4, want: "tcp", wantLocal: "tcp"},
 		{name: "forced shm across hosts", transport: "shm", perHost: 2, wantErr: "is on another host"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -77,6 +79,9 @@ func TestTransportPerPair(t *testing.T) {
 			for r, c := range comms {
 				if got := c.TransportName(); got != tc.want {
 					t.Errorf("rank %d: TransportName %q, want %q", r, got, tc.want)
+				}
+				if l := c.Links(); l != algo.DefaultLinksFor(tc.wantLocal, "tcp") {
+					t.Errorf("rank %d: links %+v, want the built-in %s/tcp table", r, l, tc.wantLocal)
 				}
 				for p := range 4 {
 					want := "tcp"

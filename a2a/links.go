@@ -1,6 +1,7 @@
 package a2a
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"math"
@@ -37,20 +38,21 @@ func (c *Comm) Links() algo.Links { return c.links }
 // then the table), so every rank prices candidates identically even when
 // their settings differ; a join without probing costs one small Broadcast.
 func (c *Comm) agreeLinks(ctx context.Context) error {
-	c.links = algo.DefaultLinks()
+	localClass, remoteClass := c.linkClasses()
+	c.links = algo.DefaultLinksFor(localClass, remoteClass)
 	if c.rank == 0 && c.cfg.Links != LinksDefault && c.cfg.Links != LinksProbe {
 		l, err := algo.LoadLinks(c.cfg.Links)
 		if err != nil {
 			return fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "A2A_LINKS")
 		}
-		c.links = l
+		c.links = l.For(localClass, remoteClass)
 	}
 	if c.size < 2 {
 		return nil
 	}
 	// One broadcast carries the table, or, when rank 0 probes, the peers it
 	// probes; a second one then carries the measured table.
-	msg := make([]byte, 24+linksBytes) // probe?, local peer, remote peer, table
+	msg := make([]byte, 24+linksBytes) // probe?, local peer, remote peer, table with classes
 	local, remote := -1, -1
 	if c.rank == 0 {
 		if c.cfg.Links == LinksProbe {
@@ -150,21 +152,52 @@ func (c *Comm) probeLink(ctx context.Context, peer int) (algo.Link, error) {
 	return algo.Link{Alpha: alpha, Beta: beta, Lanes: 1}, nil
 }
 
+// linkClasses names the data planes that play the link table's roles on
+// this rank: the provider of its first peer on this host and of its first
+// peer on another host. A role no pair plays is named after the default
+// providers' (shm, tcp) so that it still has a price. Rank 0's names travel
+// with the table, so every rank holds the same.
+func (c *Comm) linkClasses() (local, remote string) {
+	local, remote = algo.ClassShm, algo.ClassTCP
+	foundLocal, foundRemote := false, false
+	for r := range c.size {
+		name := c.PeerTransport(r)
+		switch {
+		case name == "":
+		case c.hosts[r] == c.hosts[c.rank] && !foundLocal:
+			local, foundLocal = name, true
+		case c.hosts[r] != c.hosts[c.rank] && !foundRemote:
+			remote, foundRemote = name, true
+		}
+	}
+	return local, remote
+}
+
 // linksBytes is the size of an encoded link table: alpha, beta and lanes of
-// each class as float64s.
-const linksBytes = 48
+// each role as float64s, then each role's class name in classBytes.
+const (
+	classBytes = 16
+	linksBytes = 48 + 2*classBytes
+)
 
 func encodeLinks(b []byte, l algo.Links) {
 	for i, v := range []float64{l.Local.Alpha, l.Local.Beta, float64(l.Local.Lanes),
 		l.Remote.Alpha, l.Remote.Beta, float64(l.Remote.Lanes)} {
 		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
 	}
+	// Class names are provider names: short words, cut to fit.
+	clear(b[48:linksBytes])
+	copy(b[48:48+classBytes], l.LocalClass)
+	copy(b[48+classBytes:linksBytes], l.RemoteClass)
 }
 
 func decodeLinks(b []byte) algo.Links {
 	f := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:])) }
+	name := func(b []byte) string { return string(bytes.TrimRight(b, "\x00")) }
 	return algo.Links{
-		Local:  algo.Link{Alpha: f(0), Beta: f(1), Lanes: int(f(2))},
-		Remote: algo.Link{Alpha: f(3), Beta: f(4), Lanes: int(f(5))},
+		Local:       algo.Link{Alpha: f(0), Beta: f(1), Lanes: int(f(2))},
+		Remote:      algo.Link{Alpha: f(3), Beta: f(4), Lanes: int(f(5))},
+		LocalClass:  name(b[48 : 48+classBytes]),
+		RemoteClass: name(b[48+classBytes : linksBytes]),
 	}
 }

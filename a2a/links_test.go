@@ -38,14 +38,18 @@ func TestLinksAgreed(t *testing.T) {
 			return nil
 		}},
 		{"file", file, func(l algo.Links) error {
-			if l != fromFile {
-				return fmt.Errorf("%+v, want %+v", l, fromFile)
+			// The file names no classes, so it prices the ones in use.
+			if want := fromFile.For(algo.ClassShm, algo.ClassTCP); l != want {
+				return fmt.Errorf("%+v, want %+v", l, want)
 			}
 			return nil
 		}},
 		{"probe", LinksProbe, func(l algo.Links) error {
 			if err := l.Validate(); err != nil {
 				return err
+			}
+			if l.LocalClass != algo.ClassShm || l.RemoteClass != algo.ClassTCP {
+				return fmt.Errorf("%+v: classes, want shm and tcp", l)
 			}
 			if l.Local == algo.DefaultLinks().Local || l.Remote == algo.DefaultLinks().Remote {
 				return fmt.Errorf("%+v: a class kept its default", l)

@@ -166,3 +166,28 @@ func TestLowerBoundHosts(t *testing.T) {
 		}
 	}
 }
+
+func TestLinksFor(t *testing.T) {
+	measured := Links{Local: Link{Alpha: 2e-6, Beta: 1e-10, Lanes: 1}, Remote: Link{Alpha: 7e-6, Beta: 1e-9, Lanes: 2}, LocalClass: ClassShm, RemoteClass: ClassTCP}
+	unclassed := measured
+	unclassed.LocalClass, unclassed.RemoteClass = "", ""
+	for _, c := range []struct {
+		name          string
+		in            Links
+		local, remote string
+		want          Links
+	}{
+		{"same classes", measured, ClassShm, ClassTCP, measured},
+		{"remote now verbs", measured, ClassShm, ClassVerbs, Links{Local: measured.Local, Remote: ClassLink(ClassVerbs), LocalClass: ClassShm, RemoteClass: ClassVerbs}},
+		{"tcp inside a host", measured, ClassTCP, ClassTCP, Links{Local: ClassLink(ClassTCP), Remote: measured.Remote, LocalClass: ClassTCP, RemoteClass: ClassTCP}},
+		{"a table without classes fits any", unclassed, ClassVerbs, ClassVerbs, Links{Local: measured.Local, Remote: measured.Remote, LocalClass: ClassVerbs, RemoteClass: ClassVerbs}},
+		{"defaults", DefaultLinks(), ClassShm, ClassVerbs, DefaultLinksFor(ClassShm, ClassVerbs)},
+	} {
+		if got := c.in.For(c.local, c.remote); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+	if ClassLink("nosuch") != DefaultLink() || ClassLink(ClassShm) == ClassLink(ClassTCP) {
+		t.Error("ClassLink")
+	}
+}

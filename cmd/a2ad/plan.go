@@ -29,16 +29,18 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	rounds := fs.Int("rounds", 6, "rounds of the schedule printed (0: none, -1: all)")
 	hosts := fs.Int("hosts", 1, "hosts the ranks are spread over (consecutive ranks per host)")
 	linksFile := fs.String("links", "", "link table written by `a2ad tune` (default: built-in)")
+	localClass := fs.String("local-class", algo.ClassShm, "data plane between ranks of one host (shm, tcp, verbs): prices the local role")
+	remoteClass := fs.String("remote-class", algo.ClassTCP, "data plane between hosts (tcp, verbs): prices the remote role")
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
 	}
-	links := algo.DefaultLinks()
+	links := algo.DefaultLinksFor(*localClass, *remoteClass)
 	if *linksFile != "" {
 		l, err := algo.LoadLinks(*linksFile)
 		if err != nil {
 			return usageError{err}
 		}
-		links = l
+		links = l.For(*localClass, *remoteClass)
 	}
 	szs, err := parseSizes(*sizes)
 	if err != nil {
@@ -88,8 +90,9 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 			send[j], recv[j] = m[*rank**n+j], m[j**n+*rank]
 		}
 		chosen := algo.ChooseAllToAllVMatrix(*n, *hosts, *streams, *window, m, link)
-		fmt.Printf("# plan n=%d size=%d dist=%s streams=%d window=%d hosts=%d links local alpha=%.1fus beta=%.2fGB/s remote alpha=%.1fus beta=%.2fGB/s: auto picks %s\n",
-			*n, size, d, *streams, *window, *hosts, links.Local.Alpha*1e6, 1/links.Local.Beta/1e9, links.Remote.Alpha*1e6, 1/links.Remote.Beta/1e9, chosen)
+		fmt.Printf("# plan n=%d size=%d dist=%s streams=%d window=%d hosts=%d links local(%s) alpha=%.1fus beta=%.2fGB/s remote(%s) alpha=%.1fus beta=%.2fGB/s: auto picks %s\n",
+			*n, size, d, *streams, *window, *hosts, links.LocalClass, links.Local.Alpha*1e6, 1/links.Local.Beta/1e9,
+			links.RemoteClass, links.Remote.Alpha*1e6, 1/links.Remote.Beta/1e9, chosen)
 		for _, a := range cands {
 			args := algo.AllToAllVArgs{Rank: *rank, World: *n, SendCounts: send, RecvCounts: recv, Streams: *streams, Window: *window}
 			var est string

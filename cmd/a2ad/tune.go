@@ -14,8 +14,9 @@ import (
 
 // cmdTune measures the link table of this machine: it starts local ranks,
 // the first two of which share a host while the others pose as a second host
-// (their traffic with rank 0 goes over TCP), lets rank 0 probe both link
-// classes as a probing join does (A2A_LINKS=probe), and prints the table as
+// (their traffic with rank 0 goes over the remote data plane, TCP unless
+// A2A_TRANSPORT says otherwise), lets rank 0 probe both roles' link classes,
+// which the table names, as a probing join does (A2A_LINKS=probe), and prints the table as
 // JSON, or writes it to --out for jobs to load with A2A_LINKS=FILE and for
 // `a2ad plan --links FILE`.
 func cmdTune(ctx context.Context, log *slog.Logger, args []string) error {
@@ -67,7 +68,7 @@ func tuneWorker(ctx context.Context, log *slog.Logger, out string) error {
 		return err
 	}
 	l := c.Links()
-	fmt.Printf("a2ad tune: wrote %s: local alpha %.2fus %.2f GB/s, remote alpha %.2fus %.2f GB/s\n",
-		out, l.Local.Alpha*1e6, 1/l.Local.Beta/1e9, l.Remote.Alpha*1e6, 1/l.Remote.Beta/1e9)
+	fmt.Printf("a2ad tune: wrote %s: local (%s) alpha %.2fus %.2f GB/s, remote (%s) alpha %.2fus %.2f GB/s\n",
+		out, l.LocalClass, l.Local.Alpha*1e6, 1/l.Local.Beta/1e9, l.RemoteClass, l.Remote.Alpha*1e6, 1/l.Remote.Beta/1e9)
 	return nil
 }
