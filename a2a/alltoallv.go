@@ -227,7 +227,13 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 // chooseForMatrix picks an algorithm from the global matrix; every rank holds
 // the same matrix and hosts, so every rank picks the same one.
 func (c *Comm) chooseForMatrix(matrix []int) algo.Algo {
-	return algo.ChooseAllToAllVMatrix(c.size, c.numHosts, c.cfg.Streams, c.cfg.Window, matrix, c.links.Flat(c.numHosts))
+	return c.chooser.Choose(c.choiceArgs(matrix))
+}
+
+// choiceArgs is what the automatic choice reads for an AllToAllV with the
+// global matrix, or nil when only this rank's counts are known.
+func (c *Comm) choiceArgs(matrix []int) algo.ChoiceArgs {
+	return algo.ChoiceArgs{World: c.size, Streams: c.cfg.Streams, Window: c.cfg.Window, Matrix: matrix, Hosts: c.hosts, Links: c.links}
 }
 
 // gatherMatrix builds the global traffic matrix on the data plane: every rank

@@ -61,6 +61,7 @@ type Comm struct {
 	// (where Barrier is); -1 when none is.
 	llAllReduce int
 	links       algo.Links    // the link table all ranks agreed on at join
+	chooser     algo.Chooser  // the automatic AllToAllV choice
 	sched       algo.Schedule // the plan of a call planCache does not keep
 	plans       planCache
 	bufs        opBuffers
@@ -212,7 +213,7 @@ func (c *Comm) join(ctx context.Context) error {
 		// size, config, the agreed link table), so all ranks pick the same
 		// algorithm; it is fixed for the communicator's life until a counts
 		// matrix is available.
-		c.algo = algo.ChooseAllToAllV(c.size, cfg.Streams, cfg.Window, nil, c.links.Flat(c.numHosts))
+		c.algo = c.chooser.Choose(c.choiceArgs(nil))
 	}
 	c.evenHosts = evenHosts(c.hosts, c.numHosts)
 	return nil

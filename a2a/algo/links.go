@@ -113,11 +113,18 @@ func LoadLinks(path string) (Links, error) {
 // busiest rank's bytes, sent or received, times Beta. hosts gives each
 // rank's host; uneven hosts, which PlanStaged refuses, cost +Inf.
 func EstimateStaged(matrix []int, hosts []int, links Links) float64 {
+	var s Schedule
+	var scratch []int
+	return estimateStaged(&s, &scratch, matrix, hosts, links)
+}
+
+// estimateStaged is EstimateStaged with its storage in s and scratch, so
+// that a Chooser prices staged without allocating once warm.
+func estimateStaged(s *Schedule, scratch *[]int, matrix []int, hosts []int, links Links) float64 {
 	w := len(hosts)
 	if w == 0 || len(matrix) != w*w {
 		return math.Inf(1)
 	}
-	var s Schedule
 	t, err := s.topology(hosts)
 	if err != nil {
 		return math.Inf(1)
@@ -127,7 +134,12 @@ func EstimateStaged(matrix []int, hosts []int, links Links) float64 {
 	// j goes first to fwd, the rank of r's host with j's local index (phase
 	// 1, unless r is fwd), then from fwd to j (phase 2, unless fwd is on j's
 	// host, i.e. is j).
-	p1out, p1in, p2out, p2in := make([]int, w), make([]int, w), make([]int, w), make([]int, w)
+	if cap(*scratch) < 4*w {
+		*scratch = make([]int, 4*w)
+	}
+	buf := (*scratch)[:4*w]
+	clear(buf)
+	p1out, p1in, p2out, p2in := buf[:w], buf[w:2*w], buf[2*w:3*w], buf[3*w:]
 	for r := range w {
 		for j := range w {
 			n := matrix[r*w+j]

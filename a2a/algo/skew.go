@@ -130,14 +130,21 @@ func PlanSkew(s *Schedule, a SkewArgs) error {
 
 // EstimateSkew prices PlanSkew's rounds like the fullmesh estimate: per round
 // alpha plus the busiest rank's bytes (sent or received) over the bandwidth.
-// It allocates; selection on the hot path uses cheaper signals.
+// It allocates; a Chooser prices it with reused storage.
 func EstimateSkew(matrix []int, world, window int, link Link) float64 {
 	var s Schedule
-	if PlanSkew(&s, SkewArgs{Rank: 0, World: world, Matrix: matrix, Streams: 1, Window: window}) != nil {
-		return 0
+	var scratch []int
+	return estimateSkew(&s, &scratch, matrix, world, window, link)
+}
+
+// estimateSkew is EstimateSkew with its storage in s and scratch. A matrix
+// PlanSkew refuses costs +Inf.
+func estimateSkew(s *Schedule, scratch *[]int, matrix []int, world, window int, link Link) float64 {
+	if PlanSkew(s, SkewArgs{Rank: 0, World: world, Matrix: matrix, Streams: 1, Window: window}) != nil {
+		return math.Inf(1)
 	}
 	p := world
-	round := slices.Clone(s.work[p*p : 2*p*p]) // the matchings every rank shares
+	round := s.work[p*p : 2*p*p] // the matchings every rank shares
 	window = max(window, 1)
 	rounds := 0
 	for i := range p {
@@ -147,7 +154,12 @@ func EstimateSkew(matrix []int, world, window int, link Link) float64 {
 			}
 		}
 	}
-	sent, recvd := make([]int, rounds*p), make([]int, rounds*p)
+	if cap(*scratch) < 2*rounds*p {
+		*scratch = make([]int, 2*rounds*p)
+	}
+	buf := (*scratch)[:2*rounds*p]
+	clear(buf)
+	sent, recvd := buf[:rounds*p], buf[rounds*p:]
 	for i := range p {
 		for j := range p {
 			if i != j {
@@ -168,36 +180,9 @@ func EstimateSkew(matrix []int, world, window int, link Link) float64 {
 	return total
 }
 
-// StagedMaxPairBytes: with the whole matrix known, ChooseAllToAllVMatrix
-// prefers the staged algorithm across several hosts while the mean message is
-// at most this big, where the exchange is bound by per-message latency on the
-// inter-host links (staged sends H-1 network messages per rank, not (H-1)L).
-const StagedMaxPairBytes = 64 << 10
-
 // SkewRatio: a matrix whose heaviest pair carries this many times the mean
-// pair is skewed enough for PlanSkew's matchings.
+// pair is skewed enough for PlanSkew's matchings to be a candidate.
 const SkewRatio = 4
-
-// ChooseAllToAllVMatrix picks an AllToAllV algorithm when every rank holds
-// the global matrix (and the host count): staged across several multi-rank
-// hosts for small messages, skew-aware matchings for skewed matrices, else
-// ChooseAllToAllV's cost-model choice. It reads only shared inputs, so all
-// ranks agree, and allocates nothing.
-func ChooseAllToAllVMatrix(world, hosts, streams, window int, matrix []int, link Link) Algo {
-	total, heaviest := 0, 0
-	for _, v := range matrix {
-		total += v
-		heaviest = max(heaviest, v)
-	}
-	mean := total / max(len(matrix), 1)
-	switch {
-	case hosts > 1 && hosts < world && world%hosts == 0 && mean <= StagedMaxPairBytes:
-		return AlgoStaged
-	case world > 2 && world <= SkewMaxWorld && heaviest >= SkewRatio*max(mean, 1):
-		return AlgoSkew
-	}
-	return ChooseAllToAllV(world, streams, window, matrix, link)
-}
 
 // LowerBoundAllToAllV is the time no AllToAllV schedule can beat under link:
 // the busiest rank's bytes sent or received to or from other ranks (the

@@ -352,12 +352,24 @@ func TestPlan(t *testing.T) {
 				bound, _ = strconv.ParseFloat(f[2], 64)
 			}
 		}
-		if bound <= 0 || len(estimates) < 4 {
+		if bound <= 0 || len(estimates) < 3 {
 			t.Fatalf("hosts %s: no lower bound or too few estimates:\n%s", hosts, out)
 		}
 		for a, est := range estimates {
 			if est < bound {
 				t.Errorf("hosts %s: %s estimated %.1f us, below the lower bound %.1f us", hosts, a, est, bound)
+			}
+		}
+		// Auto picks the lowest estimate printed (ll runs only when forced).
+		picked := ""
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.HasSuffix(line, "<- auto") {
+				picked = strings.Fields(line)[0]
+			}
+		}
+		for a, est := range estimates {
+			if a != "ll" && est < estimates[picked] {
+				t.Errorf("hosts %s: auto picked %q (%.1f us) over %s (%.1f us)", hosts, picked, estimates[picked], a, est)
 			}
 		}
 	}

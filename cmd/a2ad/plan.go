@@ -56,13 +56,8 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	var cands []algo.Algo
 	for _, name := range strings.Split(*algos, ",") {
 		if name == "all" {
-			cands = append(cands, algo.AlgoPairwise, algo.AlgoFullmesh, algo.AlgoLL)
-			if *n <= algo.SkewMaxWorld {
-				cands = append(cands, algo.AlgoSkew)
-			}
-			if *hosts > 1 {
-				cands = append(cands, algo.AlgoStaged)
-			}
+			// Every candidate, also those auto leaves out here (each says why).
+			cands = append(cands, algo.AlgoPairwise, algo.AlgoFullmesh, algo.AlgoStaged, algo.AlgoSkew, algo.AlgoLL)
 			continue
 		}
 		a, err := algo.ParseAlgo(name)
@@ -71,8 +66,8 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 		}
 		cands = append(cands, a)
 	}
-	link := links.Flat(*hosts)
 	var s algo.Schedule
+	var chooser algo.Chooser
 	hostOf := make([]int, *n)
 	for r := range hostOf {
 		hostOf[r] = r * *hosts / *n
@@ -89,13 +84,24 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 		for j := range *n {
 			send[j], recv[j] = m[*rank**n+j], m[j**n+*rank]
 		}
-		chosen := algo.ChooseAllToAllVMatrix(*n, *hosts, *streams, *window, m, link)
+		// The one rule auto selection runs in a Comm, on the same inputs.
+		priced, chosen := chooser.Price(algo.ChoiceArgs{World: *n, Streams: *streams, Window: *window, Matrix: m, Hosts: hostOf, Links: links})
 		fmt.Printf("# plan n=%d size=%d dist=%s streams=%d window=%d hosts=%d links local(%s) alpha=%.1fus beta=%.2fGB/s remote(%s) alpha=%.1fus beta=%.2fGB/s: auto picks %s\n",
 			*n, size, d, *streams, *window, *hosts, links.LocalClass, links.Local.Alpha*1e6, 1/links.Local.Beta/1e9,
 			links.RemoteClass, links.Remote.Alpha*1e6, 1/links.Remote.Beta/1e9, chosen)
 		for _, a := range cands {
+			var cand algo.Candidate
+			for _, c := range priced {
+				if c.Algo == a {
+					cand = c
+				}
+			}
+			if cand.Why != "" {
+				fmt.Printf("%-9s left out by auto: %s\n", a, cand.Why)
+				continue
+			}
 			args := algo.AllToAllVArgs{Rank: *rank, World: *n, SendCounts: send, RecvCounts: recv, Streams: *streams, Window: *window}
-			var est string
+			est, note := cand.Estimate, ""
 			var err error
 			switch a {
 			case algo.AlgoPairwise:
@@ -104,22 +110,21 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 				err = algo.PlanFullmesh(&s, args)
 			case algo.AlgoSkew:
 				err = algo.PlanSkew(&s, algo.SkewArgs{Rank: *rank, World: *n, Matrix: m, Streams: *streams, Window: 1})
-				est = fmt.Sprintf("%10.1f", algo.EstimateSkew(m, *n, 1, link)*1e6)
 			case algo.AlgoLL:
 				args.LLCutoff = cut
 				err = algo.PlanLL(&s, args)
-				est = fmt.Sprintf("%10.1f", algo.EstimateLL(m, *n, *streams, *window, *llBytes, link)*1e6)
+				est = algo.EstimateLL(m, *n, *streams, *window, *llBytes, links.Flat(*hosts))
+				note = " (forced only: under auto every algorithm sends blocks up to a pair's LL cutoff one-sided)"
 			case algo.AlgoStaged:
 				err = algo.PlanStaged(&s, algo.StagedArgs{Rank: *rank, World: *n, Matrix: m, Hosts: hostOf, Streams: *streams})
-				est = fmt.Sprintf("%10.1f", algo.EstimateStaged(m, hostOf, links)*1e6)
 			}
 			if err != nil {
 				return err
 			}
-			if a == algo.AlgoPairwise || a == algo.AlgoFullmesh {
-				est = fmt.Sprintf("%10.1f", algo.EstimateAllToAllV(a, m, *n, *streams, *window, link)*1e6)
+			if a == chosen {
+				note = " <- auto"
 			}
-			fmt.Printf("%-9s estimated %s us, %d rounds, %d steps on rank %d\n", a, est, s.NumRounds(), len(s.Steps), *rank)
+			fmt.Printf("%-9s estimated %10.1f us, %d rounds, %d steps on rank %d%s\n", a, est*1e6, s.NumRounds(), len(s.Steps), *rank, note)
 			if *rounds != 0 {
 				printRounds(s.String(), *rounds)
 			}

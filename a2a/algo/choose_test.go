@@ -1,0 +1,85 @@
+package algo
+
+import (
+	"math"
+	"testing"
+)
+
+// TestChooser checks the one rule of automatic choice: the pick is the
+// lowest estimate among the candidates priced, the others say why they were
+// left out, and pricing allocates nothing once warm.
+func TestChooser(t *testing.T) {
+	uniform := func(p, n int) []int {
+		m := make([]int, p*p)
+		for i := range m {
+			if i/p != i%p {
+				m[i] = n
+			}
+		}
+		return m
+	}
+	hot := func(p, n int) []int { // every rank sends 16x more to rank 0
+		m := uniform(p, n)
+		for i := 1; i < p; i++ {
+			m[i*p] = 16 * n
+		}
+		return m
+	}
+	hostsOf := func(p, per int) []int {
+		h := make([]int, p)
+		for r := range h {
+			h[r] = r / per
+		}
+		return h
+	}
+	slow := DefaultLinks()
+	slow.Remote.Alpha = 200e-6
+	for _, c := range []struct {
+		name   string
+		args   ChoiceArgs
+		priced []Algo // candidates with an estimate
+	}{
+		{"two ranks", ChoiceArgs{World: 2, Streams: 1, Window: 4, Links: DefaultLinks()}, []Algo{AlgoPairwise}},
+		{"no matrix", ChoiceArgs{World: 8, Streams: 1, Window: 4, Hosts: hostsOf(8, 4), Links: DefaultLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
+		{"one host uniform", ChoiceArgs{World: 8, Streams: 1, Window: 4, Matrix: uniform(8, 1<<10), Links: DefaultLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
+		{"hosts, small, slow links", ChoiceArgs{World: 8, Streams: 1, Window: 4, Matrix: uniform(8, 1<<10), Hosts: hostsOf(8, 2), Links: slow}, []Algo{AlgoPairwise, AlgoFullmesh, AlgoStaged}},
+		{"hosts, large", ChoiceArgs{World: 8, Streams: 2, Window: 4, Matrix: uniform(8, 1<<20), Hosts: hostsOf(8, 2), Links: DefaultLinks()}, []Algo{AlgoPairwise, AlgoFullmesh, AlgoStaged}},
+		{"one per host", ChoiceArgs{World: 4, Streams: 1, Window: 4, Matrix: uniform(4, 1<<10), Hosts: hostsOf(4, 1), Links: DefaultLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
+		{"uneven hosts", ChoiceArgs{World: 3, Streams: 1, Window: 4, Matrix: uniform(3, 1<<10), Hosts: []int{0, 0, 1}, Links: DefaultLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
+		{"hot receiver", ChoiceArgs{World: 8, Streams: 1, Window: 4, Matrix: hot(8, 1<<12), Links: DefaultLinks()}, []Algo{AlgoPairwise, AlgoFullmesh, AlgoSkew}},
+		{"hot, too many ranks", ChoiceArgs{World: 300, Streams: 1, Window: 4, Matrix: hot(300, 64), Links: DefaultLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
+	} {
+		var ch Chooser
+		cands, pick := ch.Price(c.args)
+		if len(cands) != 4 {
+			t.Fatalf("%s: %d candidates", c.name, len(cands))
+		}
+		best := math.Inf(1)
+		for _, cand := range cands {
+			want := false
+			for _, a := range c.priced {
+				want = want || a == cand.Algo
+			}
+			switch {
+			case want && (cand.Why != "" || math.IsInf(cand.Estimate, 1)):
+				t.Errorf("%s: %s left out: %q", c.name, cand.Algo, cand.Why)
+			case !want && (cand.Why == "" || !math.IsInf(cand.Estimate, 1)):
+				t.Errorf("%s: %s priced %g, want it left out with a reason", c.name, cand.Algo, cand.Estimate)
+			}
+			best = min(best, cand.Estimate)
+		}
+		for _, cand := range cands {
+			if cand.Algo == pick && cand.Estimate != best {
+				t.Errorf("%s: picked %s at %g, the lowest estimate is %g", c.name, pick, cand.Estimate, best)
+			}
+		}
+		if ch.Choose(c.args) != pick {
+			t.Errorf("%s: Choose and Price disagree", c.name)
+		}
+		if c.args.World <= 64 {
+			if allocs := testing.AllocsPerRun(20, func() { ch.Price(c.args) }); allocs != 0 {
+				t.Errorf("%s: %v allocations per Price once warm", c.name, allocs)
+			}
+		}
+	}
+}
