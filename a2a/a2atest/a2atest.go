@@ -1,6 +1,10 @@
 // Package a2atest runs groups of in-process ranks for tests, as httptest runs
 // servers: an embedded NATS server and n goroutine ranks, each with its own
 // Comm and real loopback sockets, all torn down when the test ends.
+//
+// NewServer is the form for code without a testing.TB, such as the package
+// examples: it starts the NATS server that, in a real job, `a2ad serve`
+// would run and A2A_NATS_URL would name.
 package a2atest
 
 import (
@@ -14,7 +18,32 @@ import (
 
 	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/internal/natsd"
+	"github.com/nats-io/nats-server/v2/server"
 )
+
+// Server is a NATS server running in this process on a free loopback port,
+// as httptest.Server is an HTTP server.
+type Server struct {
+	URL string // client URL, for a2a.Config.NATSURL
+	srv *server.Server
+}
+
+// NewServer starts a Server. It panics if the server cannot start, as
+// httptest.NewServer does, so that examples stay short; tests use StartNATS.
+func NewServer() *Server {
+	s, err := natsd.Start("")
+	if err != nil {
+		panic(fmt.Sprintf("a2atest: %v", err))
+	}
+	return &Server{URL: s.ClientURL(), srv: s}
+}
+
+// Close shuts the server down and waits until it has. Close the ranks'
+// Comms first.
+func (s *Server) Close() {
+	s.srv.Shutdown()
+	s.srv.WaitForShutdown()
+}
 
 // StartNATS runs an embedded NATS server for the test and returns its URL.
 func StartNATS(t testing.TB) string {
