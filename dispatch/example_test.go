@@ -8,9 +8,9 @@ import (
 	"sync"
 
 	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/a2atest"
 	"github.com/a2a-moe/a2a/a2a/reduce"
 	"github.com/a2a-moe/a2a/dispatch"
-	"github.com/a2a-moe/a2a/internal/natsd"
 	"github.com/a2a-moe/a2a/routing"
 )
 
@@ -19,11 +19,8 @@ import (
 // their rows by (expert id + 1), and combine returns 0.75*y0 + 0.25*y1 per
 // token.
 func Example() {
-	srv, err := natsd.Start("")
-	if err != nil {
-		panic(err)
-	}
-	defer srv.Shutdown()
+	nats := a2atest.NewServer() // a job: `a2ad serve` and A2A_NATS_URL
+	defer nats.Close()
 	const ranks, experts, hidden, tokens = 2, 4, 2, 4
 	report := make([]string, ranks)
 	var wg sync.WaitGroup
@@ -31,7 +28,7 @@ func Example() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			report[r] = rank(srv.ClientURL(), r, ranks, experts, hidden, tokens)
+			report[r] = rank(nats.URL, r, ranks, experts, hidden, tokens)
 		}()
 	}
 	wg.Wait()
