@@ -8,6 +8,7 @@ NEEDS=(
   "promtool prometheus"       # metric-name lint and the Prometheus server (scrape test)
   "mpirun.openmpi openmpi-bin" # Open MPI's mpirun starts ranks in the launcher test
   "mpiexec.hydra mpich"       # MPICH's Hydra mpiexec starts ranks in the launcher test
+  "ip iproute2"               # deploy's Slurm test: the batch script's DATA_IFACE address
 )
 need=()
 for line in "${NEEDS[@]}"; do
