@@ -38,6 +38,8 @@
 //	                  joiner's inbox: ack (roster so far), formed, or fail
 //	a2a.svc.G.counts  one counts row per rank per operation, reply subject is
 //	                  the member's persistent counts inbox
+//	a2a.svc.G.report  one rank's traffic summary for a2ad's live view, at most
+//	                  one per second per rank and none while idle (report.go)
 //	a2a.G.hb          heartbeats [epoch, rank]
 //	a2a.G.abort       abort [epoch, origin rank, kind, concerned rank, detail]
 //	a2a.G.leave       graceful leave [epoch, rank]

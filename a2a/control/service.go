@@ -37,6 +37,8 @@ type Service struct {
 	closed bool
 
 	cc *codec // owned by the counts handler goroutine
+
+	reports reportStore // the ranks' traffic reports (report.go)
 }
 
 // GroupView is a snapshot of one group's membership, for status displays.
@@ -159,6 +161,12 @@ func newService(nc *nats.Conn, logger *slog.Logger, only string) (*Service, erro
 		{svcPrefix + tok + "." + opJoin, s.onJoin},
 		{svcPrefix + tok + "." + opCounts, s.onCounts},
 		{subjPrefix + tok + ".*", s.onGroup},
+	}
+	if only == "" { // only a2ad's service keeps the live view's reports
+		handlers = append(handlers, struct {
+			subj string
+			h    nats.MsgHandler
+		}{svcPrefix + "*." + opReport, s.onReport})
 	}
 	for _, h := range handlers {
 		sub, err := nc.Subscribe(h.subj, h.h)
