@@ -9,6 +9,7 @@ NEEDS=(
   "mpirun.openmpi openmpi-bin" # Open MPI's mpirun starts ranks in the launcher test
   "mpiexec.hydra mpich"       # MPICH's Hydra mpiexec starts ranks in the launcher test
   "ip iproute2"               # deploy's Slurm test: the batch script's DATA_IFACE address
+  "chromium chromium"         # headless browser of a2ad serve's /ui/ test
 )
 need=()
 for line in "${NEEDS[@]}"; do
