@@ -57,7 +57,8 @@ type engine struct {
 
 	// Wait attribution for the last op: the peer whose data arrived last
 	// after the engine had to wait, and how long after opStart (set by the
-	// Comm when the op began).
+	// Comm when the op began if it read the clock, else when the op first
+	// waited).
 	lastPeer int
 	lastWait time.Duration
 	opStart  time.Time
@@ -546,6 +547,11 @@ func (e *engine) progress(ctx context.Context) error {
 		waited = true
 		if idleStart.IsZero() {
 			idleStart = now
+		}
+		if e.opStart.IsZero() {
+			// Nobody timed the start (no Observer): the wait attribution
+			// counts from the first wait, which read the clock anyway.
+			e.opStart = now
 		}
 		idle := now.Sub(idleStart)
 		if idle < e.spin {
