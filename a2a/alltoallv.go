@@ -41,6 +41,7 @@ func (c *Comm) exchange(ctx context.Context, name string, f func(seq uint64) (al
 		err = c.fail(err)
 	}
 	c.observe(name, a, seq, sendCounts, recvCounts, start, err)
+	c.tallyOp(name, a, err)
 	c.mu.Unlock()
 	return err
 }

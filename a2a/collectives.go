@@ -292,6 +292,7 @@ func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) e
 		c.eng.traffic.fill(&ev)
 		o.OpDone(ev)
 	}
+	c.tallyOp(k.name, a, err)
 	c.mu.Unlock()
 	return err
 }

@@ -83,6 +83,7 @@ type Comm struct {
 	hosts            []int         // host ordinal of every rank (same on all ranks)
 	numHosts         int
 
+	rep     *reporter             // traffic reports for a2ad's live view (report.go); nil when off
 	cause   atomic.Pointer[error] // first abort cause; nil while healthy
 	closed  atomic.Bool
 	watchWG sync.WaitGroup
@@ -113,6 +114,7 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 	c.observer = cfg.Observer
 	c.watchWG.Add(1)
 	go c.watchControl()
+	c.startReports()
 	c.log.Debug("a2a: joined", "group", cfg.Group, "rank", c.rank, "size", c.size, "epoch", c.member.Epoch())
 	return c, nil
 }
@@ -498,7 +500,8 @@ func (c *Comm) Close() error {
 	if c.tr != nil {
 		c.tr.Wake()
 	}
-	c.mu.Lock() // wait for a running operation to give up
+	c.stopReports() // before the lock: the reporter takes it for a last look
+	c.mu.Lock()     // wait for a running operation to give up
 	defer c.mu.Unlock()
 	err := c.teardown()
 	c.watchWG.Wait()

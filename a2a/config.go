@@ -35,6 +35,7 @@ type Config struct {
 	LocalRank     int           // A2A_LOCAL_RANK index among the job's ranks on this host, as the launcher says (ConfigFromEnv: -1 if none does); Join does not use it
 	LocalSize     int           // A2A_LOCAL_SIZE the job's ranks on this host, as the launcher says (0: not known); Join does not use it
 	Launcher      string        // who set Rank and WorldSize: "" for A2A_* (or the program), else a launcher's name (see ConfigFromEnv)
+	Report        time.Duration // A2A_REPORT     how often the rank reports its traffic to a2ad's live view (0: DefaultReportPeriod; negative: never)
 
 	// HeartbeatInterval and PeerTimeout tune failure detection (defaults
 	// 250ms and 1.5s: a dead rank is noticed by everyone within 3s).
@@ -102,7 +103,7 @@ func ConfigFromEnv() (Config, error) {
 	durations := []struct {
 		name string
 		dst  *time.Duration
-	}{{"A2A_TIMEOUT", &cfg.Timeout}, {"A2A_SPIN", &cfg.Spin}, {"A2A_YIELD", &cfg.Yield}}
+	}{{"A2A_TIMEOUT", &cfg.Timeout}, {"A2A_SPIN", &cfg.Spin}, {"A2A_YIELD", &cfg.Yield}, {"A2A_REPORT", &cfg.Report}}
 	for _, v := range durations {
 		if s := os.Getenv(v.name); s != "" {
 			d, err := time.ParseDuration(s)
@@ -152,6 +153,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.LLBytes == 0 {
 		cfg.LLBytes = DefaultLLBytes
+	}
+	if cfg.Report == 0 {
+		cfg.Report = DefaultReportPeriod
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
@@ -64,6 +65,7 @@ func (c *Comm) p2p(ctx context.Context, send bool, buf []byte, peer, tag int) (i
 		c.eng.traffic.fill(&ev)
 		o.OpDone(ev)
 	}
+	c.tallyOp(name, algo.AlgoDirect, err)
 	c.mu.Unlock()
 	return n, err
 }

@@ -1,0 +1,194 @@
+package a2a
+
+import (
+	"slices"
+	"time"
+
+	"github.com/a2a-moe/a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/control"
+)
+
+// DefaultReportPeriod is how often a rank looks at its traffic figures and,
+// when they changed, reports them to the control-plane service for a2ad
+// serve's live view (Config.Report).
+const DefaultReportPeriod = time.Second
+
+// reportOps are the operations a Comm counts for its reports, in the order
+// of reportOp's indices.
+var reportOps = [...]string{"alltoallv", "alltoall", "allreduce", "reducescatter", "allgather", "allgatherv",
+	"broadcast", "reduce", "gather", "gatherv", "scatter", "scatterv", "barrier", "send", "recv"}
+
+// reportOp is the index of an operation name in reportOps (-1: not counted).
+// A switch, so counting an operation costs no search.
+func reportOp(name string) int {
+	switch name {
+	case "alltoallv":
+		return 0
+	case "alltoall":
+		return 1
+	case "allreduce":
+		return 2
+	case "reducescatter":
+		return 3
+	case "allgather":
+		return 4
+	case "allgatherv":
+		return 5
+	case "broadcast":
+		return 6
+	case "reduce":
+		return 7
+	case "gather":
+		return 8
+	case "gatherv":
+		return 9
+	case "scatter":
+		return 10
+	case "scatterv":
+		return 11
+	case "barrier":
+		return 12
+	case "send":
+		return 13
+	case "recv":
+		return 14
+	}
+	return -1
+}
+
+// algoSlots bounds the algorithm ids counted per operation (algo.Algo ids
+// are small and new ones are appended).
+const algoSlots = 32
+
+// tally is what a Comm counts for its reports, under the operation lock:
+// plain additions in storage allocated at join, so an operation pays a few
+// adds and no allocation, atomic or clock read. The transport already counts
+// the bytes per peer.
+type tally struct {
+	ops    [len(reportOps)][algoSlots]uint64
+	errors uint64
+	wait   []time.Duration // by peer: see control.Report.Wait
+	last   []uint64
+}
+
+func newTally(size int) tally {
+	return tally{wait: make([]time.Duration, size), last: make([]uint64, size)}
+}
+
+// add counts one finished operation; lastPeer and lastWait are the engine's
+// wait attribution for it (lastPeer -1: none).
+func (t *tally) add(op string, a algo.Algo, lastPeer int, lastWait time.Duration, err error) {
+	if i := reportOp(op); i >= 0 && int(a) < algoSlots {
+		t.ops[i][a]++
+	}
+	if err != nil {
+		t.errors++
+		return
+	}
+	if lastPeer >= 0 && lastPeer < len(t.wait) {
+		t.wait[lastPeer] += lastWait
+		t.last[lastPeer]++
+	}
+}
+
+// copyTo copies t into dst, reusing dst's storage.
+func (t *tally) copyTo(dst *tally) {
+	dst.ops, dst.errors = t.ops, t.errors
+	dst.wait = append(dst.wait[:0], t.wait...)
+	dst.last = append(dst.last[:0], t.last...)
+}
+
+// equal reports whether t and o hold the same figures.
+func (t *tally) equal(o *tally) bool {
+	return t.ops == o.ops && t.errors == o.errors && slices.Equal(t.wait, o.wait) && slices.Equal(t.last, o.last)
+}
+
+// reporter publishes a Comm's traffic reports from its own goroutine.
+type reporter struct {
+	period time.Duration
+	t      tally // guarded by Comm.mu
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+// tallyOp counts an operation that just finished for the reports. Called
+// with c.mu held, so the engine's wait figures are this operation's.
+func (c *Comm) tallyOp(op string, a algo.Algo, err error) {
+	if r := c.rep; r != nil {
+		r.t.add(op, a, c.eng.lastPeer, c.eng.lastWait, err)
+	}
+}
+
+// startReports starts the reporting goroutine unless Config.Report is
+// negative or the group is a single rank (nothing to show).
+func (c *Comm) startReports() {
+	if c.cfg.Report < 0 || c.size < 2 {
+		return
+	}
+	// Set before Join returns the Comm: no operation or Close runs yet.
+	c.rep = &reporter{period: c.cfg.Report, t: newTally(c.size), stop: make(chan struct{}), done: make(chan struct{})}
+	go c.runReports(c.rep)
+}
+
+// stopReports stops the reporting goroutine after its last report. Called
+// by Close without c.mu held: the goroutine takes it for a last look.
+func (c *Comm) stopReports() {
+	if r := c.rep; r != nil {
+		close(r.stop)
+		<-r.done
+	}
+}
+
+// runReports looks at the figures every period and publishes them when they
+// changed since the last report, plus once more when they stop changing (so
+// the live view shows the rank idle), and a last time when the Comm closes.
+// An idle rank publishes nothing.
+func (c *Comm) runReports(r *reporter) {
+	defer close(r.done)
+	tick := time.NewTicker(r.period)
+	defer tick.Stop()
+	start := time.Now()
+	var cur, pub tally
+	var sent, pubSent []uint64
+	var seq uint64
+	var since time.Duration // when the figures were read before
+	active := false         // the last report carried changes
+	for {
+		final := false
+		select {
+		case <-r.stop:
+			final = true
+		case <-tick.C:
+		}
+		elapsed := time.Since(start)
+		c.mu.Lock()
+		r.t.copyTo(&cur)
+		c.mu.Unlock()
+		sent = append(sent[:0], c.tr.Stats().BytesSent...)
+		changed := !cur.equal(&pub) || !slices.Equal(sent, pubSent)
+		if changed || (active && !final) {
+			seq++
+			rep := control.Report{Seq: seq, Period: r.period, Elapsed: elapsed, Since: since,
+				Sent: sent, Wait: cur.wait, Last: cur.last, Errors: cur.errors}
+			for i := range cur.ops {
+				for a, n := range cur.ops[i] {
+					if n > 0 {
+						rep.Ops = append(rep.Ops, control.OpCount{Op: reportOps[i], Algo: algo.Algo(a).String(), Count: n})
+					}
+				}
+			}
+			if len(rep.Sent) == c.size {
+				if err := c.member.Report(&rep); err != nil {
+					c.log.Debug("a2a: traffic report not sent", "err", err)
+				}
+			}
+			cur.copyTo(&pub)
+			pubSent = append(pubSent[:0], sent...)
+			active = changed
+		}
+		since = elapsed
+		if final {
+			return
+		}
+	}
+}
