@@ -36,6 +36,18 @@ func Serve(ctx context.Context, addr string, g prometheus.Gatherer) (boundAddr s
 	if g == nil {
 		return "", fmt.Errorf("%w: metrics.Serve: nil Gatherer", a2a.ErrInvalidArgument)
 	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", Handler(g))
+	return ServeHandler(ctx, addr, mux)
+}
+
+// ServeHandler serves h on addr as Serve serves the metrics alone, for a
+// process that serves more on the same listener (a2ad serve: /metrics and
+// its live view /ui/, with Handler at /metrics).
+func ServeHandler(ctx context.Context, addr string, h http.Handler) (boundAddr string, err error) {
+	if h == nil {
+		return "", fmt.Errorf("%w: metrics.ServeHandler: nil Handler", a2a.ErrInvalidArgument)
+	}
 	if err := ctx.Err(); err != nil {
 		return "", fmt.Errorf("metrics.Serve: %w", err)
 	}
@@ -44,10 +56,8 @@ func Serve(ctx context.Context, addr string, g prometheus.Gatherer) (boundAddr s
 	if err != nil {
 		return "", fmt.Errorf("metrics.Serve: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", Handler(g))
 	srv := &http.Server{
-		Handler:           mux,
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(slog.Default().Handler(), slog.LevelWarn),
 	}
