@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -71,7 +72,9 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	listen := fs.String("listen", "127.0.0.1:4222", "embedded NATS listen address")
 	natsURL := fs.String("nats", "", "use this NATS server instead of embedding one")
 	status := fs.Duration("status", 0, "print the group memberships this often (0: never)")
-	metricsAddr := fs.String("metrics", "127.0.0.1:9464", "serve Prometheus /metrics of the control plane here (empty: off)")
+	metricsAddr := fs.String("metrics", "127.0.0.1:9464", "serve Prometheus /metrics of the control plane and the live view /ui/ here (empty: off). "+
+		"Keep it on loopback or a trusted network: without authentication, /ui/ shows anyone who connects every group's name, "+
+		"its ranks' hosts and PIDs, the bytes between each pair of ranks, their waits and their operations")
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
 	}
@@ -80,19 +83,27 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		return err
 	}
 	defer cp.Close()
+	var uiURL string
 	if *metricsAddr != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		if err := metrics.RegisterControl(reg, cp.svc.Groups); err != nil {
 			return err
 		}
-		addr, err := metrics.Serve(ctx, *metricsAddr, reg)
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", metrics.Handler(reg))
+		mux.Handle("/ui/", uiHandler(cp.svc))
+		addr, err := metrics.ServeHandler(ctx, *metricsAddr, mux)
 		if err != nil {
 			return err
 		}
 		fmt.Printf("a2ad: metrics at http://%s/metrics\n", addr)
+		uiURL = "http://" + addr + "/ui/"
 	}
 	fmt.Printf("a2ad: control plane ready at %s (export A2A_NATS_URL=%s)\n", cp.URL, cp.URL)
+	if uiURL != "" {
+		fmt.Printf("a2ad: live view at %s\n", uiURL)
+	}
 	var tick <-chan time.Time
 	if *status > 0 {
 		t := time.NewTicker(*status)

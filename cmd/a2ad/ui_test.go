@@ -1,0 +1,237 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestLiveView loads a2ad serve's /ui/ in headless chromium while four
+// ranks run a benchmark against the serve's control plane: the traffic and
+// wait matrices have one cell per pair of ranks, every pair of distinct ranks
+// shows traffic, and a screenshot is kept (under $A2A_TEST_ARTIFACTS, else
+// the test's temporary directory).
+func TestLiveView(t *testing.T) {
+	chromium, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatal("chromium not found: the live view's test needs a headless browser; scripts/deps.sh (make deps) installs Debian's chromium")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	natsAddr := freeAddr(t)
+	serve := a2ad(t, ctx, "serve", "--listen", natsAddr, "--metrics", "127.0.0.1:0")
+	so, _ := serve.StdoutPipe()
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		serve.Process.Signal(syscall.SIGTERM)
+		serve.Wait()
+	}()
+	var uiURL, metricsURL string
+	sc := bufio.NewScanner(so)
+	for uiURL == "" && sc.Scan() {
+		line := sc.Text()
+		if u, ok := strings.CutPrefix(line, "a2ad: metrics at "); ok {
+			metricsURL = u
+		}
+		if u, ok := strings.CutPrefix(line, "a2ad: live view at "); ok {
+			uiURL = u
+		}
+	}
+	if uiURL == "" || metricsURL == "" {
+		t.Fatalf("serve did not announce its metrics and live view (metrics %q)", metricsURL)
+	}
+	go io.Copy(io.Discard, so)
+
+	const n = 4
+	group := fmt.Sprintf("ui%d", os.Getpid())
+	ranks := make([]*exec.Cmd, n)
+	for r := range n {
+		// Skewed traffic so the heatmap has contrast; reports every 200ms
+		// so the view fills quickly.
+		cmd := a2ad(t, ctx, "bench", "--worker", "--sizes", "16K", "--dist", "zipf:1.5", "--iters", "100000000",
+			"--budget", "1h", "--warmup", "1")
+		cmd.Env = append(os.Environ(), "A2A_NATS_URL=nats://"+natsAddr, "A2A_GROUP="+group, "A2A_REPORT=200ms",
+			"A2A_RANK="+strconv.Itoa(r), "A2A_WORLD_SIZE="+strconv.Itoa(n))
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		ranks[r] = cmd
+	}
+	defer func() {
+		for _, c := range ranks {
+			c.Process.Kill()
+			c.Wait()
+		}
+	}()
+
+	// Load the page once the API shows every pair busy, so the browser's
+	// view has something to show.
+	waitForTraffic(t, ctx, uiURL+"api/groups", group, n)
+	profile := t.TempDir()
+	dom := runChromium(t, ctx, chromium, profile, "--dump-dom", uiURL)
+	checkMatrix(t, dom, "traffic", n, true)
+	checkMatrix(t, dom, "wait", n, false)
+	for _, want := range []string{`data-group="` + group + `"`, `data-op="alltoallv"`, `data-state="alive"`} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("the page lacks %s", want)
+		}
+	}
+
+	dir := os.Getenv("A2A_TEST_ARTIFACTS")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	shot := filepath.Join(dir, "a2ad-live-view.png")
+	runChromium(t, ctx, chromium, profile, "--screenshot="+shot, "--window-size=1280,1000", "--hide-scrollbars", uiURL)
+	png, err := os.ReadFile(shot)
+	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) || len(png) < 10000 {
+		t.Fatalf("screenshot %s: %d bytes, %v", shot, len(png), err)
+	}
+	t.Logf("screenshot of the live view: %s", shot)
+
+	// /metrics shares the listener.
+	resp, err := http.Get(metricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), fmt.Sprintf(`a2a_control_members{group=%q} 4`, group)) {
+		t.Errorf("/metrics beside /ui/ lacks the group's members:\n%.1500s", body)
+	}
+}
+
+// freeAddr returns a loopback address with a free port.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// waitForTraffic polls the live view's API until group reports traffic
+// between every pair of distinct ranks.
+func waitForTraffic(t *testing.T, ctx context.Context, api, group string, n int) {
+	t.Helper()
+	var last string
+	for ctx.Err() == nil {
+		busy, state := pairsBusy(api, group, n)
+		if busy {
+			return
+		}
+		last = state
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("group %s never showed traffic between every pair of ranks; last state: %.2000s", group, last)
+}
+
+func pairsBusy(api, group string, n int) (bool, string) {
+	resp, err := http.Get(api)
+	if err != nil {
+		return false, err.Error()
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var st uiState
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return false, string(raw)
+	}
+	for _, g := range st.Groups {
+		if g.Group != group || g.Traffic == nil || len(g.Traffic.SentRate) != n {
+			continue
+		}
+		for i := range n {
+			for j := range n {
+				if i != j && g.Traffic.SentRate[i][j] <= 0 {
+					return false, string(raw)
+				}
+			}
+		}
+		return true, string(raw)
+	}
+	return false, string(raw)
+}
+
+// runChromium runs headless chromium on url with a throwaway profile and
+// returns what it printed. The virtual time budget lets the page's script
+// fetch and draw before the DOM is dumped or the screenshot taken.
+func runChromium(t *testing.T, ctx context.Context, chromium, profile string, args ...string) string {
+	t.Helper()
+	all := append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
+		"--user-data-dir=" + profile, "--virtual-time-budget=5000"}, args...)
+	cmd := exec.CommandContext(ctx, chromium, all...)
+	// Its helper processes go with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // stragglers, if any
+	if err != nil {
+		t.Fatalf("chromium %v: %v\n%.3000s", args, err, stderr.String())
+	}
+	return stdout.String()
+}
+
+var (
+	cellTag = regexp.MustCompile(`<td [^>]*class="cell[^"]*"[^>]*>`)
+	attr    = regexp.MustCompile(`([a-z-]+)="([^"]*)"`)
+)
+
+// checkMatrix finds the cells of one matrix in the dumped DOM: exactly one
+// per ordered pair of n ranks, and, if busy, traffic on every pair of
+// distinct ranks.
+func checkMatrix(t *testing.T, dom, kind string, n int, busy bool) {
+	t.Helper()
+	seen := map[[2]int]bool{}
+	for _, tag := range cellTag.FindAllString(dom, -1) {
+		a := map[string]string{}
+		for _, m := range attr.FindAllStringSubmatch(tag, -1) {
+			a[m[1]] = m[2]
+		}
+		if a["data-matrix"] != kind {
+			continue
+		}
+		from, err1 := strconv.Atoi(a["data-from"])
+		to, err2 := strconv.Atoi(a["data-to"])
+		if err1 != nil || err2 != nil || from < 0 || from >= n || to < 0 || to >= n || seen[[2]int{from, to}] {
+			t.Errorf("%s cell %s: bad or repeated pair", kind, tag)
+			continue
+		}
+		seen[[2]int{from, to}] = true
+		if !busy || from == to {
+			continue
+		}
+		rate, _ := strconv.ParseFloat(a["data-value"], 64)
+		total, _ := strconv.ParseUint(a["data-bytes"], 10, 64)
+		if rate <= 0 || total == 0 {
+			t.Errorf("%s cell %d->%d: rate %v, %d bytes: want traffic", kind, from, to, rate, total)
+		}
+	}
+	if len(seen) != n*n {
+		t.Errorf("%s matrix: %d cells, want %d (one per pair of %d ranks)", kind, len(seen), n*n, n)
+	}
+}
