@@ -17,6 +17,8 @@
 //	a2a_rejected_connections_total                   counter, from the transport
 //	a2a_peer_wait_seconds_total{peer}                counter, LastWait summed by LastPeer
 //	a2a_peer_last_arrivals_total{peer}               counter, times peer arrived last
+//	a2a_peer_sent_bytes_total{peer}                  counter, from the transport (WatchPeerBytes)
+//	a2a_peer_received_bytes_total{peer}              counter, from the transport (WatchPeerBytes)
 //	a2a_moe_dispatched_tokens_total{expert}          counter
 //	a2a_moe_dropped_tokens_total                     counter
 //	a2a_moe_dispatch_duration_seconds                histogram
@@ -35,6 +37,7 @@
 //	comm, err := a2a.Join(ctx, cfg)
 //	...
 //	obs.WatchTransport(func() uint64 { return comm.Stats().Rejected })
+//	obs.WatchPeerBytes(comm.Stats) // per-peer bytes: the traffic matrix
 //	addr, err := metrics.Serve(ctx, ":9465", reg) // 9465+rank, see deploy/prometheus
 //
 // The MoE dispatch layer reports its steps with ObserveDispatch and

@@ -127,8 +127,9 @@ type Observer struct {
 	membership prometheus.Gauge
 	rejected   atomic.Pointer[func() uint64]
 
-	peerWait *prometheus.CounterVec
-	peerLast *prometheus.CounterVec
+	peerWait  *prometheus.CounterVec
+	peerLast  *prometheus.CounterVec
+	peerBytes *peerBytes // by peer, read from the transport (peers.go)
 
 	tokens           *prometheus.CounterVec
 	dropped          prometheus.Counter
@@ -218,6 +219,7 @@ func New(reg prometheus.Registerer, opts Options) (*Observer, error) {
 		Namespace: ns, Name: "peer_last_arrivals_total",
 		Help: "Completed collectives in which this peer's data arrived last.",
 	}, []string{"peer"})
+	o.peerBytes = newPeerBytes(ns)
 	o.tokens = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: "moe", Name: "dispatched_tokens_total",
 		Help: "Tokens dispatched to each expert.",
@@ -245,7 +247,7 @@ func New(reg prometheus.Registerer, opts Options) (*Observer, error) {
 	collectors := []prometheus.Collector{
 		o.duration, o.selections, o.errs, o.sent, o.received,
 		o.countsDuration, countsErrs, o.membership, rejected,
-		o.peerWait, o.peerLast,
+		o.peerWait, o.peerLast, o.peerBytes,
 		o.tokens, o.dropped, o.dispatchDuration, o.combineDuration, o.imbalance,
 	}
 	for i, c := range collectors {

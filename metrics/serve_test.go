@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/control"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // promtool returns the path of promtool (Debian package prometheus), failing
@@ -59,8 +61,17 @@ func fedRegistry(t *testing.T) *prometheus.Registry {
 	o.CountsExchanged(time.Millisecond, nil)
 	o.SetMembership(4)
 	o.WatchTransport(func() uint64 { return 1 })
+	o.WatchPeerBytes(func() transport.Stats {
+		return transport.Stats{BytesSent: []uint64{0, 100}, BytesReceived: []uint64{0, 200}}
+	})
 	o.ObserveDispatch(time.Millisecond, []int{3, 1}, 1, 1.5)
 	o.ObserveCombine(time.Millisecond)
+	// a2ad serve's families, on the same registry so one check covers both.
+	if err := RegisterControl(reg, func() []control.GroupView {
+		return []control.GroupView{{Group: "g", Epoch: 1, Size: 2, Ranks: []control.RankView{{Rank: 0}, {Rank: 1, Lost: true}}}}
+	}); err != nil {
+		t.Fatal(err)
+	}
 	return reg
 }
 

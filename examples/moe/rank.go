@@ -46,6 +46,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	}
 	defer c.Close()
 	obs.WatchTransport(func() uint64 { return c.Stats().Rejected })
+	obs.WatchPeerBytes(c.Stats)
 	rank, size := c.Rank(), c.Size()
 
 	port := 0
