@@ -154,20 +154,43 @@ func TestDashboard(t *testing.T) {
 		"errors by kind":          "a2a_errors_total",
 		"slowest peer":            "a2a_peer_wait_seconds_total",
 		"counts-exchange latency": "a2a_counts_exchange_duration_seconds_bucket",
+		"traffic matrix":          "a2a_peer_sent_bytes_total",
+		// a2ad serve's control plane: every family RegisterControl exports.
+		"control-plane groups":            "a2a_control_groups",
+		"control-plane members":           "a2a_control_members",
+		"control-plane lost ranks":        "a2a_control_lost_members",
+		"control-plane left ranks":        "a2a_control_left_members",
+		"control-plane forming groups":    "a2a_control_group_forming",
+		"control-plane aborted groups":    "a2a_control_group_aborted",
+		"control-plane pending exchanges": "a2a_control_pending_counts_exchanges",
 	}
 	for what, name := range required {
 		if !used[name] {
 			t.Errorf("dashboard has no %s panel (no expression on %s)", what, name)
 		}
 	}
-	heatmap := false
+	// Heatmaps: expert load by expert, the traffic matrix by sender and peer.
+	heatmap, matrix := false, false
 	for _, p := range panels {
 		for _, tg := range p.Targets {
 			heatmap = heatmap || p.Type == "heatmap" && strings.Contains(tg.Expr, "a2a_moe_dispatched_tokens_total")
+			matrix = matrix || p.Type == "heatmap" && strings.Contains(tg.Expr, "a2a_peer_sent_bytes_total") &&
+				strings.Contains(tg.Expr, "by (rank, peer)")
 		}
 	}
 	if !heatmap {
 		t.Error("dashboard has no heatmap panel of a2a_moe_dispatched_tokens_total")
+	}
+	if !matrix {
+		t.Error("dashboard has no traffic-matrix heatmap: a2a_peer_sent_bytes_total summed by (rank, peer)")
+	}
+	// The control families have no rank label: a rank filter would match nothing.
+	for _, p := range panels {
+		for _, tg := range p.Targets {
+			if strings.Contains(tg.Expr, "a2a_control_") && strings.Contains(tg.Expr, "rank=~") {
+				t.Errorf("panel %s filters a2ad's control families by rank: %s", p.Title, tg.Expr)
+			}
+		}
 	}
 	// Quantiles use the histograms' buckets, per op for the collectives.
 	for _, p := range panels {
