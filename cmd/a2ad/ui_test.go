@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +20,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/a2a-moe/a2a/a2a/control"
 )
 
 // TestLiveView loads a2ad serve's /ui/ in headless chromium while four
@@ -242,4 +248,107 @@ func checkMatrix(t *testing.T, dom, kind string, n int, busy bool) {
 	if busy && live == 0 {
 		t.Errorf("%s matrix: no pair has a live rate", kind)
 	}
+}
+
+// TestLiveViewStates: /ui/api/groups names every rank's state (alive, left,
+// lost) and carries the traffic its ranks reported, and /ui/ serves the page.
+func TestLiveViewStates(t *testing.T) {
+	cp, err := startControlPlane(slog.New(slog.DiscardHandler), "127.0.0.1:0", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// Rank 2 is declared lost after 300ms of silence; the others would
+	// wait 10s before calling it lost themselves, so the group stays.
+	const n = 3
+	conns := make([]*nats.Conn, n)
+	mems := make([]*control.Member, n)
+	errs := make(chan error, n)
+	for r := range n {
+		if conns[r], err = nats.Connect(cp.URL); err != nil {
+			t.Fatal(err)
+		}
+		defer conns[r].Close()
+		timeout := 10 * time.Second
+		if r == 2 {
+			timeout = 300 * time.Millisecond
+		}
+		go func() {
+			var err error
+			mems[r], err = control.Join(ctx, conns[r], control.JoinConfig{Group: "states", Rank: r, WorldSize: n,
+				Info: control.NodeInfo{Host: fmt.Sprintf("h%d", r/2)}, HeartbeatInterval: 100 * time.Millisecond, PeerTimeout: timeout})
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer mems[0].Leave()
+	if err := mems[0].Report(&control.Report{Seq: 1, Period: time.Second, Elapsed: time.Second,
+		Sent: []uint64{0, 2000, 4000}, Wait: []time.Duration{0, 0, time.Second / 2}, Last: []uint64{0, 0, 3},
+		Ops: []control.OpCount{{Op: "alltoallv", Algo: "pairwise", Count: 3}}}); err != nil {
+		t.Fatal(err)
+	}
+	mems[1].Leave()
+	conns[2].Close()
+
+	srv := httptest.NewServer(uiHandler(cp.svc))
+	defer srv.Close()
+	var g uiGroup
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := getState(t, srv.URL+"/ui/api/groups")
+		if len(st.Groups) == 1 && len(st.Groups[0].Ranks) == n && st.Groups[0].Traffic != nil &&
+			st.Groups[0].Ranks[1].State == "left" && st.Groups[0].Ranks[2].State == "lost" {
+			g = st.Groups[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("states never showed alive, left, lost: %+v", st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if g.Group != "states" || g.Size != n || g.Forming || g.Ranks[0].State != "alive" || len(g.Hosts) != 2 || g.Ranks[2].Host != 1 {
+		t.Errorf("group %+v", g)
+	}
+	if g.Ranks[0].ReportAge < 0 || g.Ranks[1].ReportAge != -1 {
+		t.Errorf("report ages %v, %v: want rank 0's only", g.Ranks[0].ReportAge, g.Ranks[1].ReportAge)
+	}
+	tr := g.Traffic
+	if tr.Sent[0][2] != 4000 || tr.SentRate[0][1] != 2000 || tr.WaitShare[0][2] != 0.5 || tr.Last[0][2] != 3 || tr.Sent[1][0] != 0 {
+		t.Errorf("traffic %+v", tr)
+	}
+	if len(tr.Ops) != 1 || tr.Ops[0] != (uiOp{Op: "alltoallv", Algo: "pairwise", Calls: 3}) {
+		t.Errorf("ops %+v", tr.Ops)
+	}
+
+	for path, want := range map[string]string{"/ui/": "<title>a2a live view</title>", "/ui/app.js": "api/groups", "/ui/style.css": ".matrix"} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+			t.Errorf("%s: status %d, lacks %q", path, resp.StatusCode, want)
+		}
+	}
+}
+
+func getState(t *testing.T, url string) uiState {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st uiState
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
