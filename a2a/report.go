@@ -160,11 +160,11 @@ func (c *Comm) runReports(r *reporter) {
 			final = true
 		case <-tick.C:
 		}
-		elapsed := time.Since(start)
-		c.mu.Lock()
+		c.mu.Lock() // waits for a running operation: its figures are whole
 		r.t.copyTo(&cur)
 		c.mu.Unlock()
 		sent = append(sent[:0], c.tr.Stats().BytesSent...)
+		elapsed := time.Since(start)
 		changed := !cur.equal(&pub) || !slices.Equal(sent, pubSent)
 		if changed || (active && !final) {
 			seq++
