@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -85,6 +86,15 @@ func helperMain() int {
 	switch mode {
 	case "idle":
 		return stall()
+	case "close":
+		// An orderly end: close the transport when rank 0 says so (closes
+		// stdin), then exit.
+		fmt.Println("ready")
+		io.Copy(io.Discard, os.Stdin)
+		if err := tr.Close(); err != nil {
+			return fail(err)
+		}
+		return 0
 	case "recv-stall":
 		// Take part of a large message, then stop.
 		r := recvJob(c, hdr(0, 0, 0, 1), make([]byte, helperSize))
@@ -345,6 +355,58 @@ func TestKilledPeer(t *testing.T) {
 			checkNoFiles(t, DefaultDir, group)
 		})
 	}
+}
+
+// TestPeerExitLogLevel: a peer that closes its transport and exits is a
+// Debug event in this rank's log, one killed without closing is a warning.
+func TestPeerExitLogLevel(t *testing.T) {
+	for _, tc := range []struct {
+		name, mode string
+		end        func(t *testing.T, h *helper)
+		want       string // the log line
+		notWant    string
+	}{
+		{"orderly close", "close", func(t *testing.T, h *helper) { h.stdin.Close(); h.cmd.Wait() },
+			`level=DEBUG msg="shm: peer left after closing its transport"`, "level=WARN"},
+		{"killed", "idle", func(t *testing.T, h *helper) { h.kill(t) },
+			`level=WARN msg="shm: peer exited without closing its transport"`, "peer left"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			group := testGroup(t)
+			var log lockedBuffer
+			h := startHelper(t, tc.mode, group, DefaultDir, ringOnly, false, false)
+			tr := openRank0(t, group, DefaultDir, ringOnly, func(c *Config) {
+				c.Logger = slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			})
+			h.expect(t, "ready")
+			tc.end(t, h)
+			if !transporttest.WaitFor(5*time.Second, func() bool { tr.checkPeers(); return tr.dead[1].Load() }) {
+				t.Fatal("the peer's exit went unnoticed")
+			}
+			got := log.String()
+			if !strings.Contains(got, tc.want) || strings.Contains(got, tc.notWant) {
+				t.Errorf("log:\n%s\nwant a line with %s and none with %s", got, tc.want, tc.notWant)
+			}
+		})
+	}
+}
+
+// lockedBuffer is a bytes.Buffer for a logger used from several goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // TestCMAFallback runs rank 1 in a user namespace, where the kernel refuses

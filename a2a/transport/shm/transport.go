@@ -602,9 +602,7 @@ func (t *Transport) goneErr(i, stream int) error {
 }
 
 // checkPeers polls the pidfds of peers in other processes and marks those
-// that exited. It reports whether it found a new death. The log line is
-// Info: ranks of a finished job exit at different times, and an exit that
-// breaks an operation surfaces as that operation's ErrPeerLost.
+// that exited. It reports whether it found a new death.
 func (t *Transport) checkPeers() bool {
 	if !t.pollMu.TryLock() {
 		return false
@@ -614,11 +612,24 @@ func (t *Transport) checkPeers() bool {
 	for i, seg := range t.segs {
 		if seg != nil && seg.pidfd >= 0 && !t.dead[i].Load() && exited(&seg.pfd) {
 			t.dead[i].Store(true)
-			t.log.Info("shm: peer exited", "rank", t.rank, "peer", seg.rank, "pid", seg.pid)
+			t.logExit(seg)
 			found = true
 		}
 	}
 	return found
+}
+
+// logExit logs the exit of the peer owning seg. Ranks of a finished job exit
+// at different times, each after its Close set the closed word of its
+// segment (which outlives the peer in this mapping): such a departure is a
+// Debug event. A peer that exited without closing its transport crashed or
+// was killed, a loss worth a warning even when no operation waits on it.
+func (t *Transport) logExit(seg *segment) {
+	if seg.closed.Load() != 0 {
+		t.log.Debug("shm: peer left after closing its transport", "rank", t.rank, "peer", seg.rank, "pid", seg.pid)
+		return
+	}
+	t.log.Warn("shm: peer exited without closing its transport", "rank", t.rank, "peer", seg.rank, "pid", seg.pid)
 }
 
 // checkPeer is checkPeers for one peer, for a stream that waits long.
@@ -629,7 +640,7 @@ func (t *Transport) checkPeer(i int) {
 	}
 	if exited(&seg.pfd) {
 		t.dead[i].Store(true)
-		t.log.Info("shm: peer exited", "rank", t.rank, "peer", seg.rank, "pid", seg.pid)
+		t.logExit(seg)
 	}
 	t.pollMu.Unlock()
 }
