@@ -89,6 +89,11 @@ func (e *RankError) Error() string {
 	return s
 }
 
+// ErrInterrupted is matched (errors.Is) by Run's error when its context
+// ended the job before any rank failed: Run stopped the ranks, so how they
+// exited says nothing about them. The error wraps the context's cause too.
+var ErrInterrupted = errors.New("interrupted")
+
 type exit struct {
 	rank int
 	err  error
@@ -96,7 +101,8 @@ type exit struct {
 
 // Run starts the ranks and waits for all of them. If one fails (non-zero exit,
 // killed by a signal), the rest are terminated and Run returns a *RankError
-// naming the first failure. Cancelling ctx terminates all ranks.
+// naming the first failure. Cancelling ctx terminates all ranks, and Run
+// returns ErrInterrupted unless a rank had failed before.
 func Run(ctx context.Context, spec Spec) error {
 	if spec.N < 1 {
 		return fmt.Errorf("launch: need at least one rank, got %d", spec.N)
@@ -184,6 +190,7 @@ func Run(ctx context.Context, spec Spec) error {
 	ours := -1 // failures[ours:] came after we terminated the ranks ourselves
 	terminated := false
 	var settleTimer, killTimer <-chan time.Time
+	var interrupted error // ctx's cause, when ctx ended the job
 	// terminate stops the ranks still running, once: SIGTERM now, SIGKILL
 	// after the grace period.
 	terminate := func() {
@@ -211,9 +218,15 @@ func Run(ctx context.Context, spec Spec) error {
 		case <-killTimer:
 			killAll(cmds, syscall.SIGKILL)
 		case <-ctx.Done():
+			if len(failures) == 0 {
+				interrupted = fmt.Errorf("%w: %w", ErrInterrupted, context.Cause(ctx))
+			}
 			terminate()
 			ctx = context.Background() // a nil Done channel: never again
 		}
+	}
+	if interrupted != nil {
+		return interrupted
 	}
 	if len(failures) == 0 {
 		return nil

@@ -1,0 +1,79 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// lineSignal sends on ch for every line written that contains word.
+type lineSignal struct {
+	word string
+	ch   chan struct{}
+}
+
+func (w lineSignal) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), w.word) {
+		w.ch <- struct{}{}
+	}
+	return len(p), nil
+}
+
+// TestRunInterrupted cancels the context of a running job: Run stops the
+// ranks and says the job was interrupted, not that a rank failed, whether
+// the ranks die of the SIGTERM or exit 0 on it.
+func TestRunInterrupted(t *testing.T) {
+	for _, tc := range []struct{ name, script string }{
+		{"killed by SIGTERM", "echo up; exec sleep 20"},
+		{"exits 0 on SIGTERM", "trap 'exit 0' TERM; echo up; sleep 20 & wait"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n = 2
+			up := lineSignal{"up", make(chan struct{}, n)}
+			cause := errors.New("test cancelled the job")
+			ctx, cancel := context.WithCancelCause(context.Background())
+			defer cancel(nil)
+			done := make(chan error, 1)
+			go func() {
+				done <- Run(ctx, Spec{N: n, Prog: "sh", Args: []string{"-c", tc.script}, Prefix: true,
+					Stdout: up, Stderr: io.Discard, Grace: 5 * time.Second})
+			}()
+			for range n {
+				select {
+				case <-up.ch:
+				case err := <-done:
+					t.Fatalf("Run returned before the ranks were up: %v", err)
+				case <-time.After(10 * time.Second):
+					t.Fatal("ranks not up within 10s")
+				}
+			}
+			cancel(cause)
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run did not return within 10s of the cancel")
+			}
+			var re *RankError
+			if !errors.Is(err, ErrInterrupted) || !errors.Is(err, cause) || errors.As(err, &re) {
+				t.Errorf("Run: %v, want ErrInterrupted wrapping the cause and no RankError", err)
+			}
+		})
+	}
+}
+
+// TestRunRankFailure: a rank that fails on its own is reported by rank and
+// exit status.
+func TestRunRankFailure(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err := Run(ctx, Spec{N: 2, Prog: "sh", Args: []string{"-c", `[ "$A2A_RANK" = 1 ] && exit 3; exec sleep 20`},
+		Stdout: io.Discard, Stderr: io.Discard})
+	var re *RankError
+	if !errors.As(err, &re) || re.Rank != 1 || re.State != "exit status 3" || errors.Is(err, ErrInterrupted) {
+		t.Errorf("Run: %v, want rank 1 failed with exit status 3", err)
+	}
+}
