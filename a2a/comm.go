@@ -415,7 +415,7 @@ func (c *Comm) fail(err error) error {
 		return prev // already aborted: the first cause is the story
 	}
 	if c.cause.CompareAndSwap(nil, &err) {
-		c.log.Warn("a2a: aborting communicator", "rank", c.rank, "err", err)
+		c.log.Log(context.Background(), fault.LogLevel(err), "a2a: aborting communicator", "rank", c.rank, "err", err)
 		if c.member != nil {
 			c.member.Abort(err)
 		}

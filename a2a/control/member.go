@@ -386,7 +386,7 @@ func (m *Member) abort(err error, publish bool) {
 	m.err = err
 	close(m.done)
 	m.mu.Unlock()
-	m.log.Warn("member aborted", "err", err)
+	m.log.Log(context.Background(), fault.LogLevel(err), "member aborted", "err", err)
 	if publish && !m.nc.IsClosed() {
 		kind, rank, detail := describe(err)
 		b, _ := msgpack.Marshal(&abortMsg{Epoch: m.epoch, Origin: m.rank, Kind: kindCode(kind), Rank: rank, Detail: detail})

@@ -4,8 +4,10 @@
 package fault
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 )
 
 // The error kinds. Every error a2a returns for one of these situations matches
@@ -67,4 +69,14 @@ func KindOf(err error) error {
 		}
 	}
 	return nil
+}
+
+// LogLevel is the level at which to log an abort caused by err: Info when
+// the caller cancelled its own context (Ctrl-C of a job, a shutdown), which
+// is a decision rather than a fault, and Warn for everything else.
+func LogLevel(err error) slog.Level {
+	if errors.Is(err, context.Canceled) {
+		return slog.LevelInfo
+	}
+	return slog.LevelWarn
 }
