@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/a2a-moe/a2a/a2a/algo"
 )
@@ -137,6 +140,59 @@ func TestRunPrefixesAndNamesTheFailedRank(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "rank 2 failed: exit status 3") {
 		t.Errorf("stderr does not name rank 2:\n%s", stderr.String())
+	}
+}
+
+// TestInterrupted sends SIGINT or SIGTERM to a running job's launcher, as
+// Ctrl-C or a scheduler does: it must say the job was interrupted (no rank
+// "failed") and exit with the shell's status for the signal.
+func TestInterrupted(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		sig   syscall.Signal
+		args  []string
+		ready string // stdout line once the ranks run
+	}{
+		{"run SIGINT", syscall.SIGINT, []string{"run", "-n", "2", "--", "sh", "-c", "echo up; exec sleep 20"}, "[rank 1] up"},
+		{"run SIGTERM", syscall.SIGTERM, []string{"run", "-n", "2", "--", "sh", "-c", "echo up; exec sleep 20"}, "[rank 1] up"},
+		{"bench SIGINT", syscall.SIGINT, []string{"bench", "-n", "2", "--sizes", "64K", "--iters", "10000000", "--budget", "1h"}, "# a2ad bench"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cmd := a2ad(t, ctx, tc.args...)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			so, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			sc := bufio.NewScanner(so)
+			for up := false; !up; {
+				if !sc.Scan() {
+					cmd.Wait()
+					t.Fatalf("no %q on stdout; stderr:\n%s", tc.ready, stderr.String())
+				}
+				up = strings.HasPrefix(sc.Text(), tc.ready)
+			}
+			if err := cmd.Process.Signal(tc.sig); err != nil {
+				t.Fatal(err)
+			}
+			for sc.Scan() {
+			}
+			err = cmd.Wait()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 128+int(tc.sig) {
+				t.Errorf("exit: %v, want status %d\n%s", err, 128+int(tc.sig), stderr.String())
+			}
+			want := fmt.Sprintf("a2ad %s: interrupted by %s\n", tc.args[0], unix.SignalName(tc.sig))
+			if !strings.Contains(stderr.String(), want) || strings.Contains(stderr.String(), "failed") {
+				t.Errorf("stderr:\n%s\nwant %q and no failure", stderr.String(), want)
+			}
+		})
 	}
 }
 

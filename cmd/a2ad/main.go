@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/a2a-moe/a2a/internal/launch"
 )
 
@@ -39,7 +41,7 @@ func main() {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()}))
 	cmds := map[string]func(context.Context, *slog.Logger, []string) error{
@@ -62,6 +64,14 @@ func main() {
 		os.Exit(2)
 	}
 	if err := cmd(ctx, log, os.Args[2:]); err != nil {
+		// After a signal the error is its consequence (the ranks were
+		// stopped, a call was aborted): say so, with the shell's status.
+		var sig signalCause
+		if errors.As(context.Cause(ctx), &sig) {
+			log.Debug("a2ad: "+name+" stopped by a signal", "err", err)
+			fmt.Fprintf(os.Stderr, "a2ad %s: %v\n", name, sig)
+			os.Exit(128 + int(sig.sig))
+		}
 		var ue usageError
 		if errors.As(err, &ue) {
 			fmt.Fprintf(os.Stderr, "a2ad %s: %v\n", name, err)
@@ -70,6 +80,30 @@ func main() {
 		fmt.Fprintf(os.Stderr, "a2ad %s: %v\n", name, err)
 		os.Exit(1)
 	}
+}
+
+// signalCause is the cause of the main context's end when SIGINT or SIGTERM
+// arrived.
+type signalCause struct{ sig syscall.Signal }
+
+func (s signalCause) Error() string { return "interrupted by " + unix.SignalName(s.sig) }
+
+// signalContext is a context cancelled with a signalCause by the first
+// SIGINT or SIGTERM, so the exit status can name the signal as shells do
+// (130 for SIGINT). Later signals are caught too: the first one already
+// stops the ranks, in their grace period.
+func signalContext() (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case s := <-ch:
+			cancel(signalCause{s.(syscall.Signal)})
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { signal.Stop(ch); cancel(nil) }
 }
 
 // usageError is a bad command line (exit status 2).
