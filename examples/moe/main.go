@@ -161,7 +161,7 @@ func launchRanks(ctx context.Context, log *slog.Logger, o options, args []string
 	if err != nil {
 		return err
 	}
-	url := o.natsURL
+	url, plane := o.natsURL, "NATS control plane at "+o.natsURL+" (--nats)"
 	if url == "" {
 		srv, err := natsd.Start("127.0.0.1:0")
 		if err != nil {
@@ -169,6 +169,7 @@ func launchRanks(ctx context.Context, log *slog.Logger, o options, args []string
 		}
 		defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
 		url = srv.ClientURL()
+		plane = "embedded NATS control plane at " + url
 		// The rendezvous and counts service a2ad serve runs; the ranks
 		// would elect a coordinator among themselves without it.
 		nc, err := nats.Connect(url, nats.Name("moe demo control service"))
@@ -182,7 +183,7 @@ func launchRanks(ctx context.Context, log *slog.Logger, o options, args []string
 		}
 		defer svc.Close()
 	}
-	fmt.Fprintf(stdout, "moe: %d local ranks, embedded NATS control plane\n", o.ranks)
+	fmt.Fprintf(stdout, "moe: %d local ranks, %s\n", o.ranks, plane)
 	return launch.Run(ctx, launch.Spec{
 		N: o.ranks, NATSURL: url, Group: "moe-" + randomHex(6), Secret: randomHex(16),
 		Prog: self, Args: append([]string{"--worker"}, args...),

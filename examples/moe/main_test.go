@@ -190,6 +190,9 @@ func TestDemoProcesses(t *testing.T) {
 		t.Fatalf("demo: %v\n%s", err, out)
 	}
 	checkOutput(t, string(out), 3, 2)
+	if !regexp.MustCompile(`(?m)^moe: 3 local ranks, embedded NATS control plane at nats://127\.0\.0\.1:\d+$`).Match(out) {
+		t.Errorf("the header does not name the embedded control plane:\n%s", out)
+	}
 
 	cmd = exec.CommandContext(ctx, moeBin, append(small, "--corrupt-rank", "1")...)
 	cmd.WaitDelay = 5 * time.Second
@@ -203,6 +206,35 @@ func TestDemoProcesses(t *testing.T) {
 	}
 	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		t.Errorf("demo killed by %v, want a clean exit status", ws.Signal())
+	}
+}
+
+// TestDemoExternalNATS runs the demo with --nats: its ranks join through
+// that server, and the header names it rather than an embedded one.
+func TestDemoExternalNATS(t *testing.T) {
+	srv, err := natsd.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, moeBin, "-n", "2", "--tokens", "16", "--hidden", "8", "--ffn", "8", "--steps", "1",
+		"--nats", srv.ClientURL())
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	checkOutput(t, string(out), 2, 1)
+	want := fmt.Sprintf("moe: 2 local ranks, NATS control plane at %s (--nats)\n", srv.ClientURL())
+	if !strings.HasPrefix(string(out), want) || strings.Contains(string(out), "embedded") {
+		t.Errorf("output does not start with %q:\n%s", want, out)
+	}
+	if v, err := srv.Varz(nil); err != nil {
+		t.Error(err)
+	} else if v.TotalConnections < 2 {
+		t.Errorf("the server saw %d connections, want one per rank at least", v.TotalConnections)
 	}
 }
 
