@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/internal/launch"
 )
 
@@ -40,9 +42,9 @@ type benchFlags struct {
 }
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.op, "op", "alltoallv", "operation: alltoallv | alltoall | allreduce | reducescatter | allgather | broadcast | reduce | gather | scatter | barrier")
+	fs.StringVar(&f.op, "op", "alltoallv", "collective: "+oneOf(benchOpNames))
 	fs.IntVar(&f.n, "n", 2, "ranks")
-	fs.StringVar(&f.algo, "algo", "", "AllToAllV algorithm: pairwise | fullmesh | staged | skew | ll (default: auto)")
+	fs.StringVar(&f.algo, "algo", "", "AllToAllV algorithm: "+oneOf(benchAlgos)+" (default: A2A_ALGO, else auto)")
 	fs.StringVar(&f.sizes, "sizes", "8:1M", "per-peer bytes: MIN:MAX (x2 steps) or a comma list")
 	fs.StringVar(&f.dist, "dist", "uniform", "traffic: uniform | zipf:S | lognormal:SIGMA | hot:F")
 	fs.IntVar(&f.iters, "iters", 1000, "maximum timed iterations per size")
@@ -52,15 +54,22 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.json, "json", false, "one JSON object per row")
 	fs.StringVar(&f.nats, "nats", "", "join through this NATS server instead of an embedded one")
 	fs.Uint64Var(&f.seed, "seed", 12345, "seed of the traffic matrix (same on every rank)")
-	fs.IntVar(&f.streams, "streams", 0, "connections per peer pair (default: A2A_STREAMS or 1)")
-	fs.IntVar(&f.window, "window", 0, "fullmesh peers in flight (default: A2A_WINDOW or 4)")
+	fs.IntVar(&f.streams, "streams", 0, fmt.Sprintf("connections per peer pair (default: A2A_STREAMS or %d)", a2a.DefaultStreams))
+	fs.IntVar(&f.window, "window", 0, fmt.Sprintf("fullmesh peers in flight (default: A2A_WINDOW or %d)", algo.DefaultWindow))
 	fs.BoolVar(&f.worker, "worker", false, "internal: run as one rank of the benchmark")
-	fs.StringVar(&f.counts, "counts", "known", "alltoallv receive counts: known (given), matrix (AllToAllVMatrix with the global matrix: staged/skew-aware choice), nats (ExchangeCountsMatrix each call) or inband (AllToAllVInBand)")
-	fs.StringVar(&f.trans, "transport", "", "data plane: auto (shm on one host) | tcp | shm (default: A2A_TRANSPORT or auto)")
-	fs.StringVar(&f.timing, "timing", "barrier", "barrier: per-rank time after a barrier, slowest rank (as the MPI harness); span: last rank's start to last rank's end (ranks must share a clock: one machine, e.g. the test bed), which leaves out the barrier's exit skew")
-	fs.StringVar(&f.alloc, "alloc", "huge", "send and receive buffers: huge (a2a.AllocBuffer: 2 MiB aligned, transparent huge pages) or heap (make)")
-	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (unless oversubscribed); none")
+	fs.StringVar(&f.counts, "counts", "known", "alltoallv receive counts: known (given) | matrix (AllToAllVMatrix with the global matrix: staged/skew-aware choice) | nats (ExchangeCountsMatrix each call) | inband (AllToAllVInBand)")
+	fs.StringVar(&f.trans, "transport", "", "data plane: auto (shm on one host, tcp to others) | tcp | shm (default: A2A_TRANSPORT or auto)")
+	fs.StringVar(&f.timing, "timing", "barrier", "barrier: per-rank time after a barrier, slowest rank (as the MPI harness) | span: last rank's start to last rank's end (ranks must share a clock: one machine, e.g. the test bed), which leaves out the barrier's exit skew")
+	fs.StringVar(&f.alloc, "alloc", "huge", "send and receive buffers: huge (a2a.AllocBuffer: 2 MiB aligned, transparent huge pages) | heap (make)")
+	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (unless oversubscribed) | none")
 }
+
+// The values of --algo (the AllToAllV algorithms of A2A_ALGO) and
+// --transport (A2A_TRANSPORT).
+var (
+	benchAlgos      = []string{"auto", "pairwise", "fullmesh", "staged", "skew", "ll"}
+	benchTransports = []string{"auto", "tcp", "shm"}
+)
 
 // benchRow is one line of output; the JSON keys are a stable interface.
 type benchRow struct {
@@ -81,7 +90,7 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	var f benchFlags
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	f.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return usageError{err}
 	}
 	sizes, err := parseSizes(f.sizes)
@@ -92,8 +101,8 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	if err != nil {
 		return usageError{err}
 	}
-	if !benchOps[f.op] {
-		return usagef("unknown --op %q", f.op)
+	if !slices.Contains(benchOpNames, f.op) {
+		return usagef("unknown --op %q: valid ops are %s", f.op, strings.Join(benchOpNames, ", "))
 	}
 	if f.alloc != "huge" && f.alloc != "heap" {
 		return usagef("--alloc %q: huge or heap", f.alloc)
@@ -103,6 +112,12 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	}
 	if f.counts != "known" && f.counts != "matrix" && f.counts != "nats" && f.counts != "inband" {
 		return usagef("--counts %q: known, matrix, nats or inband", f.counts)
+	}
+	if f.algo != "" && !slices.Contains(benchAlgos, f.algo) {
+		return usagef("--algo %q: %s", f.algo, strings.Join(benchAlgos, ", "))
+	}
+	if f.trans != "" && !slices.Contains(benchTransports, f.trans) {
+		return usagef("--transport %q: %s", f.trans, strings.Join(benchTransports, ", "))
 	}
 	if f.op != "alltoallv" && d.kind != "uniform" {
 		return usagef("--op %s moves equal blocks: --dist must be uniform", f.op)

@@ -9,12 +9,12 @@ import (
 	"github.com/a2a-moe/a2a/a2a"
 )
 
-// benchOps are the operations `a2ad bench --op` measures. Sizes follow
+// benchOpNames are the operations `a2ad bench --op` measures. Sizes follow
 // nccl-tests: alltoallv/alltoall/gather/scatter/allgather take bytes per peer
 // block; allreduce/reduce/broadcast/reducescatter take bytes of the buffer
 // each rank passes.
-var benchOps = map[string]bool{"alltoallv": true, "alltoall": true, "allreduce": true, "reducescatter": true,
-	"allgather": true, "broadcast": true, "reduce": true, "gather": true, "scatter": true, "barrier": true}
+var benchOpNames = []string{"alltoallv", "alltoall", "allreduce", "reducescatter", "allgather", "broadcast",
+	"reduce", "gather", "scatter", "barrier"}
 
 // collective is one measured operation: the call, the check of its result,
 // the bytes counted by algbw, and busbw's factor (nccl-tests' conventions).

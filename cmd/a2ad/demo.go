@@ -19,7 +19,7 @@ func cmdDemo(ctx context.Context, log *slog.Logger, args []string) error {
 	steps := fs.Int("steps", 4, "exchange steps")
 	maxBytes := fs.Int("max", 64<<10, "largest block a rank sends one peer")
 	worker := fs.Bool("worker", false, "internal: run as one rank")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return usageError{err}
 	}
 	if *worker {

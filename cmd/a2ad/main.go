@@ -4,6 +4,10 @@
 //	a2ad run    -n N [--nats URL] [--group G] -- PROG [ARGS]   start N local ranks (like mpirun/torchrun)
 //	a2ad bench  --op alltoallv -n N --sizes 8:1M ...   nccl-tests style benchmark
 //	a2ad demo   [-n 4]                               a verified AllToAllV demo on local ranks
+//	a2ad plan   [--algo A] [-n N] ...                  AllToAllV schedules and estimated times
+//	a2ad tune   [-n N] [--out FILE]                    measure the link table
+//
+// "a2ad COMMAND -h" prints a command's flags and their valid values.
 package main
 
 import (
@@ -21,65 +25,67 @@ import (
 	"github.com/a2a-moe/a2a/internal/launch"
 )
 
-const usage = `a2ad: the a2a all-to-all service
-
-usage:
-  a2ad serve [--listen HOST:PORT] [--nats URL]
-  a2ad run -n N [--nats URL] [--group G] [--world W --rank-offset R] -- PROG [ARGS...]
-  a2ad bench [--op alltoallv|alltoall] [-n N] [--algo A] [--sizes MIN:MAX] [--dist D]
-             [--iters I] [--warmup W] [--check] [--json] [--nats URL]
-  a2ad demo [-n N] [--steps S]
-  a2ad plan [--algo A] [-n N] [--dist D] [--sizes S] [--hosts H] [--links FILE]
-             print schedules and estimated times, run nothing
-  a2ad tune [-n N] [--out FILE]   measure the link table (alpha, beta per link class)
-
-Run "a2ad COMMAND -h" for a command's flags.
-`
+// cmdFunc runs a subcommand with its arguments.
+type cmdFunc func(context.Context, *slog.Logger, []string) error
 
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprint(os.Stderr, usage)
+	args := os.Args[1:]
+	if len(args) == 0 {
+		usage(os.Stderr)
+		os.Exit(2)
+	}
+	name := args[0]
+	switch {
+	case name == "-h" || name == "--help" || name == "help" && len(args) == 1:
+		usage(os.Stdout)
+		return
+	case name == "help": // a2ad help CMD: CMD's help
+		name, args = args[1], []string{args[1], "-h"}
+	case name == "pin": // internal: the trampoline of --bind core
+		if err := cmdPin(args[1:]); err != nil {
+			fmt.Fprintf(os.Stderr, "a2ad pin: %v\n", err)
+			os.Exit(2)
+		}
+		return
+	}
+	var c command
+	for _, cc := range commands() {
+		if cc.name == name {
+			c = cc
+		}
+	}
+	if c.run == nil {
+		fmt.Fprintf(os.Stderr, "a2ad: unknown command %q\n\n", name)
+		usage(os.Stderr)
 		os.Exit(2)
 	}
 	ctx, stop := signalContext()
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()}))
-	cmds := map[string]func(context.Context, *slog.Logger, []string) error{
-		"serve": cmdServe,
-		"run":   cmdRun,
-		"bench": cmdBench,
-		"demo":  cmdDemo,
-		"pin":   cmdPin,
-		"plan":  cmdPlan,
-		"tune":  cmdTune,
-	}
-	name := os.Args[1]
-	if name == "-h" || name == "--help" || name == "help" {
-		fmt.Print(usage)
+	err := c.run(ctx, log, args[1:])
+	if err == nil {
 		return
 	}
-	cmd, ok := cmds[name]
-	if !ok {
-		fmt.Fprintf(os.Stderr, "a2ad: unknown command %q\n\n%s", name, usage)
+	var hr helpRequested
+	if errors.As(err, &hr) {
+		help(os.Stdout, c, hr.fs)
+		return
+	}
+	// After a signal the error is its consequence (the ranks were stopped, a
+	// call was aborted): say so, with the shell's status.
+	var sig signalCause
+	if errors.As(context.Cause(ctx), &sig) {
+		log.Debug("a2ad: "+name+" stopped by a signal", "err", err)
+		fmt.Fprintf(os.Stderr, "a2ad %s: %v\n", name, sig)
+		os.Exit(128 + int(sig.sig))
+	}
+	fmt.Fprintf(os.Stderr, "a2ad %s: %v\n", name, err)
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(os.Stderr, "Run \"a2ad %s -h\" for its flags and their valid values.\n", name)
 		os.Exit(2)
 	}
-	if err := cmd(ctx, log, os.Args[2:]); err != nil {
-		// After a signal the error is its consequence (the ranks were
-		// stopped, a call was aborted): say so, with the shell's status.
-		var sig signalCause
-		if errors.As(context.Cause(ctx), &sig) {
-			log.Debug("a2ad: "+name+" stopped by a signal", "err", err)
-			fmt.Fprintf(os.Stderr, "a2ad %s: %v\n", name, sig)
-			os.Exit(128 + int(sig.sig))
-		}
-		var ue usageError
-		if errors.As(err, &ue) {
-			fmt.Fprintf(os.Stderr, "a2ad %s: %v\n", name, err)
-			os.Exit(2)
-		}
-		fmt.Fprintf(os.Stderr, "a2ad %s: %v\n", name, err)
-		os.Exit(1)
-	}
+	os.Exit(1)
 }
 
 // signalCause is the cause of the main context's end when SIGINT or SIGTERM
@@ -109,10 +115,12 @@ func signalContext() (context.Context, func()) {
 // usageError is a bad command line (exit status 2).
 type usageError struct{ error }
 
+func (e usageError) Unwrap() error { return e.error }
+
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
 // cmdPin is the hidden trampoline of `--bind core`: a2ad pin CPU PROG ARGS.
-func cmdPin(_ context.Context, _ *slog.Logger, args []string) error {
+func cmdPin(args []string) error {
 	if len(args) < 2 {
 		return usagef("pin CPU PROG [ARGS]")
 	}

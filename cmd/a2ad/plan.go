@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/transport/shm"
 )
@@ -18,20 +19,20 @@ import (
 func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
 	algos := fs.String("algo", "all", "candidates: all, or a comma list of pairwise, fullmesh, skew, staged, ll")
-	llBytes := fs.Int("ll-bytes", shm.DefaultSlotBytes, "LL cutoff for the ll candidate (the shm slot size by default)")
+	llBytes := fs.Int("ll-bytes", shm.DefaultSlotBytes, "LL cutoff for the ll candidate: the shm slot size")
 	n := fs.Int("n", 8, "ranks")
 	sizes := fs.String("sizes", "64K", "per-peer bytes: MIN:MAX (x2 steps) or a comma list")
 	distFlag := fs.String("dist", "uniform", "traffic: uniform | zipf:S | lognormal:SIGMA | hot:F")
 	seed := fs.Uint64("seed", 12345, "seed of the traffic matrix")
-	streams := fs.Int("streams", 1, "connections per peer pair")
+	streams := fs.Int("streams", a2a.DefaultStreams, "connections per peer pair, as a job has by default")
 	window := fs.Int("window", algo.DefaultWindow, "fullmesh peers in flight")
 	rank := fs.Int("rank", 0, "rank whose schedule is printed")
 	rounds := fs.Int("rounds", 6, "rounds of the schedule printed (0: none, -1: all)")
 	hosts := fs.Int("hosts", 1, "hosts the ranks are spread over (consecutive ranks per host)")
-	linksFile := fs.String("links", "", "link table written by `a2ad tune` (default: built-in)")
+	linksFile := fs.String("links", "", "link table written by \"a2ad tune\" (default: built-in)")
 	localClass := fs.String("local-class", algo.ClassShm, "data plane between ranks of one host (shm, tcp, verbs): prices the local role")
 	remoteClass := fs.String("remote-class", algo.ClassTCP, "data plane between hosts (tcp, verbs): prices the remote role")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return usageError{err}
 	}
 	links := algo.DefaultLinksFor(*localClass, *remoteClass)

@@ -24,7 +24,7 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 	offset := fs.Int("rank-offset", 0, "rank of the first process started here")
 	secret := fs.String("secret", os.Getenv("A2A_SECRET"), "data-plane secret (default: $A2A_SECRET or random; must be shared across hosts)")
 	bind := bindFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return usageError{err}
 	}
 	if *bind != "core" && *bind != "none" {

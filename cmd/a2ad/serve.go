@@ -75,7 +75,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	metricsAddr := fs.String("metrics", "127.0.0.1:9464", "serve Prometheus /metrics of the control plane and the live view /ui/ here (empty: off). "+
 		"Keep it on loopback or a trusted network: without authentication, /ui/ shows anyone who connects every group's name, "+
 		"its ranks' hosts and PIDs, the bytes between each pair of ranks, their waits and their operations")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return usageError{err}
 	}
 	cp, err := startControlPlane(log, *listen, *natsURL)

@@ -25,7 +25,7 @@ func cmdTune(ctx context.Context, log *slog.Logger, args []string) error {
 	out := fs.String("out", "", "write the table here instead of standard output")
 	nats := fs.String("nats", "", "join through this NATS server instead of an embedded one")
 	worker := fs.Bool("worker", false, "internal: run as one rank")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return usageError{err}
 	}
 	if *worker {
