@@ -41,7 +41,7 @@
 # 10.77.x.1:4222; correctness: for every algorithm of --algos an AllToAllV bench with --check
 # over sizes 0,1,1K,64K (zipf:1.1 traffic), then AllToAll once, every host running
 # `a2ad run -n L` with A2A_HOST=host<i>, all hosts in parallel; rank 0's rows must all say
-# check=ok. Then the MoE demo's ranks (bin/moe --worker, or --moe PATH; skipped if absent)
+# #wrong 0. Then the MoE demo's ranks (bin/moe --worker, or --moe PATH; skipped if absent)
 # run three verified steps: rows between ranks of one host through shared memory, the
 # others by AllToAllV over the namespaces' links. Then (unless --check-only) a short benchmark per algorithm over --bench-sizes,
 # printing rank 0's rows. An algorithm a2ad rejects is reported and skipped. Teardown runs
@@ -629,15 +629,15 @@ job_out() { printf '%s' "$JOB_OUT"; }
 # rows prints rank 0's output of the last job's host 0 without the rank prefix.
 rows() { sed -n 's/^\[rank 0\] //p' "$(job_out)"; }
 
-# check_rows NAME NROWS: rank 0 printed NROWS rows, all with check=ok.
+# check_rows NAME NROWS: rank 0 printed NROWS rows, all with #wrong (the last column) 0.
 check_rows() {
 	local name=$1 want=$2 out n bad
 	out=$(job_out)
 	n=$(grep -cE "$ROW_RE" "$out")
-	bad=$(grep -E "$ROW_RE" "$out" | awk '$NF != "ok"' | head -n 3)
+	bad=$(grep -E "$ROW_RE" "$out" | awk '$NF != "0"' | head -n 3)
 	if [ "$n" != "$want" ] || [ -n "$bad" ] || grep -q fail "$out"; then
-		FAILED+=("$name: rank 0 (host 0) printed $n of $want rows, not all check=ok")
-		warn "FAIL $name: rank 0 (host 0, $(host_ns 0)) printed $n of $want rows, want all check=ok:"
+		FAILED+=("$name: rank 0 (host 0) printed $n of $want rows, not all with #wrong 0")
+		warn "FAIL $name: rank 0 (host 0, $(host_ns 0)) printed $n of $want rows, want all with #wrong 0:"
 		sed 's/^/    /' "$out" >&2
 		return 1
 	fi

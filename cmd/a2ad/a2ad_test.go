@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -88,16 +90,10 @@ func TestBenchJSONAndCheck(t *testing.T) {
 			if err := json.Unmarshal([]byte(line), &row); err != nil {
 				t.Fatalf("row %q: %v", line, err)
 			}
-			keys := []string{"op", "algo", "ranks", "size", "p50_us", "p99_us", "algbw_gbps", "busbw_gbps", "check"}
-			if len(row) != len(keys) {
-				t.Errorf("row has keys %v, want exactly %v", row, keys)
-			}
-			for _, k := range keys {
-				if _, ok := row[k]; !ok {
-					t.Errorf("row %q lacks %q", line, k)
-				}
-			}
-			if row["check"] != "ok" || row["op"] != tc.op || row["ranks"] != 3.0 {
+			checkKeys(t, line, row)
+			// uint8 by default: count is the bytes a rank sends in all.
+			if row["check"] != "ok" || row["wrong"] != 0.0 || row["op"] != tc.op || row["ranks"] != 3.0 ||
+				row["type"] != "uint8" || row["redop"] != "none" || row["root"] != -1.0 || row["count"] != 3*row["size"].(float64) {
 				t.Errorf("row %q", line)
 			}
 			if tc.algo == "ll" {
@@ -108,13 +104,85 @@ func TestBenchJSONAndCheck(t *testing.T) {
 			} else if tc.algo != "" && row["algo"] != tc.algo {
 				t.Errorf("algo %v, want %s", row["algo"], tc.algo)
 			}
-			if row["p50_us"].(float64) <= 0 || row["p99_us"].(float64) < row["p50_us"].(float64) {
+			if row["p50_us"].(float64) <= 0 || row["p99_us"].(float64) < row["p50_us"].(float64) || row["avg_us"].(float64) <= 0 {
 				t.Errorf("latencies in %q", line)
 			}
 		}
 	}
 	if out, err := a2ad(t, ctx, "bench", "--timing", "bogus").CombinedOutput(); err == nil {
 		t.Errorf("--timing bogus accepted:\n%s", out)
+	}
+}
+
+// benchKeys are the fields of a --json row.
+var benchKeys = []string{"op", "algo", "ranks", "size", "count", "type", "redop", "root", "avg_us", "p50_us", "p99_us",
+	"algbw_gbps", "busbw_gbps", "wrong", "check"}
+
+// checkKeys fails unless row, parsed from line, has exactly benchKeys.
+func checkKeys(t *testing.T, line string, row map[string]any) {
+	t.Helper()
+	if len(row) != len(benchKeys) {
+		t.Errorf("row %s has %d keys, want exactly %v", line, len(row), benchKeys)
+	}
+	for _, k := range benchKeys {
+		if _, ok := row[k]; !ok {
+			t.Errorf("row %s lacks %q", line, k)
+		}
+	}
+}
+
+// TestBenchColumns reads the text rows as nccl-tests' are read: an 8-byte
+// float32 AllReduce is 2 elements, and #wrong is 0 when checked, N/A when not.
+func TestBenchColumns(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		args []string
+		want []string // size count type redop root, then #wrong
+	}{
+		{[]string{"--op", "allreduce", "--check"}, []string{"8", "2", "float32", "sum", "-1", "0"}},
+		{[]string{"--op", "allreduce", "-d", "float64", "-o", "max"}, []string{"8", "1", "float64", "max", "-1", "N/A"}},
+		{[]string{"--op", "reduce", "-d", "int32", "-o", "prod", "-r", "1", "--check"}, []string{"8", "2", "int32", "prod", "1", "0"}},
+		{[]string{"--op", "alltoall", "--check"}, []string{"8", "16", "uint8", "none", "-1", "0"}},
+		{[]string{"--op", "broadcast", "--dtype", "float16", "--root", "1"}, []string{"8", "4", "float16", "none", "1", "N/A"}},
+	} {
+		args := append([]string{"bench", "-n", "2", "--sizes", "8", "--iters", "20", "--warmup", "2"}, tc.args...)
+		out, err := a2ad(t, ctx, args...).Output()
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		var rows [][]string
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			if !strings.HasPrefix(line, "#") {
+				rows = append(rows, strings.Fields(line))
+			}
+		}
+		if len(rows) != 1 || len(rows[0]) != 12 {
+			t.Fatalf("%v: want one row of 12 columns:\n%s", args, out)
+		}
+		row := rows[0]
+		if got := append(row[:5:5], row[11]); !slices.Equal(got, tc.want) {
+			t.Errorf("%v: size count type redop root #wrong = %v, want %v\n%s", args, got, tc.want, out)
+		}
+		if !strings.Contains(string(out), "#wrong\n") {
+			t.Errorf("%v: no #wrong column in the header:\n%s", args, out)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--op", "alltoall", "-o", "max"}, "alltoall does not reduce"},
+		{[]string{"--op", "allreduce", "-r", "1"}, "allreduce has no root"},
+		{[]string{"--op", "broadcast", "-r", "2"}, "--root 2: not a rank of 2"},
+		{[]string{"--op", "barrier", "-d", "float32"}, "barrier moves no data"},
+		{[]string{"--op", "allreduce", "-d", "complex64"}, "float32 | float64 | bfloat16 | float16 | int32 | int64 | uint8"},
+		{[]string{"--op", "allreduce", "-o", "xor"}, "sum | prod | max | min | avg"},
+	} {
+		_, stderr, code := exitCode(t, a2ad(t, ctx, append([]string{"bench", "-n", "2"}, tc.args...)...))
+		if code != 2 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v: status %d, stderr %q, want 2 and %q", tc.args, code, stderr, tc.want)
+		}
 	}
 }
 
@@ -434,22 +502,47 @@ func TestPlan(t *testing.T) {
 func TestBenchCollectives(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	for _, op := range []string{"allreduce", "reducescatter", "allgather", "broadcast", "reduce", "gather", "scatter", "barrier"} {
-		out, err := a2ad(t, ctx, "bench", "--op", op, "-n", "3", "--sizes", "12,4K", "--iters", "20", "--warmup", "2", "--check", "--json").Output()
+	const n = 3
+	for _, tc := range []struct {
+		op          string
+		args        []string
+		typ, redop  string
+		root        float64
+		size, count [2]float64 // of the two rows, sizes 12 and 4K
+	}{
+		{"allreduce", nil, "float32", "sum", -1, [2]float64{12, 4096}, [2]float64{3, 1024}},
+		{"allreduce", []string{"-d", "bfloat16", "-o", "avg"}, "bfloat16", "avg", -1, [2]float64{12, 4096}, [2]float64{6, 2048}},
+		{"allreduce", []string{"-d", "uint8", "-o", "prod"}, "uint8", "prod", -1, [2]float64{12, 4096}, [2]float64{12, 4096}},
+		{"reducescatter", nil, "float32", "sum", -1, [2]float64{12, 4092}, [2]float64{3, 1023}},
+		{"reducescatter", []string{"-d", "int64", "-o", "min"}, "int64", "min", -1, [2]float64{0, 4080}, [2]float64{0, 510}},
+		{"allgather", nil, "uint8", "none", -1, [2]float64{12, 4096}, [2]float64{n * 12, n * 4096}},
+		{"broadcast", []string{"-r", "2"}, "uint8", "none", 2, [2]float64{12, 4096}, [2]float64{12, 4096}},
+		{"reduce", []string{"-r", "1", "-d", "float16", "-o", "max"}, "float16", "max", 1, [2]float64{12, 4096}, [2]float64{6, 2048}},
+		{"gather", []string{"-d", "int32"}, "int32", "none", 0, [2]float64{12, 4096}, [2]float64{n * 3, n * 1024}},
+		{"scatter", []string{"-r", "1"}, "uint8", "none", 1, [2]float64{12, 4096}, [2]float64{n * 12, n * 4096}},
+		{"barrier", nil, "none", "none", -1, [2]float64{0, 0}, [2]float64{0, 0}},
+	} {
+		args := append([]string{"bench", "--op", tc.op, "-n", "3", "--sizes", "12,4K", "--iters", "20", "--warmup", "2", "--check", "--json"}, tc.args...)
+		out, err := a2ad(t, ctx, args...).Output()
 		if err != nil {
-			t.Fatalf("%s: %v\n%s", op, err, out)
+			t.Fatalf("%v: %v\n%s", args, err, out)
 		}
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 		if len(lines) != 2 {
-			t.Fatalf("%s: %d rows:\n%s", op, len(lines), out)
+			t.Fatalf("%v: %d rows:\n%s", args, len(lines), out)
 		}
-		for _, line := range lines {
+		for i, line := range lines {
 			var row map[string]any
 			if err := json.Unmarshal([]byte(line), &row); err != nil {
-				t.Fatalf("%s row %q: %v", op, line, err)
+				t.Fatalf("%v row %q: %v", args, line, err)
 			}
-			if row["check"] != "ok" || row["op"] != op {
-				t.Errorf("%s row %q", op, line)
+			checkKeys(t, line, row)
+			if row["check"] != "ok" || row["wrong"] != 0.0 || row["op"] != tc.op || row["type"] != tc.typ || row["redop"] != tc.redop ||
+				row["root"] != tc.root || row["size"] != tc.size[i] || row["count"] != tc.count[i] {
+				t.Errorf("%v row %s", args, line)
+			}
+			if algbw := row["algbw_gbps"].(float64); algbw > 0 && math.Abs(row["busbw_gbps"].(float64)/algbw-busFactor(tc.op, n)) > 1e-9 {
+				t.Errorf("%v row %s: busbw/algbw is not %v", args, line, busFactor(tc.op, n))
 			}
 		}
 	}

@@ -9,17 +9,22 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/reduce"
 	"github.com/a2a-moe/a2a/internal/launch"
 )
 
 // benchFlags are shared by the launcher and its worker ranks.
 type benchFlags struct {
 	op      string
+	dtype   string
+	redop   string
+	root    int
 	n       int
 	algo    string
 	sizes   string
@@ -43,6 +48,12 @@ type benchFlags struct {
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.op, "op", "alltoallv", "collective: "+oneOf(benchOpNames))
+	fs.StringVar(&f.dtype, "dtype", "", "element type: "+oneOf(dtypeNames)+" (default: float32 for the reductions, as nccl-tests; uint8 for the others)")
+	fs.StringVar(&f.dtype, "d", "", "short for --dtype")
+	fs.StringVar(&f.redop, "redop", "sum", "reduction of allreduce, reduce and reducescatter: "+oneOf(redopNames))
+	fs.StringVar(&f.redop, "o", "sum", "short for --redop")
+	fs.IntVar(&f.root, "root", 0, "root rank of broadcast, reduce, gather and scatter")
+	fs.IntVar(&f.root, "r", 0, "short for --root")
 	fs.IntVar(&f.n, "n", 2, "ranks")
 	fs.StringVar(&f.algo, "algo", "", "AllToAllV algorithm: "+oneOf(benchAlgos)+" (default: A2A_ALGO, else auto)")
 	fs.StringVar(&f.sizes, "sizes", "8:1M", "per-peer bytes: MIN:MAX (x2 steps) or a comma list")
@@ -50,7 +61,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.iters, "iters", 1000, "maximum timed iterations per size")
 	fs.IntVar(&f.warmup, "warmup", 20, "warm-up iterations per size")
 	fs.DurationVar(&f.budget, "budget", 1500*time.Millisecond, "time budget per size: fewer iterations (>= 20) for slow sizes")
-	fs.BoolVar(&f.check, "check", false, "verify every received byte; exit non-zero on a mismatch")
+	fs.BoolVar(&f.check, "check", false, "verify every received element (#wrong counts the wrong ones, N/A without --check); exit non-zero on a mismatch")
 	fs.BoolVar(&f.json, "json", false, "one JSON object per row")
 	fs.StringVar(&f.nats, "nats", "", "join through this NATS server instead of an embedded one")
 	fs.Uint64Var(&f.seed, "seed", 12345, "seed of the traffic matrix (same on every rank)")
@@ -71,19 +82,51 @@ var (
 	benchTransports = []string{"auto", "tcp", "shm"}
 )
 
-// benchRow is one line of output; the JSON keys are a stable interface.
+// benchHelp closes `a2ad bench -h`.
+const benchHelp = `Each row is one size, with nccl-tests' columns:
+  size    bytes: per peer block for alltoallv, alltoall, allgather, gather and
+          scatter; the buffer each rank passes for the others (rounded down to
+          whole elements, and for reducescatter to n blocks)
+  count   elements of the type a rank moves in all (nccl-tests' count)
+  type    the element type (-d); redop (-o) and root (-r) are "none" and -1
+          for ops without them
+  algo    the algorithm a2a picked for the last call
+  avg_us, p50_us, p99_us
+          the slowest rank's time per call over the timed calls
+  algbw   bytes moved by a rank (count elements) over the average time
+  busbw   algbw times nccl-tests' factor: 2(n-1)/n for allreduce, 1 for
+          broadcast and reduce, (n-1)/n for the others
+  #wrong  elements found wrong by --check over all ranks (N/A without it)
+--json prints the same fields, one object per row (wrong is null without
+--check).
+`
+
+// benchRow is one line of output; the JSON keys are a stable interface
+// (scripts/compare-mpi.sh reads size, p50_us and algo).
 type benchRow struct {
-	Op     string  `json:"op"`
-	Algo   string  `json:"algo"`
-	Ranks  int     `json:"ranks"`
-	Size   int     `json:"size"`
-	P50    float64 `json:"p50_us"`
-	P99    float64 `json:"p99_us"`
-	AlgBW  float64 `json:"algbw_gbps"`
-	BusBW  float64 `json:"busbw_gbps"`
-	Check  string  `json:"check"`
-	Iters  int     `json:"-"`
-	Counts int     `json:"-"`
+	Op    string  `json:"op"`
+	Algo  string  `json:"algo"`
+	Ranks int     `json:"ranks"`
+	Size  int     `json:"size"`
+	Count int     `json:"count"` // elements of Type, as nccl-tests counts them
+	Type  string  `json:"type"`
+	Redop string  `json:"redop"` // "none" unless the op reduces
+	Root  int     `json:"root"`  // -1 unless the op has a root
+	Avg   float64 `json:"avg_us"`
+	P50   float64 `json:"p50_us"`
+	P99   float64 `json:"p99_us"`
+	AlgBW float64 `json:"algbw_gbps"`
+	BusBW float64 `json:"busbw_gbps"`
+	Wrong *int    `json:"wrong"` // wrong elements over all ranks; null without --check
+	Check string  `json:"check"` // ok, fail, or skip without --check
+}
+
+// wrongText is the #wrong column: N/A without --check, as nccl-tests prints.
+func (r benchRow) wrongText() string {
+	if r.Wrong == nil {
+		return "N/A"
+	}
+	return strconv.Itoa(*r.Wrong)
 }
 
 func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
@@ -122,6 +165,24 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	if f.op != "alltoallv" && d.kind != "uniform" {
 		return usagef("--op %s moves equal blocks: --dist must be uniform", f.op)
 	}
+	if _, err := parseDType(f.dtype, f.op); err != nil {
+		return usageError{err}
+	}
+	if _, err := parseRedop(f.redop); err != nil {
+		return usageError{err}
+	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	switch {
+	case (set["d"] || set["dtype"]) && f.op == "barrier":
+		return usagef("--dtype: barrier moves no data")
+	case (set["o"] || set["redop"]) && !reduction(f.op):
+		return usagef("--redop: %s does not reduce (allreduce, reduce and reducescatter do)", f.op)
+	case (set["r"] || set["root"]) && !rooted(f.op):
+		return usagef("--root: %s has no root (broadcast, reduce, gather and scatter do)", f.op)
+	case f.root < 0 || !f.worker && f.root >= f.n:
+		return usagef("--root %d: not a rank of %d", f.root, f.n)
+	}
 	if f.worker {
 		return benchWorker(ctx, log, f, sizes, d)
 	}
@@ -155,11 +216,15 @@ func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []in
 	}
 	defer c.Close()
 	rank, n := c.Rank(), c.Size()
+	if f.root >= n {
+		return usagef("--root %d: not a rank of %d", f.root, n)
+	}
 	if rank == 0 && !f.json {
 		spin, yield := c.WaitPolicy()
-		fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s counts=%s streams=%d seed=%d transport=%s spin=%v yield=%v timing=%s alloc=%s\n",
-			f.op, n, d, f.counts, c.Config().Streams, f.seed, c.TransportName(), spin, yield, f.timing, f.alloc)
-		fmt.Printf("# %10s %12s %-9s %10s %10s %11s %11s %6s\n", "size", "count", "algo", "p50_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "check")
+		fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s counts=%s streams=%d window=%d seed=%d transport=%s spin=%v yield=%v timing=%s alloc=%s\n",
+			f.op, n, d, f.counts, c.Config().Streams, c.Config().Window, f.seed, c.TransportName(), spin, yield, f.timing, f.alloc)
+		fmt.Printf("# %10s %12s %8s %6s %5s %-12s %10s %10s %10s %11s %11s %7s\n",
+			"size", "count", "type", "redop", "root", "algo", "avg_us", "p50_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "#wrong")
 	}
 	b := newBench(c, f)
 	for _, size := range sizes {
@@ -172,11 +237,12 @@ func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []in
 				out, _ := json.Marshal(row)
 				fmt.Println(string(out))
 			} else {
-				fmt.Printf("  %10d %12d %-9s %10.2f %10.2f %11.3f %11.3f %6s\n", row.Size, row.Counts, row.Algo, row.P50, row.P99, row.AlgBW, row.BusBW, row.Check)
+				fmt.Printf("  %10d %12d %8s %6s %5d %-12s %10.2f %10.2f %10.2f %11.3f %11.3f %7s\n", row.Size, row.Count, row.Type, row.Redop, row.Root,
+					row.Algo, row.Avg, row.P50, row.P99, row.AlgBW, row.BusBW, row.wrongText())
 			}
 		}
 		if row.Check == "fail" {
-			return fmt.Errorf("size %d: received bytes differ from what was sent", size)
+			return fmt.Errorf("size %d: %d elements of the results are wrong", size, *row.Wrong)
 		}
 	}
 	return nil
@@ -197,13 +263,21 @@ type bench struct {
 	learned      []int // receive counts learned by --counts nats|inband
 	matrix       []int
 	known        []int // the traffic matrix of the current size
+	dtype        reduce.DType
+	redop        reduce.Op
+	want         []byte // a reduction's correct result
+	scratch      []byte
 }
 
+// newBench sets up a rank's benchmark; f has been validated by cmdBench.
 func newBench(c *a2a.Comm, f benchFlags) *bench {
 	n := c.Size()
-	return &bench{c: c, f: f, one: make([]int, n), gather: make([]int, n),
+	b := &bench{c: c, f: f, one: make([]int, n), gather: make([]int, n),
 		agreeS: make([]byte, 8*n), agreeR: make([]byte, 8*n), sendC: make([]int, n), recvC: make([]int, n),
 		learned: make([]int, n), matrix: make([]int, n*n)}
+	b.dtype, _ = parseDType(f.dtype, f.op)
+	b.redop, _ = parseRedop(f.redop)
+	return b
 }
 
 // barrier synchronises the ranks before a timed call, as the MPI harness
@@ -244,27 +318,41 @@ func (b *bench) agreeMin(ctx context.Context, v int) (int, error) {
 }
 
 func (b *bench) point(ctx context.Context, size int, d dist) (benchRow, error) {
-	n, rank := b.c.Size(), b.c.Rank()
-	row := benchRow{Op: b.f.op, Ranks: n, Size: size, Counts: n * size, Check: "skip"}
-	op := collective{algBytes: n * size, busFactor: float64(n-1) / float64(n)}
+	n, rank, es := b.c.Size(), b.c.Rank(), b.dtype.Size()
+	row := benchRow{Op: b.f.op, Ranks: n, Type: b.dtype.String(), Redop: "none", Root: -1, Check: "skip"}
+	if reduction(b.f.op) {
+		row.Redop = b.redop.String()
+	}
+	if rooted(b.f.op) {
+		row.Root = b.f.root
+	}
+	var op collective
 	if b.f.op == "alltoallv" || b.f.op == "alltoall" {
+		size -= size % es
 		b.setupAllToAll(size, d)
-		op.call = b.call
-		op.verify = func() bool { return verifyRecv(b.recv, rank, b.recvC) < 0 }
+		op = collective{call: b.call, algBytes: n * size, size: size,
+			wrong: func() int { return wrongRecv(b.recv, rank, b.recvC, es) }}
 	} else {
 		var err error
 		if op, err = b.collectiveFor(size); err != nil {
 			return row, err
 		}
-		row.Counts = op.algBytes
 	}
+	if b.f.op == "barrier" {
+		row.Type = "none"
+	}
+	row.Size, row.Count = op.size, op.algBytes/es
 	return b.measure(ctx, row, op)
 }
 
-// setupAllToAll lays out the send and receive buffers of the counts matrix.
+// setupAllToAll lays out the send and receive buffers of the counts matrix,
+// in whole elements: the matrix of size/es elements per peer, in bytes.
 func (b *bench) setupAllToAll(size int, d dist) {
-	n, rank := b.c.Size(), b.c.Rank()
-	m := d.matrix(n, size, b.f.seed)
+	n, rank, es := b.c.Size(), b.c.Rank(), b.dtype.Size()
+	m := d.matrix(n, size/es, b.f.seed)
+	for i := range m {
+		m[i] *= es
+	}
 	b.known = m
 	sendTotal, recvTotal := 0, 0
 	for j := range n {
@@ -282,7 +370,7 @@ func (b *bench) setupAllToAll(size int, d dist) {
 // reports the slowest rank of each iteration.
 func (b *bench) measure(ctx context.Context, row benchRow, op collective) (benchRow, error) {
 	c, n, rank := b.c, b.c.Size(), b.c.Rank()
-	ok := true
+	wrong := 0
 	if b.f.check {
 		for i := range b.recv {
 			b.recv[i] = 0xEE
@@ -290,7 +378,7 @@ func (b *bench) measure(ctx context.Context, row benchRow, op collective) (bench
 		if err := op.call(ctx); err != nil {
 			return row, err
 		}
-		ok = op.verify()
+		wrong = op.wrong()
 	}
 	t0 := time.Now()
 	for range b.f.warmup {
@@ -324,20 +412,20 @@ func (b *bench) measure(ctx context.Context, row benchRow, op collective) (bench
 		b.stamps = append(b.stamps, start.UnixNano(), start.UnixNano()+end.Sub(start).Nanoseconds())
 	}
 	row.Algo = c.LastAlgo()
-	if b.f.check && ok {
-		ok = op.verify()
+	if row.Algo == "" {
+		row.Algo = "-" // keeps the columns of the text rows
 	}
-	// Gather every rank's per-iteration start and end stamps (and its check
-	// result) on rank 0.
-	per := 16*iters + 1
+	if b.f.check && wrong == 0 {
+		wrong = op.wrong() // the last timed call's result
+	}
+	// Gather every rank's per-iteration start and end stamps (and its count
+	// of wrong elements) on rank 0.
+	per := 16*iters + 8
 	b.gatherSend = grow(b.gatherSend, per)
 	for i, t := range b.stamps {
 		binary.LittleEndian.PutUint64(b.gatherSend[8*i:], uint64(t))
 	}
-	b.gatherSend[16*iters] = 0
-	if ok {
-		b.gatherSend[16*iters] = 1
-	}
+	binary.LittleEndian.PutUint64(b.gatherSend[16*iters:], uint64(wrong))
 	for j := range n {
 		b.one[j], b.gather[j] = 0, 0
 		if rank == 0 {
@@ -360,7 +448,7 @@ func (b *bench) measure(ctx context.Context, row benchRow, op collective) (bench
 	if span {
 		lastStart, lastEnd = make([]int64, iters), make([]int64, iters)
 	}
-	allOK := true
+	wrong = 0
 	for r := range n {
 		block := b.gatherRecv[r*per:]
 		for i := range iters {
@@ -373,7 +461,7 @@ func (b *bench) measure(ctx context.Context, row benchRow, op collective) (bench
 				lastStart[i], lastEnd[i] = max(lastStart[i], start), max(lastEnd[i], end)
 			}
 		}
-		allOK = allOK && block[16*iters] == 1
+		wrong += int(binary.LittleEndian.Uint64(block[16*iters:]))
 	}
 	if span {
 		for i := range iters {
@@ -381,15 +469,21 @@ func (b *bench) measure(ctx context.Context, row benchRow, op collective) (bench
 		}
 	}
 	slices.Sort(slowest)
+	sum := 0.0
+	for _, t := range slowest {
+		sum += t
+	}
+	row.Avg = math.Round(sum/float64(max(iters, 1))*1e3) / 1e3 // ns, as the others
 	row.P50 = percentile(slowest, 0.50)
 	row.P99 = percentile(slowest, 0.99)
-	if row.P50 > 0 {
-		row.AlgBW = float64(op.algBytes) / (row.P50 * 1e3) // bytes per ns = GB/s
-		row.BusBW = row.AlgBW * op.busFactor
+	if row.Avg > 0 {
+		// Over the average time, as nccl-tests.
+		row.AlgBW = float64(op.algBytes) / (row.Avg * 1e3) // bytes per ns = GB/s
+		row.BusBW = row.AlgBW * busFactor(b.f.op, n)
 	}
 	if b.f.check {
-		row.Check = "ok"
-		if !allOK {
+		row.Wrong, row.Check = &wrong, "ok"
+		if wrong > 0 {
 			row.Check = "fail"
 		}
 	}

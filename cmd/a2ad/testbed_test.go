@@ -64,17 +64,17 @@ func TestTestbed(t *testing.T) {
 	if !strings.Contains(out.String(), "testbed: PASS") || !strings.Contains(out.String(), "checked=[pairwise,fullmesh,alltoall,moe]") {
 		t.Errorf("no PASS summary with every check:\n%s", out.String())
 	}
-	// Rank 0's rows: sizes 0, 1, 1K and 64K for each of the three checks, all verified,
-	// run by 4 ranks in all.
+	// Rank 0's rows: sizes 0, 1, 1K and 64K for each of the three checks, all verified
+	// (#wrong, the last of 12 columns, 0), run by 4 ranks in all.
 	okRows := 0
 	for _, line := range strings.Split(out.String(), "\n") {
 		f := strings.Fields(line)
-		if len(f) == 8 && f[7] == "ok" {
+		if len(f) == 12 && f[11] == "0" {
 			okRows++
 		}
 	}
 	if okRows != 12 {
-		t.Errorf("%d rows with check=ok, want 12:\n%s", okRows, out.String())
+		t.Errorf("%d rows with #wrong 0, want 12:\n%s", okRows, out.String())
 	}
 	if !strings.Contains(out.String(), "4 ranks") {
 		t.Errorf("the job did not span both hosts:\n%s", out.String())
