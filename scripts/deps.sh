@@ -11,6 +11,18 @@ NEEDS=(
   "ip iproute2"               # deploy's Slurm test: the batch script's DATA_IFACE address
   "chromium chromium"         # headless browser of a2ad serve's /ui/ test
 )
+# scripts/deps.sh rdma-lab: what scripts/rdma-lab.sh needs (qemu guest with Soft-RoCE).
+NEEDS_RDMA_LAB=(
+  "qemu-system-x86_64 qemu-system-x86"
+  "ibv_devinfo ibverbs-utils"
+  "rdma iproute2"
+  "depmod kmod"
+  "cpio cpio"
+  "xz xz-utils"
+)
+if [ "${1:-}" = rdma-lab ]; then
+  NEEDS=("${NEEDS_RDMA_LAB[@]}")
+fi
 need=()
 for line in "${NEEDS[@]}"; do
   read -r cmd pkg <<<"$line"
