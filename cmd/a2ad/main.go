@@ -6,6 +6,7 @@
 //	a2ad demo   [-n 4]                               a verified AllToAllV demo on local ranks
 //	a2ad plan   [--algo A] [-n N] ...                  AllToAllV schedules and estimated times
 //	a2ad tune   [-n N] [--out FILE]                    measure the link table
+//	a2ad devices [--require]                           RDMA devices verbs would use, or why none
 //
 // "a2ad COMMAND -h" prints a command's flags and their valid values.
 package main

@@ -33,6 +33,8 @@ func commands() []command {
 			"print AllToAllV schedules and estimated times, run nothing", "", cmdPlan},
 		{"tune", "[-n N] [--out FILE]",
 			"measure the link table (alpha, beta per link class)", "", cmdTune},
+		{"devices", "[--require]",
+			"RDMA devices, ports and GIDs verbs would use, or why there are none", "", cmdDevices},
 	}
 }
 
