@@ -7,6 +7,7 @@ RACE_PKGS := ./a2a/... ./internal/... ./routing/... ./dispatch/... ./examples/..
 PKGS      := ./...
 
 .PHONY: all build demo test deps fmt-check vet unit bench bench-go bench-a2ad compare clean test-hosts test-hosts-if-root
+.PHONY: test-rdma test-rdma-if-root
 
 all: build
 
@@ -45,6 +46,21 @@ test-hosts: build
 test-hosts-if-root: build
 	@if [ "$$(id -u)" = 0 ]; then echo "$(TESTBED)"; $(TESTBED); \
 	else echo "test-hosts: skipped: needs root for network namespaces"; fi
+
+# RDMA over Soft-RoCE in a qemu guest (scripts/rdma-lab.sh; docs/RDMA-LAB.md). The guest has
+# no Go: test binaries are built here into bin/rdma-tests/, scripts/rdma-tests.sh runs them.
+# The layout check of the verbs binding against verbs.h runs here (the lab installs it).
+test-rdma: build
+	./scripts/rdma-lab.sh setup
+	A2A_IBV_HEADERS=1 $(GO) test -count=1 -run 'Layout' ./a2a/transport/verbs/ibv
+	@mkdir -p $(BIN)/rdma-tests
+	$(GO) test -c -o $(BIN)/rdma-tests/ibv.test ./a2a/transport/verbs/ibv
+	./scripts/rdma-lab.sh run -- scripts/rdma-tests.sh
+
+# What make test runs: the lab where its packages can be installed (root, as CI).
+test-rdma-if-root:
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-rdma; \
+	else echo "test-rdma: skipped: needs root to install qemu and the lab's packages (run make test-rdma as root)"; fi
 
 test: deps fmt-check vet unit test-hosts-if-root
 

@@ -1,0 +1,58 @@
+#!/bin/sh
+# rdma-tests.sh: the tests `make test-rdma` runs inside the RDMA lab guest
+# (scripts/rdma-lab.sh run -- scripts/rdma-tests.sh), from the repository root, with bin/
+# on PATH. The Makefile builds the test binaries beforehand into bin/rdma-tests/ (the guest
+# has no Go toolchain). To add a step, add a `step NAME COMMAND...` line; a Go test binary
+# runs from its package directory through `gotest PKGDIR BINARY [FLAGS]`.
+#
+# At the end it prints the rxe hardware counters and the veth byte counts, and fails if no
+# packet crossed rxe. Exit status: 0 when every step passed.
+set -u
+if [ "${A2A_RDMA_LAB:-}" != 1 ]; then
+	echo "rdma-tests.sh runs inside the lab: scripts/rdma-lab.sh run -- scripts/rdma-tests.sh" >&2
+	exit 2
+fi
+root=$(pwd)
+failed=""
+
+step() {
+	name=$1
+	shift
+	echo "=== $name"
+	t0=$(cut -d' ' -f1 /proc/uptime)
+	if "$@"; then r=ok; else r=FAIL; failed="$failed
+  $name"; fi
+	echo "--- $r: $name ($(awk -v a="$t0" -v b="$(cut -d' ' -f1 /proc/uptime)" 'BEGIN { printf "%.1f", b - a }') s)"
+}
+
+gotest() {
+	dir=$1 bin=$2
+	shift 2
+	(cd "$root/$dir" && exec "$root/bin/rdma-tests/$bin" -test.count=1 -test.timeout=300s "$@")
+}
+
+counters() {
+	echo "=== rxe counters (packets) and veth bytes"
+	total=0
+	for d in /sys/class/infiniband/rxe*; do
+		n=$(basename "$d")
+		s=$(cat "$d/ports/1/hw_counters/sent_pkts")
+		r=$(cat "$d/ports/1/hw_counters/rcvd_pkts")
+		net=$(cat "$d/ports/1/gid_attrs/ndevs/0" 2>/dev/null)
+		tx=$(cat "/sys/class/net/$net/statistics/tx_bytes" 2>/dev/null)
+		rx=$(cat "/sys/class/net/$net/statistics/rx_bytes" 2>/dev/null)
+		echo "$n: sent_pkts $s rcvd_pkts $r; $net: tx_bytes $tx rx_bytes $rx"
+		total=$((total + r))
+	done
+	[ "$total" -gt 0 ] || { echo "no packet crossed rxe"; return 1; }
+}
+
+step "a2ad devices" a2ad devices --require
+step "verbs binding (a2a/transport/verbs/ibv)" gotest a2a/transport/verbs/ibv ibv.test -test.v
+step "rxe counters" counters
+
+if [ -n "$failed" ]; then
+	echo "rdma-tests: FAILED:$failed"
+	exit 1
+fi
+echo "rdma-tests: all steps passed"
