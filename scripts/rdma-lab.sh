@@ -309,23 +309,33 @@ run() {
 	local acc=(-accel tcg,thread=multi -cpu max)
 	[ "$accel" = kvm ] && acc=(-enable-kvm -cpu host)
 	start=$(date +%s.%N)
-	set +e
-	# The serial console carries the guest's output; show it from the CMD marker on.
+	# The serial console (the guest's output) goes to a file, shown live from the CMD marker
+	# on; qemu runs in the background so that INT/TERM stop it (timeout passes them on).
+	: >"$run_dir/console.log"
 	timeout "$timeout_s" qemu-system-x86_64 "${acc[@]}" -m "$mem" -smp "$smp" \
-		-nographic -no-reboot -nic none \
+		-display none -monitor none -serial "file:$run_dir/console.log" -no-reboot -nic none \
 		-kernel "$kernel_dir/vmlinux" -initrd "$initrd" \
 		-append "console=ttyS0 panic=-1 loglevel=3 mitigations=off" \
 		-virtfs "local,path=$repo,mount_tag=repo,security_model=none,id=repo" \
 		-virtfs "local,path=$run_dir,mount_tag=lab,security_model=none,id=lab" \
-		</dev/null 2>&1 | sed -u 's/\r$//' | tee "$run_dir/console.log" |
+		</dev/null >"$run_dir/qemu.log" 2>&1 &
+	local qpid=$! qrc
+	trap 'kill -TERM $qpid 2>/dev/null; wait $qpid; exit 130' INT TERM
+	tail -s 0.2 -n +1 -F --pid="$qpid" "$run_dir/console.log" 2>/dev/null |
 		awk -v all="${A2A_LAB_VERBOSE:-0}" '
+			{ sub(/\r$/, "") }
 			/^rdma-lab-guest: ---- CMD ----$/ { on = 1; next }
 			/^rdma-lab-guest: ---- END / { on = 0 }
-			on || all == 1 { print; fflush() }'
-	local qrc=${PIPESTATUS[0]}
+			on || all == 1 { print; fflush() }' &
+	local shown=$!
+	set +e
+	wait "$qpid"
+	qrc=$?
+	wait "$shown"
 	set -e
+	trap - INT TERM
 	end=$(date +%s.%N)
-	log "qemu $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s, $(grep -o 'ready at [0-9.]*s' "$run_dir/console.log" || echo 'not ready')"
+	log "qemu $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s, $(grep -ao 'ready at [0-9.]*s' "$run_dir/console.log" || echo 'not ready')"
 	if [ -f "$run_dir/rc" ]; then
 		rc=$(cat "$run_dir/rc")
 		[ "$rc" = 0 ] || log "CMD exited with status $rc"
@@ -338,7 +348,8 @@ run() {
 		log "no exit status from the guest (qemu status $qrc); last lines of the guest:"
 		rc=125
 	fi
-	tail -n 40 "$run_dir/console.log" | sed 's/^/  | /' >&2
+	sed 's/^/  qemu: /' "$run_dir/qemu.log" >&2
+	tail -n 40 "$run_dir/console.log" | tr -d '\r' | sed 's/^/  | /' >&2
 	exit "$rc"
 }
 
