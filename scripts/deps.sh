@@ -16,7 +16,7 @@ NEEDS_RDMA_LAB=(
   "qemu-system-x86_64 qemu-system-x86"
   "ibv_devinfo ibverbs-utils"
   "rdma iproute2"
-  "depmod kmod"
+  "kmod kmod"
   "cpio cpio"
   "xz xz-utils"
 )
