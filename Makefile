@@ -62,7 +62,7 @@ test-rdma-if-root:
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-rdma; \
 	else echo "test-rdma: skipped: needs root to install qemu and the lab's packages (run make test-rdma as root)"; fi
 
-test: deps fmt-check vet unit test-hosts-if-root
+test: deps fmt-check vet unit test-hosts-if-root test-rdma-if-root
 
 bench: bench-go bench-a2ad
 
