@@ -29,6 +29,22 @@ const (
 func svcSubject(group, op string) string   { return svcPrefix + group + "." + op }
 func groupSubject(group, op string) string { return subjPrefix + group + "." + op }
 
+// InboxPrefix is the inbox prefix (nats.CustomInboxPrefix) of the
+// connections of group's ranks, so that replies to them stay under subjects a
+// NATS account can grant to that group alone (see Subjects).
+func InboxPrefix(group string) string { return "_INBOX." + group }
+
+// Subjects are the subjects, with wildcards, that a member of group publishes
+// and subscribes to when its connection uses InboxPrefix(group): the group's
+// own subjects, its coordinator's, and its inboxes. A NATS user allowed
+// exactly these (publish and subscribe) can run a job of group, hosting its
+// coordinator too, and reach no other group. The group subjects are matched
+// with one token (not a2a.G.>) because a group named "svc" would otherwise
+// reach every group's coordinator subjects.
+func Subjects(group string) []string {
+	return []string{subjPrefix + group + ".*", svcPrefix + group + ".*", InboxPrefix(group) + ".>"}
+}
+
 // groupOfSvc extracts G from "a2a.svc.G.op" without allocating.
 func groupOfSvc(subject, op string) string {
 	if len(subject) < len(svcPrefix)+len(op)+2 {
