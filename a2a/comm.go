@@ -121,10 +121,14 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 
 func (c *Comm) join(ctx context.Context) error {
 	cfg := c.cfg
-	nc, err := nats.Connect(cfg.NATSURL, nats.Name(fmt.Sprintf("a2a %s rank %d pid %d", cfg.Group, cfg.Rank, os.Getpid())),
-		nats.Timeout(5*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	auth, err := cfg.NATSOptions()
 	if err != nil {
-		return fault.Wrap(fault.ErrInvalidArgument, -1, err, "control plane %s unreachable", cfg.NATSURL)
+		return err
+	}
+	nc, err := nats.Connect(cfg.NATSURL, append(auth, nats.Name(fmt.Sprintf("a2a %s rank %d pid %d", cfg.Group, cfg.Rank, os.Getpid())),
+		nats.Timeout(5*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))...)
+	if err != nil {
+		return connectError(cfg, err)
 	}
 	c.nc = nc
 	secret := cfg.Secret

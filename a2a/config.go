@@ -37,6 +37,17 @@ type Config struct {
 	Launcher      string        // who set Rank and WorldSize: "" for A2A_* (or the program), else a launcher's name (see ConfigFromEnv)
 	Report        time.Duration // A2A_REPORT     how often the rank reports its traffic to a2ad's live view (0: DefaultReportPeriod; negative: never)
 
+	// How the rank logs in to NATS (see natsopts.go); user, password or
+	// token may also be in NATSURL.
+	NATSCreds    string // A2A_NATS_CREDS    credentials file (user JWT and nkey seed)
+	NATSNKey     string // A2A_NATS_NKEY     nkey seed file
+	NATSUser     string // A2A_NATS_USER     user name (with NATSPassword)
+	NATSPassword string // A2A_NATS_PASSWORD
+	NATSToken    string // A2A_NATS_TOKEN    token
+	NATSTLSCA    string // A2A_NATS_TLS_CA   CA file the server's certificate must chain to (turns TLS on)
+	NATSTLSCert  string // A2A_NATS_TLS_CERT client certificate file, for servers that verify clients
+	NATSTLSKey   string // A2A_NATS_TLS_KEY  its key file
+
 	// HeartbeatInterval and PeerTimeout tune failure detection (defaults
 	// 250ms and 1.5s: a dead rank is noticed by everyone within 3s).
 	HeartbeatInterval time.Duration
@@ -80,6 +91,14 @@ func ConfigFromEnv() (Config, error) {
 		Host:          os.Getenv("A2A_HOST"),
 		Transport:     os.Getenv("A2A_TRANSPORT"),
 		Links:         os.Getenv("A2A_LINKS"),
+		NATSCreds:     os.Getenv("A2A_NATS_CREDS"),
+		NATSNKey:      os.Getenv("A2A_NATS_NKEY"),
+		NATSUser:      os.Getenv("A2A_NATS_USER"),
+		NATSPassword:  os.Getenv("A2A_NATS_PASSWORD"),
+		NATSToken:     os.Getenv("A2A_NATS_TOKEN"),
+		NATSTLSCA:     os.Getenv("A2A_NATS_TLS_CA"),
+		NATSTLSCert:   os.Getenv("A2A_NATS_TLS_CERT"),
+		NATSTLSKey:    os.Getenv("A2A_NATS_TLS_KEY"),
 	}
 	if os.Getenv("A2A_RANK") == "" && os.Getenv("A2A_WORLD_SIZE") == "" {
 		if err := cfg.fromLauncher(os.Getenv); err != nil {

@@ -18,6 +18,10 @@ var (
 	ErrTimeout = fault.ErrTimeout
 	// ErrClosed: the communicator was closed.
 	ErrClosed = fault.ErrClosed
+	// ErrAuth: the control plane refused this rank's credentials (NATS
+	// user, token, nkey or creds file), or TLS could not verify the server
+	// or was refused a client certificate. Join fails with it at once.
+	ErrAuth = fault.ErrAuth
 )
 
 // Error is the concrete type behind the error kinds: Kind is one of the

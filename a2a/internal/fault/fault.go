@@ -20,6 +20,7 @@ var (
 	ErrAborted         = errors.New("a2a: communicator aborted")
 	ErrTimeout         = errors.New("a2a: timeout")
 	ErrClosed          = errors.New("a2a: communicator closed")
+	ErrAuth            = errors.New("a2a: not authorized")
 )
 
 // Error is a typed failure. Kind is one of the sentinels above; Rank is the rank
@@ -63,7 +64,7 @@ func (e *Error) Unwrap() error { return e.Err }
 
 // KindOf returns the sentinel err matches, or nil.
 func KindOf(err error) error {
-	for _, k := range []error{ErrInvalidArgument, ErrMismatch, ErrPeerLost, ErrTimeout, ErrClosed, ErrAborted} {
+	for _, k := range []error{ErrInvalidArgument, ErrMismatch, ErrPeerLost, ErrTimeout, ErrClosed, ErrAborted, ErrAuth} {
 		if errors.Is(err, k) {
 			return k
 		}

@@ -1,0 +1,142 @@
+package a2a
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/a2a-moe/a2a/a2a/control"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+)
+
+// NATSOptions returns the nats.go options that log this rank in to the
+// control plane as cfg says: one of a credentials file (NATSCreds), an nkey
+// seed file (NATSNKey), a user and password (NATSUser, NATSPassword) or a
+// token (NATSToken), or none (user, password or token may also be in the
+// URL, which nats.go reads); TLS verified against NATSTLSCA, with a client
+// certificate when NATSTLSCert and NATSTLSKey are set. Replies come to
+// inboxes under control.InboxPrefix(cfg.Group), so that an account can limit
+// the job's user to control.Subjects(cfg.Group).
+func (cfg Config) NATSOptions() ([]nats.Option, error) {
+	bad := func(format string, args ...any) error {
+		return fault.New(fault.ErrInvalidArgument, -1, "NATS credentials: "+format, args...)
+	}
+	var opts []nats.Option
+	set := 0
+	for _, v := range []string{cfg.NATSCreds, cfg.NATSNKey, cfg.NATSUser + cfg.NATSPassword, cfg.NATSToken} {
+		if v != "" {
+			set++
+		}
+	}
+	if set > 1 {
+		return nil, bad("give one of A2A_NATS_CREDS, A2A_NATS_NKEY, A2A_NATS_USER/A2A_NATS_PASSWORD, A2A_NATS_TOKEN")
+	}
+	switch {
+	case cfg.NATSCreds != "":
+		if err := readable(cfg.NATSCreds); err != nil {
+			return nil, bad("A2A_NATS_CREDS: %v", err)
+		}
+		opts = append(opts, nats.UserCredentials(cfg.NATSCreds))
+	case cfg.NATSNKey != "":
+		o, err := nats.NkeyOptionFromSeed(cfg.NATSNKey)
+		if err != nil {
+			return nil, bad("A2A_NATS_NKEY: %v", err)
+		}
+		opts = append(opts, o)
+	case cfg.NATSUser != "" || cfg.NATSPassword != "":
+		if cfg.NATSUser == "" || cfg.NATSPassword == "" {
+			return nil, bad("A2A_NATS_USER and A2A_NATS_PASSWORD go together")
+		}
+		opts = append(opts, nats.UserInfo(cfg.NATSUser, cfg.NATSPassword))
+	case cfg.NATSToken != "":
+		opts = append(opts, nats.Token(cfg.NATSToken))
+	}
+	if (cfg.NATSTLSCert == "") != (cfg.NATSTLSKey == "") {
+		return nil, bad("A2A_NATS_TLS_CERT and A2A_NATS_TLS_KEY go together")
+	}
+	if cfg.NATSTLSCA != "" {
+		if err := readable(cfg.NATSTLSCA); err != nil {
+			return nil, bad("A2A_NATS_TLS_CA: %v", err)
+		}
+		opts = append(opts, nats.RootCAs(cfg.NATSTLSCA))
+	}
+	if cfg.NATSTLSCert != "" {
+		opts = append(opts, nats.ClientCert(cfg.NATSTLSCert, cfg.NATSTLSKey))
+	}
+	if cfg.Group != "" {
+		opts = append(opts, nats.CustomInboxPrefix(control.InboxPrefix(cfg.Group)))
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	// The server reports a subject the user may not publish or subscribe
+	// to asynchronously: without this the join would just time out.
+	opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		log.Error("a2a: NATS error", "err", err)
+	}))
+	return opts, nil
+}
+
+func readable(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// connectError types a failed nats.Connect: refused credentials and TLS
+// verification failures are ErrAuth, the rest ErrInvalidArgument (nothing
+// listens there, a bad URL). The URL is named without its user information.
+func connectError(cfg Config, err error) error {
+	url := redactURL(cfg.NATSURL)
+	var unknownCA x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var verify *tls.CertificateVerificationError
+	var alert tls.AlertError
+	switch {
+	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked):
+		how := "the credentials given were refused"
+		if cfg.NATSCreds == "" && cfg.NATSNKey == "" && cfg.NATSUser == "" && cfg.NATSToken == "" && !strings.Contains(cfg.NATSURL, "@") {
+			how = "no credentials given: set A2A_NATS_CREDS, A2A_NATS_NKEY, A2A_NATS_USER and A2A_NATS_PASSWORD, A2A_NATS_TOKEN, or put them in the URL"
+		}
+		return fault.Wrap(fault.ErrAuth, -1, err, "control plane %s refused the connection (%s)", url, how)
+	case errors.As(err, &unknownCA), errors.As(err, &hostErr), errors.As(err, &invalid), errors.As(err, &verify):
+		return fault.Wrap(fault.ErrAuth, -1, err, "control plane %s: its TLS certificate does not verify (A2A_NATS_TLS_CA names the CA to trust)", url)
+	case errors.As(err, &alert), errors.Is(err, nats.ErrTLS), strings.Contains(err.Error(), "remote error: tls: "):
+		// A TLS alert from the server arrives as crypto/tls's unexported
+		// alert type inside a net.OpError: only its text says it.
+		return fault.Wrap(fault.ErrAuth, -1, err, "control plane %s: TLS refused (a client certificate may be required: A2A_NATS_TLS_CERT, A2A_NATS_TLS_KEY)", url)
+	case errors.Is(err, nats.ErrSecureConnRequired), errors.Is(err, nats.ErrSecureConnWanted):
+		return fault.Wrap(fault.ErrAuth, -1, err, "control plane %s: the two ends disagree on TLS", url)
+	}
+	return fault.Wrap(fault.ErrInvalidArgument, -1, err, "control plane %s unreachable", url)
+}
+
+// redactURL drops the user information of a NATS URL (or of each of a
+// comma-separated list), so that a password never reaches an error or a log.
+func redactURL(u string) string {
+	parts := strings.Split(u, ",")
+	for i, p := range parts {
+		scheme, rest, ok := strings.Cut(p, "://")
+		if !ok {
+			scheme, rest = "", p
+		}
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			rest = "***@" + rest[at+1:]
+		}
+		if ok {
+			parts[i] = scheme + "://" + rest
+		} else {
+			parts[i] = rest
+		}
+	}
+	return strings.Join(parts, ",")
+}
