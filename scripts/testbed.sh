@@ -38,7 +38,9 @@
 # holds at 1.7-1.8x.
 #
 # Steps: namespaces and links; `a2ad serve` (NATS + control service) in h0 on
-# 10.77.x.1:4222; correctness: for every algorithm of --algos an AllToAllV bench with --check
+# 10.77.x.1:4222, over TLS with a CA and certificate made with openssl for the run, its
+# credentials (NATS user and job secret) in a 0600 file every host's `a2ad run --creds`
+# reads; correctness: for every algorithm of --algos an AllToAllV bench with --check
 # over sizes 0,1,1K,64K (zipf:1.1 traffic), then AllToAll once, every host running
 # `a2ad run -n L` with A2A_HOST=host<i>, all hosts in parallel; rank 0's rows must all say
 # #wrong 0. Then the MoE demo's ranks (bin/moe --worker, or --moe PATH; skipped if absent)
@@ -359,7 +361,7 @@ LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/a2a-tb.$RUN.XXXXXX") || die 2 "mktemp failed
 host_ns() { echo "$PFX-h$1"; }
 host_ip() { echo "$NET.$(($1 + 1))"; }
 H0IP=$(host_ip 0)
-NATS_URL=nats://$H0IP:4222
+NATS_URL=tls://$H0IP:4222
 WORLD=$((HOSTS * LOCAL))
 
 # setup runs one setup command, exiting 2 with its error output when it fails.
@@ -479,7 +481,22 @@ say "$HOSTS hosts x $LOCAL ranks in namespaces $PFX-h0..h$((HOSTS - 1)) on $NET.
 
 # ---- control plane --------------------------------------------------------------------------
 
+# The control plane listens beyond loopback, so over TLS: a CA made for this run signs the
+# server's certificate (its address as SAN); the ranks trust that CA (A2A_NATS_TLS_CA).
+tls_setup() {
+	local d=$LOGDIR ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+	openssl req -x509 "${ec[@]}" -keyout "$d/ca.key" -out "$d/ca.pem" -days 1 -subj /CN=a2a-testbed-ca &&
+		openssl req "${ec[@]}" -keyout "$d/server.key" -out "$d/server.csr" -subj /CN=a2a-testbed &&
+		printf 'subjectAltName=IP:%s\n' "$H0IP" >"$d/san.ext" &&
+		openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+			-out "$d/server.pem" -days 1 -extfile "$d/san.ext"
+}
+command -v openssl >/dev/null || die 2 "openssl missing: run scripts/deps.sh"
+setup tls_setup
+export A2A_NATS_TLS_CA=$LOGDIR/ca.pem
+CREDS=$LOGDIR/serve.env
 "${PDEATH[@]}" ip netns exec "$(host_ns 0)" "$A2AD" serve --listen "$H0IP:4222" --metrics '' \
+	--tls-cert "$LOGDIR/server.pem" --tls-key "$LOGDIR/server.key" --creds "$CREDS" \
 	>"$LOGDIR/serve.log" 2>&1 &
 SERVE_PID=$!
 PIDS+=("$SERVE_PID")
@@ -512,7 +529,6 @@ fi
 
 # ---- jobs -----------------------------------------------------------------------------------
 
-SECRET=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 JOB=0
 FAILED=()   # "name: reason" of failed checks
 REJECTED=() # algorithms a2ad rejected
@@ -537,7 +553,7 @@ run_job() {
 		"${PDEATH[@]}" ip netns exec "$(host_ns "$i")" \
 			env A2A_HOST="host$i" A2A_LISTEN="$(host_ip "$i"):0" \
 			"$A2AD" run -n "$LOCAL" --world "$WORLD" --rank-offset $((i * LOCAL)) \
-			--nats "$NATS_URL" --group "$group" --secret "$SECRET" --bind none -- \
+			--nats "$NATS_URL" --group "$group" --creds "$CREDS" --bind none -- \
 			"${WORKER[@]}" "$@" \
 			>"$LOGDIR/$tag.h$i.out" 2>"$LOGDIR/$tag.h$i.err" &
 		pids[i]=$!

@@ -22,9 +22,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
 
 	"github.com/a2a-moe/a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/control"
+	"github.com/a2a-moe/a2a/internal/natsd"
 )
 
 // a2adBin is the a2ad binary built once for the multi-process tests.
@@ -267,7 +270,9 @@ func TestInterrupted(t *testing.T) {
 // TestKillRankDuringAllToAllV kills one rank process with SIGKILL in the middle
 // of an AllToAllV loop: every survivor must fail with ErrPeerLost within 3 s.
 func TestKillRankDuringAllToAllV(t *testing.T) {
-	cp, err := startControlPlane(slog.New(slog.DiscardHandler), "127.0.0.1:0", "")
+	ranks := natsd.NewUser("killtest", control.Subjects("killtest"))
+	cp, err := startControlPlane(slog.New(slog.DiscardHandler), cpConfig{Listen: "127.0.0.1:0", Secret: []byte("k"),
+		Users: []natsd.User{ranks}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,6 +287,7 @@ func TestKillRankDuringAllToAllV(t *testing.T) {
 		cmd := a2ad(t, ctx, "bench", "--worker", "--sizes", "256K", "--iters", "10000000", "--budget", "1h", "--warmup", "1")
 		cmd.Env = append(os.Environ(), "A2A_NATS_URL="+cp.URL, "A2A_GROUP=killtest", "A2A_SECRET=k",
 			"A2A_RANK="+strconv.Itoa(r), "A2A_WORLD_SIZE="+strconv.Itoa(n))
+		cmd.Env = append(cmd.Env, ranks.Env()...)
 		stderrs[r] = &bytes.Buffer{}
 		cmd.Stderr = stderrs[r]
 		if err := cmd.Start(); err != nil {
@@ -401,7 +407,8 @@ func TestServeAndRun(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	serve := a2ad(t, ctx, "serve", "--listen", addr, "--metrics", "127.0.0.1:0")
+	creds := filepath.Join(t.TempDir(), "serve.env")
+	serve := a2ad(t, ctx, "serve", "--listen", addr, "--metrics", "127.0.0.1:0", "--creds", creds)
 	so, _ := serve.StdoutPipe()
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)
@@ -416,7 +423,20 @@ func TestServeAndRun(t *testing.T) {
 	if !sc.Scan() || !strings.Contains(sc.Text(), "control plane ready") {
 		t.Fatalf("serve said %q", sc.Text())
 	}
-	out, err := a2ad(t, ctx, "run", "-n", "3", "--nats", "nats://"+addr, "--", a2adBin, "demo", "--worker", "--steps", "3").CombinedOutput()
+	if !sc.Scan() || !strings.Contains(sc.Text(), "credentials generated in "+creds) {
+		t.Fatalf("serve said %q", sc.Text())
+	}
+	if st, err := os.Stat(creds); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("credentials file: %v, %v", st, err)
+	}
+	// A stranger without the credentials is refused.
+	if nc, err := nats.Connect("nats://"+addr, nats.MaxReconnects(0)); !errors.Is(err, nats.ErrAuthorization) {
+		if nc != nil {
+			nc.Close()
+		}
+		t.Fatalf("a client without credentials: %v, want an authorization violation", err)
+	}
+	out, err := a2ad(t, ctx, "run", "-n", "3", "--nats", "nats://"+addr, "--creds", creds, "--", a2adBin, "demo", "--worker", "--steps", "3").CombinedOutput()
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, out)
 	}

@@ -9,10 +9,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/control"
 	"github.com/a2a-moe/a2a/a2a/transport/shm"
 	"github.com/a2a-moe/a2a/internal/launch"
+	"github.com/a2a-moe/a2a/internal/natsd"
 )
 
 func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
@@ -22,10 +25,33 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 	group := fs.String("group", "", "group (job) name (default: a fresh one)")
 	world := fs.Int("world", 0, "ranks in the whole job when other hosts start the rest (default: -n)")
 	offset := fs.Int("rank-offset", 0, "rank of the first process started here")
-	secret := fs.String("secret", os.Getenv("A2A_SECRET"), "data-plane secret (default: $A2A_SECRET or random; must be shared across hosts)")
+	secret := fs.String("secret", os.Getenv("A2A_SECRET"), "job secret: signs control messages and data-plane connections (default: $A2A_SECRET, the --creds file's, or random; must be shared across hosts; prefer --creds or $A2A_SECRET: a command line is visible to every user)")
+	creds := fs.String("creds", "", "with --nats: a credentials file of a2ad serve (or any A2A_* KEY=VALUE file, mode 0600) whose variables the ranks get")
 	bind := bindFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return usageError{err}
+	}
+	var env []string
+	if *creds != "" {
+		if *natsURL == "" {
+			return usagef("--creds is for --nats: the embedded control plane makes its own credentials")
+		}
+		vars, err := readEnvFile(*creds)
+		if err != nil {
+			return err
+		}
+		explicit := false
+		fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "secret" })
+		for k, v := range vars {
+			if k == "A2A_SECRET" {
+				if !explicit {
+					*secret = v
+				}
+				continue
+			}
+			env = append(env, k+"="+v)
+		}
+		slices.Sort(env)
 	}
 	if *bind != "core" && *bind != "none" {
 		return usagef("--bind %q: core or none", *bind)
@@ -39,13 +65,21 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 	}
 	return launchRanks(ctx, log, launch.Spec{
 		N: *n, World: *world, RankOffset: *offset, NATSURL: *natsURL,
-		Group: *group, Secret: *secret, Prog: prog[0], Args: prog[1:], Prefix: true,
+		Group: *group, Secret: *secret, Env: env, Prog: prog[0], Args: prog[1:], Prefix: true,
 		BindVia: bindVia(*bind),
 	})
 }
 
 // launchRanks fills in a fresh group and secret, embeds a control plane when
 // spec.NATSURL is empty, and runs the ranks.
+//
+// The embedded control plane lets in only this job: the ranks log in as a
+// user made for it with a fresh password, allowed the job's subjects alone
+// (control.Subjects), and handed over in their environment (never on a
+// command line, which every local user can read in /proc). A password rather
+// than a token gives the ranks and the service users of their own, with
+// different permissions; rather than an nkey, it needs no seed file on disk.
+// The server listens on loopback, so the password never crosses a network.
 func launchRanks(ctx context.Context, log *slog.Logger, spec launch.Spec) error {
 	if spec.Group == "" {
 		spec.Group = "job-" + randomHex(6)
@@ -54,12 +88,14 @@ func launchRanks(ctx context.Context, log *slog.Logger, spec launch.Spec) error 
 		spec.Secret = randomHex(16)
 	}
 	if spec.NATSURL == "" {
-		cp, err := startControlPlane(log, "127.0.0.1:0", "")
+		ranks := natsd.NewUser(spec.Group, control.Subjects(spec.Group))
+		cp, err := startControlPlane(log, cpConfig{Listen: "127.0.0.1:0", Secret: []byte(spec.Secret), Users: []natsd.User{ranks}})
 		if err != nil {
 			return err
 		}
 		defer cp.Close()
 		spec.NATSURL = cp.URL
+		spec.Env = append(slices.Clip(spec.Env), ranks.Env()...)
 	}
 	// Segments of ranks killed while opening shared memory in an earlier job
 	// would stay in /dev/shm until their group runs again: remove them.

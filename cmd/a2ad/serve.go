@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/a2a/control"
 	"github.com/a2a-moe/a2a/internal/natsd"
 	"github.com/a2a-moe/a2a/metrics"
@@ -27,18 +29,45 @@ type controlPlane struct {
 	svc *control.Service
 }
 
-// startControlPlane embeds a NATS server on listen (when natsURL is empty) and
-// runs the control-plane service on it (or on the external server).
-func startControlPlane(log *slog.Logger, listen, natsURL string) (*controlPlane, error) {
-	cp := &controlPlane{URL: natsURL}
-	if natsURL == "" {
-		srv, err := natsd.Start(listen)
+// cpConfig says how to start a control plane.
+type cpConfig struct {
+	Listen  string // the embedded server's address
+	NATSURL string // an external server instead: the service logs in as A2A_NATS_* say
+	// Secret is the job secret the service signs and verifies with.
+	Secret []byte
+	// Users are the clients the embedded server lets in; the service logs
+	// in as a user of its own, made here.
+	Users                  []natsd.User
+	TLSCert, TLSKey, TLSCA string
+	Insecure               bool
+}
+
+// startControlPlane embeds a NATS server (unless c.NATSURL names one) and
+// runs the control-plane service on it.
+func startControlPlane(log *slog.Logger, c cpConfig) (*controlPlane, error) {
+	cp := &controlPlane{URL: c.NATSURL}
+	var opts []nats.Option
+	if c.NATSURL == "" {
+		svcUser := natsd.NewUser("a2a-service", nil)
+		srv, err := natsd.StartServer(natsd.Config{Listen: c.Listen, Users: append(c.Users[:len(c.Users):len(c.Users)], svcUser),
+			TLSCert: c.TLSCert, TLSKey: c.TLSKey, TLSCA: c.TLSCA, Insecure: c.Insecure})
 		if err != nil {
 			return nil, err
 		}
 		cp.srv, cp.URL = srv, srv.ClientURL()
+		// In-process: no socket, no TLS to verify, its own password.
+		opts = append(svcUser.Options(), nats.InProcessServer(srv))
+	} else {
+		cfg, err := a2a.ConfigFromEnv()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Group = "" // the service replies to every group's inboxes
+		if opts, err = cfg.NATSOptions(); err != nil {
+			return nil, err
+		}
 	}
-	nc, err := nats.Connect(cp.URL, nats.Name("a2ad control service"), nats.MaxReconnects(-1))
+	nc, err := nats.Connect(cp.URL, append(opts, nats.Name("a2ad control service"), nats.MaxReconnects(-1))...)
 	if err != nil {
 		cp.Close()
 		return nil, fmt.Errorf("connect to NATS %s: %w", cp.URL, err)
@@ -69,16 +98,46 @@ func (cp *controlPlane) Close() {
 
 func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	listen := fs.String("listen", "127.0.0.1:4222", "embedded NATS listen address")
-	natsURL := fs.String("nats", "", "use this NATS server instead of embedding one")
+	listen := fs.String("listen", "127.0.0.1:4222", "embedded NATS listen address (beyond loopback needs TLS or --insecure)")
+	natsURL := fs.String("nats", "", "use this NATS server instead of embedding one (the service logs in as A2A_NATS_* say)")
 	status := fs.Duration("status", 0, "print the group memberships this often (0: never)")
 	metricsAddr := fs.String("metrics", "127.0.0.1:9464", "serve Prometheus /metrics of the control plane and the live view /ui/ here (empty: off). "+
 		"Keep it on loopback or a trusted network: without authentication, /ui/ shows anyone who connects every group's name, "+
 		"its ranks' hosts and PIDs, the bytes between each pair of ranks, their waits and their operations")
+	credsFile := fs.String("creds", "", "credentials file: read, or generated (mode 0600) when missing (default: serve.env in the user's config dir a2ad/)")
+	tlsCert := fs.String("tls-cert", "", "server certificate (PEM): clients connect with TLS")
+	tlsKey := fs.String("tls-key", "", "key of --tls-cert (PEM)")
+	tlsCA := fs.String("tls-ca", "", "require client certificates signed by this CA (PEM), with --tls-cert")
+	insecure := fs.Bool("insecure", false, "allow listening beyond loopback without TLS (passwords and messages in clear)")
 	if err := parseFlags(fs, args); err != nil {
 		return usageError{err}
 	}
-	cp, err := startControlPlane(log, *listen, *natsURL)
+	path := *credsFile
+	if path == "" {
+		var err error
+		if path, err = defaultCredsFile(); err != nil {
+			return usageError{err}
+		}
+	}
+	creds, created, err := loadOrCreateCreds(path, *natsURL == "")
+	if err != nil {
+		return err
+	}
+	how := "read"
+	if created {
+		how = "generated"
+	}
+	cfg := cpConfig{Listen: *listen, NATSURL: *natsURL, Secret: []byte(creds.Secret),
+		TLSCert: *tlsCert, TLSKey: *tlsKey, TLSCA: *tlsCA, Insecure: *insecure}
+	if *natsURL == "" {
+		// Clients of a2ad serve may run any group: the NATS user reaches
+		// the a2a subjects and inboxes, nothing else on this server.
+		cfg.Users = []natsd.User{{Name: creds.User, Password: creds.Password, Allow: []string{"a2a.>", "_INBOX.>"}}}
+		if h, _, err := net.SplitHostPort(*listen); err == nil && !natsd.Loopback(h) && *tlsCert == "" && *insecure {
+			log.Warn("a2ad: listening beyond loopback without TLS (--insecure): NATS passwords and control messages travel in clear", "listen", *listen)
+		}
+	}
+	cp, err := startControlPlane(log, cfg)
 	if err != nil {
 		return err
 	}
@@ -101,6 +160,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		uiURL = "http://" + addr + "/ui/"
 	}
 	fmt.Printf("a2ad: control plane ready at %s (export A2A_NATS_URL=%s)\n", cp.URL, cp.URL)
+	fmt.Printf("a2ad: credentials %s in %s (jobs: a2ad run --nats %s --creds %s)\n", how, path, cp.URL, path)
 	if uiURL != "" {
 		fmt.Printf("a2ad: live view at %s\n", uiURL)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/a2a-moe/a2a/a2a/control"
+	"github.com/a2a-moe/a2a/internal/natsd"
 )
 
 // TestLiveView loads a2ad serve's /ui/ in headless chromium while four
@@ -253,7 +254,8 @@ func checkMatrix(t *testing.T, dom, kind string, n int, busy bool) {
 // TestLiveViewStates: /ui/api/groups names every rank's state (alive, left,
 // lost) and carries the traffic its ranks reported, and /ui/ serves the page.
 func TestLiveViewStates(t *testing.T) {
-	cp, err := startControlPlane(slog.New(slog.DiscardHandler), "127.0.0.1:0", "")
+	ranks := natsd.NewUser("states", control.Subjects("states"))
+	cp, err := startControlPlane(slog.New(slog.DiscardHandler), cpConfig{Listen: "127.0.0.1:0", Users: []natsd.User{ranks}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +269,7 @@ func TestLiveViewStates(t *testing.T) {
 	mems := make([]*control.Member, n)
 	errs := make(chan error, n)
 	for r := range n {
-		if conns[r], err = nats.Connect(cp.URL); err != nil {
+		if conns[r], err = nats.Connect(cp.URL, append(ranks.Options(), nats.CustomInboxPrefix(control.InboxPrefix("states")))...); err != nil {
 			t.Fatal(err)
 		}
 		defer conns[r].Close()

@@ -162,17 +162,24 @@ func launchRanks(ctx context.Context, log *slog.Logger, o options, args []string
 		return err
 	}
 	url, plane := o.natsURL, "NATS control plane at "+o.natsURL+" (--nats)"
+	group, secret := "moe-"+randomHex(6), randomHex(16)
+	var env []string
 	if url == "" {
-		srv, err := natsd.Start("127.0.0.1:0")
+		// The embedded server lets in the ranks (a user limited to the
+		// job's subjects, its password handed over in their environment)
+		// and the service (in-process), no one else.
+		ranks := natsd.NewUser(group, control.Subjects(group))
+		svcUser := natsd.NewUser("moe-service", nil)
+		srv, err := natsd.StartServer(natsd.Config{Listen: "127.0.0.1:0", Users: []natsd.User{ranks, svcUser}})
 		if err != nil {
 			return err
 		}
 		defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-		url = srv.ClientURL()
+		url, env = srv.ClientURL(), ranks.Env()
 		plane = "embedded NATS control plane at " + url
 		// The rendezvous and counts service a2ad serve runs; the ranks
 		// would elect a coordinator among themselves without it.
-		nc, err := nats.Connect(url, nats.Name("moe demo control service"))
+		nc, err := nats.Connect(url, append(svcUser.Options(), nats.InProcessServer(srv), nats.Name("moe demo control service"))...)
 		if err != nil {
 			return err
 		}
@@ -185,7 +192,7 @@ func launchRanks(ctx context.Context, log *slog.Logger, o options, args []string
 	}
 	fmt.Fprintf(stdout, "moe: %d local ranks, %s\n", o.ranks, plane)
 	return launch.Run(ctx, launch.Spec{
-		N: o.ranks, NATSURL: url, Group: "moe-" + randomHex(6), Secret: randomHex(16),
+		N: o.ranks, NATSURL: url, Group: group, Secret: secret, Env: env,
 		Prog: self, Args: append([]string{"--worker"}, args...),
 		Stdout: stdout, Stderr: stderr,
 	})
