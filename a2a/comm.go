@@ -152,6 +152,7 @@ func (c *Comm) join(ctx context.Context) error {
 		Info: control.NodeInfo{Rank: cfg.Rank, Host: host, PID: os.Getpid(), Transports: dp.addresses(), Streams: cfg.Streams,
 			CPUs: cpus.Format(cpus.Allowed())},
 		HeartbeatInterval: cfg.HeartbeatInterval, PeerTimeout: cfg.PeerTimeout, Logger: c.log,
+		Secret: []byte(secret),
 	})
 	if err != nil {
 		return err

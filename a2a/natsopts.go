@@ -140,3 +140,8 @@ func redactURL(u string) string {
 	}
 	return strings.Join(parts, ",")
 }
+
+// ControlRejects returns how many control messages this rank refused to
+// believe, by reason: forged, corrupted, replayed, of another epoch or from a
+// non-member (see package control).
+func (c *Comm) ControlRejects() control.Rejects { return c.member.Rejects() }

@@ -78,7 +78,7 @@ func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, rec
 	if matrix != nil {
 		flags |= rowWantMatrix
 	}
-	err := m.nc.PublishRequest(m.subjCounts, m.countsInbox, c.encodeRow(m.epoch, seq, m.rank, flags, sendCounts))
+	err := m.publish(m.subjCounts, m.countsInbox, m.epoch, c.encodeRow(m.epoch, seq, m.rank, flags, sendCounts))
 	putCodec(c)
 	if err != nil {
 		return fault.Wrap(fault.ErrAborted, m.rank, err, "control: sending counts row")
@@ -87,10 +87,10 @@ func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, rec
 		select {
 		case msg := <-m.countsCh:
 			if m.route(msg, seq) {
-				return m.finish(msg, seq, recvCounts, matrix)
+				return m.finish(payloadOf(msg.Data), seq, recvCounts, matrix)
 			}
 		case msg := <-w.ch:
-			return m.finish(msg, seq, recvCounts, matrix)
+			return m.finish(payloadOf(msg.Data), seq, recvCounts, matrix)
 		case <-m.done:
 			return m.Err()
 		case <-ctx.Done():
@@ -100,12 +100,28 @@ func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, rec
 }
 
 // route reports whether msg is the column for seq; otherwise it hands msg to
-// the call waiting for its seq, or drops it (a stale reply of an abandoned call).
+// the call waiting for its seq, or drops it (a stale reply of an abandoned
+// call). Only authentic replies of this formation count: a column from the
+// coordinator that formed it, or a refusal from any coordinator (one that
+// does not know the formation, say after a restart); everything else is
+// rejected and the caller keeps waiting for the real reply.
 func (m *Member) route(msg *nats.Msg, seq uint64) bool {
+	env, p, ok := m.open(msg)
+	if !ok {
+		return false
+	}
 	c := getCodec()
-	s, err := c.peekSeq(msg.Data)
+	s, kind, err := c.peekSeq(p)
 	putCodec(c)
-	if err != nil {
+	switch {
+	case err != nil:
+		m.reject(RejectMalformed, msg.Subject)
+		return false
+	case env.epoch != m.epoch:
+		m.reject(RejectEpoch, msg.Subject)
+		return false
+	case kind == 0 && env.sender != m.svcSender:
+		m.reject(RejectSender, msg.Subject)
 		return false
 	}
 	if s == seq {
@@ -122,10 +138,13 @@ func (m *Member) route(msg *nats.Msg, seq uint64) bool {
 	return false
 }
 
-func (m *Member) finish(msg *nats.Msg, seq uint64, recvCounts, matrix []int) error {
+// payloadOf is the payload of an envelope route already opened.
+func payloadOf(data []byte) []byte { return data[hdrLen : len(data)-macLen] }
+
+func (m *Member) finish(payload []byte, seq uint64, recvCounts, matrix []int) error {
 	c := getCodec()
 	defer putCodec(c)
-	r, err := c.decodeCol(msg.Data)
+	r, err := c.decodeCol(payload)
 	if err != nil {
 		return fault.Wrap(fault.ErrMismatch, m.rank, err, "control: malformed counts reply for seq %d", seq)
 	}

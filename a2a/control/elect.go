@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"time"
 
@@ -31,23 +32,32 @@ func (m *Member) discover(ctx context.Context) error {
 	if m.svc != nil {
 		return nil
 	}
-	ping, _ := msgpack.Marshal(&pingMsg{})
+	p, _ := msgpack.Marshal(&pingMsg{ID: m.id})
+	ping := sealed(p)
 	subj := svcSubject(m.group, opPing)
+	// Replies come to an inbox of our own rather than through nats.Request,
+	// which returns the first reply: a forged one must be skipped, and the
+	// real one awaited.
+	inbox := m.nc.NewInbox()
+	ch := make(chan *nats.Msg, 16)
+	sub, err := m.nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return fault.Wrap(fault.ErrClosed, -1, err, "control: subscribing the ping inbox")
+	}
+	defer sub.Unsubscribe()
 	tries := pingTries
 	for {
 		for i := 0; i < tries; i++ {
-			pctx, cancel := context.WithTimeout(ctx, pingTimeout)
-			_, err := m.nc.RequestWithContext(pctx, subj, ping)
-			cancel()
+			found, none, err := m.ping(ctx, subj, inbox, ch, ping)
 			switch {
-			case err == nil:
+			case found:
 				return nil
 			case ctx.Err() != nil:
 				return m.ctxErr(ctx, "join of group %q (WorldSize %d) timed out: no coordinator found", m.group, m.cfg.WorldSize)
 			case m.nc.IsClosed() || errors.Is(err, nats.ErrConnectionClosed):
 				return errConnClosed
 			}
-			if errors.Is(err, nats.ErrNoResponders) {
+			if none {
 				if err := sleep(ctx, pingGap); err != nil {
 					return m.ctxErr(ctx, "join of group %q timed out: no coordinator found", m.group)
 				}
@@ -66,7 +76,7 @@ func (m *Member) discover(ctx context.Context) error {
 			tries = 4 * pingTries
 			continue
 		}
-		svc, err := newService(m.nc, m.log, m.group)
+		svc, err := newService(m.nc, m.cfg.Secret, m.log, m.group)
 		release()
 		if err != nil {
 			return err
@@ -74,6 +84,39 @@ func (m *Member) discover(ctx context.Context) error {
 		m.log.Info("hosting the group coordinator in-process")
 		m.svc = svc
 		return nil
+	}
+}
+
+// ping asks once for a coordinator of the group and waits up to pingTimeout
+// for an authentic answer. none reports that the server knows no subscriber
+// of the ping subject.
+func (m *Member) ping(ctx context.Context, subj, inbox string, ch chan *nats.Msg, ping []byte) (found, none bool, err error) {
+	for len(ch) > 0 { // late answers to an earlier ping
+		<-ch
+	}
+	if err := m.publish(subj, inbox, 0, ping); err != nil {
+		return false, false, err
+	}
+	t := time.NewTimer(pingTimeout)
+	defer t.Stop()
+	for {
+		select {
+		case msg := <-ch:
+			if isStatus(msg) {
+				return false, msg.Header.Get("Status") == "503", nil
+			}
+			if _, p, ok := m.open(msg); ok {
+				var pm pingMsg
+				if msgpack.Unmarshal(p, &pm) == nil && pm.ID != "" {
+					return true, false, nil
+				}
+				m.reject(RejectMalformed, msg.Subject)
+			}
+		case <-t.C:
+			return false, false, nats.ErrTimeout
+		case <-ctx.Done():
+			return false, false, ctx.Err()
+		}
 	}
 }
 
@@ -97,6 +140,7 @@ const (
 )
 
 type election struct {
+	m     *Member
 	mu    sync.Mutex
 	id    string
 	nonce uint64
@@ -110,9 +154,30 @@ func less(n1 uint64, id1 string, n2 uint64, id2 string) bool {
 	return n1 < n2 || (n1 == n2 && id1 < id2)
 }
 
+// claimOf opens a claim or an answer to one and checks that it speaks for
+// its sender.
+func (m *Member) claimOf(msg *nats.Msg) (c claimMsg, ok bool) {
+	env, p, ok := m.open(msg)
+	if !ok {
+		return c, false
+	}
+	if msgpack.Unmarshal(p, &c) != nil {
+		m.reject(RejectMalformed, msg.Subject)
+		return c, false
+	}
+	if c.ID != strconv.FormatUint(env.sender, 36) && c.ID != "svc-"+strconv.FormatUint(env.sender, 36) {
+		m.reject(RejectSender, msg.Subject)
+		return c, false
+	}
+	return c, true
+}
+
 func (e *election) onClaim(msg *nats.Msg) {
-	var c claimMsg
-	if msgpack.Unmarshal(msg.Data, &c) != nil || c.ID == e.id || c.Exists {
+	if isStatus(msg) {
+		return
+	}
+	c, ok := e.m.claimOf(msg)
+	if !ok || c.ID == e.id || c.Exists {
 		return
 	}
 	e.mu.Lock()
@@ -127,7 +192,7 @@ func (e *election) onClaim(msg *nats.Msg) {
 	}
 	e.mu.Unlock()
 	if msg.Reply != "" {
-		_ = msg.Respond(answer)
+		_ = e.m.publish(msg.Reply, "", 0, sealed(answer))
 	}
 }
 
@@ -139,7 +204,7 @@ func (m *Member) elect(ctx context.Context) (bool, func(), error) {
 	if m.cfg.Rank != 0 {
 		nonce |= 1 << 63
 	}
-	e := &election{id: m.id, nonce: nonce}
+	e := &election{m: m, id: m.id, nonce: nonce}
 	e.mine, _ = msgpack.Marshal(&claimMsg{ID: m.id, Nonce: nonce})
 	e.yes, _ = msgpack.Marshal(&claimMsg{ID: m.id, Exists: true})
 	subj := svcSubject(m.group, opClaim)
@@ -157,7 +222,7 @@ func (m *Member) elect(ctx context.Context) (bool, func(), error) {
 		return false, nil, fault.Wrap(fault.ErrClosed, -1, err, "control: election")
 	}
 	release := func() { _ = csub.Unsubscribe() }
-	if err := m.nc.PublishRequest(subj, inbox, e.mine); err != nil {
+	if err := m.publish(subj, inbox, 0, sealed(e.mine)); err != nil {
 		release()
 		return false, nil, fault.Wrap(fault.ErrClosed, -1, err, "control: election")
 	}
@@ -169,8 +234,11 @@ loop:
 	for {
 		select {
 		case msg := <-ch:
-			var c claimMsg
-			if msgpack.Unmarshal(msg.Data, &c) != nil || c.ID == m.id {
+			if isStatus(msg) {
+				continue
+			}
+			c, ok := m.claimOf(msg)
+			if !ok || c.ID == m.id {
 				continue
 			}
 			e.mu.Lock()
@@ -185,7 +253,7 @@ loop:
 			if st == lost {
 				break loop
 			}
-			_ = m.nc.PublishRequest(subj, inbox, e.mine)
+			_ = m.publish(subj, inbox, 0, sealed(e.mine))
 		case <-settle.C:
 			break loop
 		case <-ctx.Done():

@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"strings"
 	"sync"
@@ -74,7 +75,7 @@ func (e *env) conn() *nats.Conn {
 // service starts a daemon-style coordinator on its own connection.
 func (e *env) service() *Service {
 	e.t.Helper()
-	s, err := NewService(e.conn(), nil)
+	s, err := NewService(e.conn(), nil, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -151,10 +152,11 @@ func countServices(t testing.TB, nc *nats.Conn, group string) int {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	b, _ := msgpack.Marshal(&pingMsg{})
-	if err := nc.PublishRequest(svcSubject(group, opPing), inbox, b); err != nil {
+	b, _ := msgpack.Marshal(&pingMsg{ID: "probe"})
+	if err := newSigner(rand.Uint64(), nil).publish(nc, svcSubject(group, opPing), inbox, group, 0, sealed(b)); err != nil {
 		t.Fatal(err)
 	}
+	macs := newMacSet(nil)
 	ids := map[string]bool{}
 	deadline := time.After(200 * time.Millisecond)
 	for {
@@ -164,7 +166,7 @@ func countServices(t testing.TB, nc *nats.Conn, group string) int {
 				continue
 			}
 			var p pingMsg
-			if msgpack.Unmarshal(m.Data, &p) == nil && p.ID != "" {
+			if _, data, ok := macs.get(group).open(m.Subject, group, m.Data); ok && msgpack.Unmarshal(data, &p) == nil && p.ID != "" {
 				ids[p.ID] = true
 			}
 		case <-deadline:

@@ -49,7 +49,12 @@ type JoinConfig struct {
 	// PeerTimeout: a rank silent this long is lost (default 1500ms); must
 	// exceed HeartbeatInterval.
 	PeerTimeout time.Duration
-	Logger      *slog.Logger
+	// Secret signs and verifies every control message of the group (see the
+	// package documentation): the job's secret, shared by every rank and by
+	// the coordinator. Empty derives the key from the group name, which
+	// catches corruption and replays but authenticates nothing.
+	Secret []byte
+	Logger *slog.Logger
 }
 
 // Member is one rank's membership in a formed group.
@@ -57,8 +62,20 @@ type Member struct {
 	nc    *nats.Conn
 	log   *slog.Logger
 	cfg   JoinConfig
-	id    string
+	id    string // join id: sid in base 36
+	sid   uint64
 	group string
+
+	sign  *signer
+	vmu   sync.Mutex // guards vmacs and seen
+	vmacs *macSet
+	seen  replays
+	rej   rejectCounter
+	rlog  *slog.Logger // reject's: log is replaced at formation
+	// roster maps the senders of the formation to their ranks, svcSender is
+	// the coordinator that formed it; both are set before formed.
+	roster    map[uint64]int
+	svcSender uint64
 
 	rank, size int
 	epoch      uint32
@@ -76,7 +93,7 @@ type Member struct {
 	left     []atomic.Bool
 	formed   atomic.Bool
 	stashMu  sync.Mutex
-	stash    []abortMsg // aborts heard before the formed reply
+	stash    []stashedAbort // aborts heard before the formed reply
 
 	wmu     sync.Mutex
 	waiters map[uint64]*waiter
@@ -97,11 +114,17 @@ func Join(ctx context.Context, nc *nats.Conn, cfg JoinConfig) (*Member, error) {
 	if err := normalize(nc, &cfg); err != nil {
 		return nil, err
 	}
+	sid := rand.Uint64()
 	m := &Member{
 		nc:      nc,
 		log:     cfg.Logger.With("group", cfg.Group),
 		cfg:     cfg,
-		id:      strconv.FormatUint(rand.Uint64(), 36),
+		id:      strconv.FormatUint(sid, 36),
+		sid:     sid,
+		rlog:    cfg.Logger.With("group", cfg.Group),
+		sign:    newSigner(sid, cfg.Secret),
+		vmacs:   newMacSet(cfg.Secret),
+		seen:    make(replays),
 		group:   cfg.Group,
 		rank:    -1,
 		done:    make(chan struct{}),
@@ -220,15 +243,69 @@ func (m *Member) release() {
 func (m *Member) joinReq(withdraw bool) []byte {
 	b, _ := msgpack.Marshal(&joinReq{ID: m.id, Rank: m.cfg.Rank, World: m.cfg.WorldSize, Streams: m.cfg.Info.Streams,
 		TimeoutMS: m.cfg.PeerTimeout.Milliseconds(), Withdraw: withdraw, Info: m.cfg.Info})
-	return b
+	return sealed(b)
 }
 
 func (m *Member) withdraw() {
 	if !m.nc.IsClosed() {
-		_ = m.nc.Publish(m.subjJoin, m.joinReq(true))
+		_ = m.publish(m.subjJoin, "", 0, m.joinReq(true))
 		_ = m.nc.FlushTimeout(time.Second)
 	}
 }
+
+// publish signs msg (built by sealed or the codec) and publishes it.
+func (m *Member) publish(subj, reply string, epoch uint32, msg []byte) error {
+	return m.sign.publish(m.nc, subj, reply, m.group, epoch, msg)
+}
+
+// open authenticates msg as a message of this member's group and takes it
+// unless it is a copy of one already taken. It counts what it rejects.
+func (m *Member) open(msg *nats.Msg) (envelope, []byte, bool) {
+	m.vmu.Lock()
+	env, p, ok := m.vmacs.get(m.group).open(msg.Subject, m.group, msg.Data)
+	fresh := ok && m.seen.fresh(env.sender, msg.Subject, env.seq)
+	m.vmu.Unlock()
+	switch {
+	case !ok:
+		m.reject(RejectAuth, msg.Subject)
+	case !fresh:
+		m.reject(RejectReplay, msg.Subject)
+	default:
+		return env, p, true
+	}
+	return env, nil, false
+}
+
+// reject counts a rejected message and logs the 1st, 2nd, 4th, 8th... one.
+func (m *Member) reject(r RejectReason, subject string) {
+	m.rej.add(r)
+	if n := m.rej.snapshot().Total(); n&(n-1) == 0 {
+		m.rlog.Warn("control message rejected", "reason", r.String(), "subject", subject, "rejected", n)
+	}
+}
+
+// Rejects returns how many control messages this member refused to believe,
+// by reason.
+func (m *Member) Rejects() Rejects { return m.rej.snapshot() }
+
+// fromRank checks that an opened group message speaks for the rank its
+// sender holds in the current formation.
+func (m *Member) fromRank(env envelope, epoch uint32, rank int, subject string) bool {
+	r, member := m.roster[env.sender]
+	switch {
+	case env.epoch != m.epoch || epoch != m.epoch:
+		m.reject(RejectEpoch, subject)
+	case !member || r != rank:
+		m.reject(RejectSender, subject)
+	default:
+		return true
+	}
+	return false
+}
+
+// isStatus reports whether msg is a status message of the server (such as
+// "no responders"), which carries no data and no signature.
+func isStatus(msg *nats.Msg) bool { return len(msg.Data) == 0 && msg.Header.Get("Status") != "" }
 
 func (m *Member) ctxErr(ctx context.Context, format string, args ...any) error {
 	return fault.Wrap(fault.ErrTimeout, -1, ctx.Err(), "control: "+format, args...)
@@ -248,15 +325,20 @@ func (m *Member) rendezvous(ctx context.Context) error {
 		}
 		lastAck := time.Now()
 		req := m.joinReq(false)
-		if err := m.nc.PublishRequest(m.subjJoin, m.ctlInbox, req); err != nil {
+		if err := m.publish(m.subjJoin, m.ctlInbox, 0, req); err != nil {
 			return fault.Wrap(fault.ErrClosed, -1, err, "control: sending join")
 		}
 	wait:
 		for {
 			select {
 			case msg := <-m.ctlCh:
+				env, p, ok := m.open(msg)
+				if !ok {
+					continue
+				}
 				var resp joinResp
-				if msgpack.Unmarshal(msg.Data, &resp) != nil {
+				if msgpack.Unmarshal(p, &resp) != nil {
+					m.reject(RejectMalformed, msg.Subject)
 					continue
 				}
 				switch resp.Status {
@@ -266,7 +348,7 @@ func (m *Member) rendezvous(ctx context.Context) error {
 					return &fault.Error{Kind: kindOfCode(resp.Kind), Rank: m.cfg.Rank,
 						Detail: fmt.Sprintf("control: join of group %q refused: %s", m.group, resp.Detail)}
 				case stFormed:
-					if m.formFrom(&resp) {
+					if m.formFrom(env, &resp) {
 						return nil
 					}
 				}
@@ -275,7 +357,7 @@ func (m *Member) rendezvous(ctx context.Context) error {
 					m.log.Info("coordinator stopped answering join refreshes, looking for another")
 					break wait
 				}
-				if err := m.nc.PublishRequest(m.subjJoin, m.ctlInbox, req); err != nil {
+				if err := m.publish(m.subjJoin, m.ctlInbox, 0, req); err != nil {
 					return fault.Wrap(fault.ErrClosed, -1, err, "control: sending join")
 				}
 			case <-m.statusCh:
@@ -289,8 +371,12 @@ func (m *Member) rendezvous(ctx context.Context) error {
 
 func (m *Member) joinTimeout(ctx context.Context, ack *joinResp) error {
 	if ack == nil {
-		return m.ctxErr(ctx, "join of group %q (WorldSize %d) timed out: no coordinator acknowledged the join",
-			m.group, m.cfg.WorldSize)
+		hint := ""
+		if n := m.rej.snapshot()[RejectAuth]; n > 0 {
+			hint = fmt.Sprintf(" (%d control messages failed authentication: do all ranks and the coordinator share the job secret?)", n)
+		}
+		return m.ctxErr(ctx, "join of group %q (WorldSize %d) timed out: no coordinator acknowledged the join%s",
+			m.group, m.cfg.WorldSize, hint)
 	}
 	if ack.Busy != 0 {
 		return m.ctxErr(ctx, "join of group %q (WorldSize %d) timed out: the group is still formed (epoch %d) by other members",
@@ -306,14 +392,24 @@ func (m *Member) joinTimeout(ctx context.Context, ack *joinResp) error {
 		m.group, m.cfg.WorldSize, ack.Joined, ack.Unassigned, missing)
 }
 
-// formFrom adopts a formed roster if it includes this member.
-func (m *Member) formFrom(resp *joinResp) bool {
+// formFrom adopts a formed roster, signed by its coordinator (env), if it
+// includes this member.
+func (m *Member) formFrom(env envelope, resp *joinResp) bool {
 	rank := slices.Index(resp.IDs, m.id)
-	if rank < 0 || len(resp.Nodes) != len(resp.IDs) || resp.Epoch == 0 {
+	if rank < 0 || len(resp.Nodes) != len(resp.IDs) || resp.Epoch == 0 || env.epoch != resp.Epoch {
 		return false
+	}
+	roster := make(map[uint64]int, len(resp.IDs))
+	for r, id := range resp.IDs {
+		sid, err := strconv.ParseUint(id, 36, 64)
+		if err != nil {
+			return false
+		}
+		roster[sid] = r
 	}
 	m.stashMu.Lock()
 	m.rank, m.size, m.epoch, m.nodes = rank, len(resp.IDs), resp.Epoch, resp.Nodes
+	m.roster, m.svcSender = roster, env.sender
 	m.lastSeen = make([]atomic.Int64, m.size)
 	m.left = make([]atomic.Bool, m.size)
 	now := int64(time.Since(m.start))
@@ -328,7 +424,7 @@ func (m *Member) formFrom(resp *joinResp) bool {
 	// Join replies are over; a late duplicate must not sit in a channel.
 	_ = m.ctlSub.Unsubscribe()
 	for i := range stash {
-		m.onAbortMsg(&stash[i])
+		m.onAbortMsg(stash[i].env, &stash[i].a, stash[i].subject)
 	}
 	return true
 }
@@ -390,53 +486,86 @@ func (m *Member) abort(err error, publish bool) {
 	if publish && !m.nc.IsClosed() {
 		kind, rank, detail := describe(err)
 		b, _ := msgpack.Marshal(&abortMsg{Epoch: m.epoch, Origin: m.rank, Kind: kindCode(kind), Rank: rank, Detail: detail})
-		if perr := m.nc.Publish(m.subjAbort, b); perr != nil {
+		if perr := m.publish(m.subjAbort, "", m.epoch, sealed(b)); perr != nil {
 			m.log.Warn("publishing abort", "err", perr)
 		}
 	}
 }
 
+// stashedAbort is an authentic abort heard before the formed reply; whether
+// its sender is a member is checked once the roster is known.
+type stashedAbort struct {
+	env     envelope
+	a       abortMsg
+	subject string
+}
+
 func (m *Member) onGroup(msg *nats.Msg) {
 	_, op := splitGroupSubject(msg.Subject)
+	if op != opHB && op != opAbort && op != opLeave {
+		return
+	}
+	if op != opAbort && !m.formed.Load() {
+		return // heartbeats and leaves of a roster this member is not part of yet
+	}
+	env, p, ok := m.open(msg)
+	if !ok {
+		return
+	}
 	switch op {
 	case opHB:
-		if !m.formed.Load() {
-			return
-		}
 		var hb hbMsg
-		if msgpack.Unmarshal(msg.Data, &hb) != nil || hb.Epoch != m.epoch || hb.Rank < 0 || hb.Rank >= m.size {
+		if msgpack.Unmarshal(p, &hb) != nil || hb.Rank < 0 || hb.Rank >= m.size {
+			m.reject(RejectMalformed, msg.Subject)
 			return
 		}
-		m.lastSeen[hb.Rank].Store(int64(time.Since(m.start)))
+		if m.fromRank(env, hb.Epoch, hb.Rank, msg.Subject) {
+			m.lastSeen[hb.Rank].Store(int64(time.Since(m.start)))
+		}
 	case opAbort:
 		var a abortMsg
-		if msgpack.Unmarshal(msg.Data, &a) != nil {
+		if msgpack.Unmarshal(p, &a) != nil {
+			m.reject(RejectMalformed, msg.Subject)
 			return
 		}
 		m.stashMu.Lock()
 		if !m.formed.Load() {
 			if len(m.stash) < 16 {
-				m.stash = append(m.stash, a)
+				m.stash = append(m.stash, stashedAbort{env, a, msg.Subject})
 			}
 			m.stashMu.Unlock()
 			return
 		}
 		m.stashMu.Unlock()
-		m.onAbortMsg(&a)
+		m.onAbortMsg(env, &a, msg.Subject)
 	case opLeave:
-		if !m.formed.Load() {
-			return
-		}
 		var l leaveMsg
-		if msgpack.Unmarshal(msg.Data, &l) != nil || l.Epoch != m.epoch || l.Rank < 0 || l.Rank >= m.size {
+		if msgpack.Unmarshal(p, &l) != nil || l.Rank < 0 || l.Rank >= m.size {
+			m.reject(RejectMalformed, msg.Subject)
 			return
 		}
-		m.left[l.Rank].Store(true)
+		if m.fromRank(env, l.Epoch, l.Rank, msg.Subject) {
+			m.left[l.Rank].Store(true)
+		}
 	}
 }
 
-func (m *Member) onAbortMsg(a *abortMsg) {
-	if a.Epoch != m.epoch || a.Origin == m.rank {
+// onAbortMsg aborts this member for an authentic abort of its formation from
+// the rank it names, or from the coordinator (which aborts for a rank that
+// gave up joining).
+func (m *Member) onAbortMsg(env envelope, a *abortMsg, subject string) {
+	if a.Epoch != m.epoch || env.epoch != m.epoch {
+		m.reject(RejectEpoch, subject)
+		return
+	}
+	if env.sender == m.sid {
+		return // our own
+	}
+	if r, member := m.roster[env.sender]; (!member || r != a.Origin) && env.sender != m.svcSender {
+		m.reject(RejectSender, subject)
+		return
+	}
+	if a.Origin == m.rank {
 		return
 	}
 	m.abort(&fault.Error{Kind: fault.ErrAborted, Rank: a.Origin, Detail: fmt.Sprintf("aborted by rank %d", a.Origin),
@@ -450,8 +579,9 @@ func (m *Member) heartbeat() {
 	defer m.wg.Done()
 	t := time.NewTicker(m.cfg.HeartbeatInterval)
 	defer t.Stop()
-	hb, _ := msgpack.Marshal(&hbMsg{Epoch: m.epoch, Rank: m.rank})
-	_ = m.nc.Publish(m.subjHB, hb)
+	p, _ := msgpack.Marshal(&hbMsg{Epoch: m.epoch, Rank: m.rank})
+	hb := sealed(p) // sealed anew (sequence number, MAC) for every beat
+	_ = m.publish(m.subjHB, "", m.epoch, hb)
 	var downSince time.Time
 	timeout := int64(m.cfg.PeerTimeout)
 	for {
@@ -481,7 +611,7 @@ func (m *Member) heartbeat() {
 				continue
 			}
 			downSince = time.Time{}
-			_ = m.nc.Publish(m.subjHB, hb)
+			_ = m.publish(m.subjHB, "", m.epoch, hb)
 			now := int64(time.Since(m.start))
 			for r := range m.lastSeen {
 				if r == m.rank || m.left[r].Load() {
@@ -512,7 +642,7 @@ func (m *Member) Leave() error {
 	var err error
 	if !m.nc.IsClosed() {
 		b, _ := msgpack.Marshal(&leaveMsg{Epoch: m.epoch, Rank: m.rank})
-		if perr := m.nc.Publish(m.subjLeave, b); perr != nil {
+		if perr := m.publish(m.subjLeave, "", m.epoch, sealed(b)); perr != nil {
 			err = fault.Wrap(fault.ErrClosed, m.rank, perr, "control: publishing leave")
 		}
 	}

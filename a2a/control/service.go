@@ -28,13 +28,20 @@ const maxPendingSeqs = 1024
 type Service struct {
 	nc   *nats.Conn
 	log  *slog.Logger
-	id   string
+	id   string // "svc-" + sid in base 36
+	sid  uint64
 	only string
 	subs []*nats.Subscription
+
+	sign *signer
+	rej  rejectCounter
 
 	mu     sync.Mutex
 	groups map[string]*group
 	closed bool
+	vmacs  *macSet // guarded by mu
+	seen   replays // guarded by mu
+	pruned int     // len(seen) after the last pruning
 
 	cc *codec // owned by the counts handler goroutine
 
@@ -95,6 +102,7 @@ type joiner struct {
 type rankState struct {
 	info    NodeInfo
 	id      string
+	sender  uint64 // id parsed
 	reply   string
 	timeout time.Duration
 	lastHB  time.Time
@@ -122,28 +130,39 @@ type countsOp struct {
 	mat     []byte // N*N little-endian int64, row-major
 }
 
+// outMsg is a reply to sign and publish: msg is built by sealed.
 type outMsg struct {
-	subj string
-	data []byte
+	subj, group string
+	epoch       uint32
+	msg         []byte
 }
 
 // NewService starts a coordinator serving all groups on nc (wildcard
-// subscriptions). Run one per NATS deployment.
-func NewService(nc *nats.Conn, logger *slog.Logger) (*Service, error) {
-	return newService(nc, logger, "")
+// subscriptions). Run one per NATS deployment. secret is the job secret of
+// the groups it serves (JoinConfig.Secret; empty: the key derived from each
+// group's name): it verifies and signs every message with it, and ignores
+// (and counts, see Rejects) every message it cannot verify, so a group that
+// runs with another secret is not served, and hosts its coordinator itself.
+func NewService(nc *nats.Conn, secret []byte, logger *slog.Logger) (*Service, error) {
+	return newService(nc, secret, logger, "")
 }
 
-func newService(nc *nats.Conn, logger *slog.Logger, only string) (*Service, error) {
+func newService(nc *nats.Conn, secret []byte, logger *slog.Logger, only string) (*Service, error) {
 	if nc == nil {
 		return nil, fault.New(fault.ErrInvalidArgument, -1, "control: nil NATS connection")
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	sid := rand.Uint64()
 	s := &Service{
 		nc:     nc,
 		log:    logger.With("component", "a2a-control-service"),
-		id:     "svc-" + strconv.FormatUint(rand.Uint64(), 36),
+		id:     "svc-" + strconv.FormatUint(sid, 36),
+		sid:    sid,
+		sign:   newSigner(sid, secret),
+		vmacs:  newMacSet(secret),
+		seen:   make(replays),
 		only:   only,
 		groups: make(map[string]*group),
 		cc:     getCodec(),
@@ -266,41 +285,132 @@ func (s *Service) Groups() []GroupView {
 	return out
 }
 
+// publish signs and sends replies. Messages that share a buffer are sealed
+// one after the other, each right before it is sent.
 func (s *Service) publish(out []outMsg) {
 	for _, o := range out {
-		if err := s.nc.Publish(o.subj, o.data); err != nil {
+		if err := s.sign.publish(s.nc, o.subj, "", o.group, o.epoch, o.msg); err != nil {
 			s.log.Warn("publish failed", "subject", o.subj, "err", err)
 		}
 	}
+}
+
+// Rejects returns how many control messages the service refused to believe,
+// by reason.
+func (s *Service) Rejects() Rejects { return s.rej.snapshot() }
+
+// reject counts a rejected message and logs the 1st, 2nd, 4th, 8th... one.
+func (s *Service) reject(r RejectReason, subject string) {
+	s.rej.add(r)
+	if n := s.rej.snapshot().Total(); n&(n-1) == 0 {
+		s.log.Warn("control message rejected", "reason", r.String(), "subject", subject, "rejected", n)
+	}
+}
+
+// open authenticates msg as a message of group and takes it unless it is a
+// copy of one already taken. Called with s.mu held.
+func (s *Service) open(msg *nats.Msg, group string) (envelope, []byte, bool) {
+	env, p, ok := s.vmacs.get(group).open(msg.Subject, group, msg.Data)
+	if !ok {
+		s.reject(RejectAuth, msg.Subject)
+		return env, nil, false
+	}
+	if !s.seen.fresh(env.sender, msg.Subject, env.seq) {
+		s.reject(RejectReplay, msg.Subject)
+		return env, nil, false
+	}
+	if len(s.seen) > 2*s.pruned+1024 {
+		s.pruneSeen()
+	}
+	return env, p, true
+}
+
+// pruneSeen forgets the replay windows of senders that are neither joining
+// nor members of a formation. Called with s.mu held.
+func (s *Service) pruneSeen() {
+	live := make(map[uint64]bool)
+	for _, g := range s.groups {
+		if f := g.form; f != nil {
+			for _, st := range f.ranks {
+				live[st.sender] = true
+			}
+			for id := range f.joiners {
+				if sid, err := strconv.ParseUint(id, 36, 64); err == nil {
+					live[sid] = true
+				}
+			}
+		}
+	}
+	live[s.sid] = true
+	s.seen.forget(func(sender uint64) bool { return live[sender] })
+	s.pruned = len(s.seen)
+}
+
+// openRequest opens a request to the coordinator of the group its subject
+// names.
+func (s *Service) openRequest(msg *nats.Msg, op string) (name string, env envelope, p []byte, ok bool) {
+	name = groupOfSvc(msg.Subject, op)
+	if !validToken(name) {
+		return "", env, nil, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return "", env, nil, false
+	}
+	env, p, ok = s.open(msg, name)
+	return name, env, p, ok
 }
 
 func (s *Service) onPing(msg *nats.Msg) {
 	if msg.Reply == "" {
 		return
 	}
+	name, _, _, ok := s.openRequest(msg, opPing)
+	if !ok {
+		return
+	}
 	b, _ := msgpack.Marshal(&pingMsg{ID: s.id})
-	_ = msg.Respond(b)
+	s.publish([]outMsg{{msg.Reply, name, 0, sealed(b)}})
 }
 
 func (s *Service) onClaim(msg *nats.Msg) {
 	if msg.Reply == "" {
 		return
 	}
+	name, _, _, ok := s.openRequest(msg, opClaim)
+	if !ok {
+		return
+	}
 	b, _ := msgpack.Marshal(&claimMsg{ID: s.id, Exists: true})
-	_ = msg.Respond(b)
+	s.publish([]outMsg{{msg.Reply, name, 0, sealed(b)}})
 }
 
 func (s *Service) onJoin(msg *nats.Msg) {
 	name := groupOfSvc(msg.Subject, opJoin)
-	var req joinReq
-	if err := msgpack.Unmarshal(msg.Data, &req); err != nil || !validToken(name) || req.ID == "" {
-		s.log.Warn("malformed join request", "subject", msg.Subject, "err", err)
+	if !validToken(name) {
 		return
 	}
 	now := time.Now()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		return
+	}
+	env, p, ok := s.open(msg, name)
+	if !ok {
+		s.mu.Unlock()
+		return
+	}
+	var req joinReq
+	if err := msgpack.Unmarshal(p, &req); err != nil || req.ID == "" {
+		s.mu.Unlock()
+		s.reject(RejectMalformed, msg.Subject)
+		return
+	}
+	if req.ID != strconv.FormatUint(env.sender, 36) {
+		s.mu.Unlock()
+		s.reject(RejectSender, msg.Subject) // a join speaks for the member that signs it
 		return
 	}
 	g := s.groups[name]
@@ -313,7 +423,7 @@ func (s *Service) onJoin(msg *nats.Msg) {
 	s.publish(out)
 }
 
-func (s *Service) reply(subj string, r *joinResp) []outMsg {
+func (s *Service) reply(g *group, subj string, r *joinResp) []outMsg {
 	if subj == "" {
 		return nil
 	}
@@ -323,11 +433,11 @@ func (s *Service) reply(subj string, r *joinResp) []outMsg {
 		s.log.Error("encoding join reply", "err", err)
 		return nil
 	}
-	return []outMsg{{subj, b}}
+	return []outMsg{{subj, g.name, r.Epoch, sealed(b)}}
 }
 
-func (s *Service) fail(subj string, kind error, detail string) []outMsg {
-	return s.reply(subj, &joinResp{Status: stFail, Kind: kindCode(kind), Detail: detail})
+func (s *Service) fail(g *group, subj string, kind error, detail string) []outMsg {
+	return s.reply(g, subj, &joinResp{Status: stFail, Kind: kindCode(kind), Detail: detail})
 }
 
 // join handles one join, refresh or withdraw. Called with s.mu held.
@@ -344,10 +454,10 @@ func (s *Service) join(g *group, req *joinReq, reply string, now time.Time) []ou
 				f.aborted = true
 				b, _ := msgpack.Marshal(&abortMsg{Epoch: f.epoch, Origin: r, Kind: kindCode(fault.ErrTimeout), Rank: r,
 					Detail: fmt.Sprintf("rank %d gave up joining as the roster completed", r)})
-				return []outMsg{{groupSubject(g.name, opAbort), b}}
+				return []outMsg{{groupSubject(g.name, opAbort), g.name, f.epoch, sealed(b)}}
 			}
 			// A refresh that crossed the formed reply, or a lost reply: resend.
-			return s.formedReply(f, []string{reply})
+			return s.formedReply(g, f, []string{reply})
 		}
 		if req.Withdraw {
 			delete(g.waiting, req.ID)
@@ -371,10 +481,10 @@ func (s *Service) join(g *group, req *joinReq, reply string, now time.Time) []ou
 			}
 			w.last, w.timeout = now, timeout
 			if now.Sub(w.first) < 2*timeout {
-				return s.reply(reply, &joinResp{Status: stAck, World: f.world, Busy: f.epoch})
+				return s.reply(g, reply, &joinResp{Status: stAck, World: f.world, Busy: f.epoch})
 			}
 			delete(g.waiting, req.ID)
-			return s.fail(reply, fault.ErrInvalidArgument, fmt.Sprintf(
+			return s.fail(g, reply, fault.ErrInvalidArgument, fmt.Sprintf(
 				"group %q is already formed with %d ranks (epoch %d): more members than WorldSize", g.name, f.world, f.epoch))
 		}
 		s.log.Info("dissolving formation", "group", g.name, "epoch", f.epoch)
@@ -397,7 +507,7 @@ func (s *Service) join(g *group, req *joinReq, reply string, now time.Time) []ou
 		}
 	}
 	if f == nil && now.Before(g.failUntil) {
-		return s.fail(reply, g.failKind, g.failDetail)
+		return s.fail(g, reply, g.failKind, g.failDetail)
 	}
 	if f == nil {
 		f = &formation{world: req.World, streams: req.Streams, joiners: make(map[string]*joiner)}
@@ -408,13 +518,13 @@ func (s *Service) join(g *group, req *joinReq, reply string, now time.Time) []ou
 		var out []outMsg
 		for id, j := range f.joiners {
 			if id != req.ID {
-				out = append(out, s.fail(j.reply, kind, detail)...)
+				out = append(out, s.fail(g, j.reply, kind, detail)...)
 			}
 		}
 		g.form = nil
 		g.failKind, g.failDetail = kind, detail
 		g.failUntil = now.Add(time.Duration(max(req.TimeoutMS, 100)) * time.Millisecond)
-		return append(out, s.fail(reply, kind, detail)...)
+		return append(out, s.fail(g, reply, kind, detail)...)
 	}
 	j := f.joiners[req.ID]
 	if j == nil {
@@ -435,7 +545,7 @@ func (s *Service) join(g *group, req *joinReq, reply string, now time.Time) []ou
 		}
 	}
 	slices.Sort(ack.Joined)
-	return s.reply(reply, ack)
+	return s.reply(g, reply, ack)
 }
 
 // prune drops pending joiners not refreshed within their PeerTimeout.
@@ -532,18 +642,19 @@ func (s *Service) complete(g *group, f *formation, now time.Time) []outMsg {
 	for i, st := range f.ranks {
 		replies[i] = st.reply
 	}
-	return s.formedReply(f, replies)
+	return s.formedReply(g, f, replies)
 }
 
 func (f *formation) place(r int, id string, j *joiner, now time.Time) {
 	info := j.req.Info
 	info.Rank = r
-	f.ranks[r] = &rankState{info: info, id: id, reply: j.reply, lastHB: now,
+	sender, _ := strconv.ParseUint(id, 36, 64) // the join's signer: checked in onJoin
+	f.ranks[r] = &rankState{info: info, id: id, sender: sender, reply: j.reply, lastHB: now,
 		timeout: time.Duration(j.req.TimeoutMS) * time.Millisecond}
 	f.byID[id] = r
 }
 
-func (s *Service) formedReply(f *formation, to []string) []outMsg {
+func (s *Service) formedReply(g *group, f *formation, to []string) []outMsg {
 	resp := &joinResp{Status: stFormed, Service: s.id, Epoch: f.epoch, World: f.world,
 		IDs: make([]string, f.world), Nodes: make([]NodeInfo, f.world)}
 	for i, st := range f.ranks {
@@ -554,51 +665,65 @@ func (s *Service) formedReply(f *formation, to []string) []outMsg {
 		s.log.Error("encoding formed reply", "err", err)
 		return nil
 	}
+	// One buffer for all: publish seals each copy right before sending it.
+	msg := sealed(b)
 	out := make([]outMsg, 0, len(to))
 	for _, subj := range to {
 		if subj != "" {
-			out = append(out, outMsg{subj, b})
+			out = append(out, outMsg{subj, g.name, f.epoch, msg})
 		}
 	}
 	return out
 }
 
 // onGroup tracks heartbeats, aborts and leaves for status and for deciding
-// when a formation is dead.
+// when a formation is dead. Messages of groups it has no formation of are
+// none of its business and are not even opened.
 func (s *Service) onGroup(msg *nats.Msg) {
 	name, op := splitGroupSubject(msg.Subject)
-	now := time.Now()
-	var epoch uint32
-	var rank int
-	switch op {
-	case opHB:
-		var m hbMsg
-		if msgpack.Unmarshal(msg.Data, &m) != nil {
-			return
-		}
-		epoch, rank = m.Epoch, m.Rank
-	case opAbort:
-		var m abortMsg
-		if msgpack.Unmarshal(msg.Data, &m) != nil {
-			return
-		}
-		epoch, rank = m.Epoch, m.Origin
-	case opLeave:
-		var m leaveMsg
-		if msgpack.Unmarshal(msg.Data, &m) != nil {
-			return
-		}
-		epoch, rank = m.Epoch, m.Rank
-	default:
+	if op != opHB && op != opAbort && op != opLeave {
 		return
 	}
+	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	g := s.groups[name]
-	if g == nil || g.form == nil || g.form.epoch != epoch || rank < 0 || rank >= len(g.form.ranks) {
+	if s.closed || g == nil || g.form == nil || g.form.epoch == 0 {
 		return
 	}
 	f := g.form
+	env, p, ok := s.open(msg, name)
+	if !ok {
+		return
+	}
+	var epoch uint32
+	var rank int
+	var err error
+	switch op {
+	case opHB:
+		var m hbMsg
+		err = msgpack.Unmarshal(p, &m)
+		epoch, rank = m.Epoch, m.Rank
+	case opAbort:
+		var m abortMsg
+		err = msgpack.Unmarshal(p, &m)
+		epoch, rank = m.Epoch, m.Origin
+	case opLeave:
+		var m leaveMsg
+		err = msgpack.Unmarshal(p, &m)
+		epoch, rank = m.Epoch, m.Rank
+	}
+	switch {
+	case err != nil || rank < 0 || rank >= len(f.ranks):
+		s.reject(RejectMalformed, msg.Subject)
+		return
+	case env.epoch != f.epoch || epoch != f.epoch:
+		s.reject(RejectEpoch, msg.Subject)
+		return
+	case f.ranks[rank].sender != env.sender && !(op == opAbort && env.sender == s.sid):
+		s.reject(RejectSender, msg.Subject)
+		return
+	}
 	switch op {
 	case opHB:
 		f.ranks[rank].lastHB = now
@@ -621,15 +746,24 @@ func (s *Service) onGroup(msg *nats.Msg) {
 // owns s.cc.
 func (s *Service) onCounts(msg *nats.Msg) {
 	c := s.cc
-	rw, err := c.decodeRow(msg.Data)
-	if err != nil {
-		s.log.Warn("malformed counts row", "subject", msg.Subject, "err", err)
+	name := groupOfSvc(msg.Subject, opCounts)
+	if !validToken(name) {
 		return
 	}
-	name := groupOfSvc(msg.Subject, opCounts)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		return
+	}
+	env, p, ok := s.open(msg, name)
+	if !ok {
+		s.mu.Unlock()
+		return
+	}
+	rw, err := c.decodeRow(p)
+	if err != nil {
+		s.mu.Unlock()
+		s.reject(RejectMalformed, msg.Subject)
 		return
 	}
 	var f *formation
@@ -645,6 +779,12 @@ func (s *Service) onCounts(msg *nats.Msg) {
 		kind, detail = fault.ErrAborted, fmt.Sprintf("membership epoch %d is no longer current (now %d)", rw.epoch, f.epoch)
 	case rw.rank < 0 || rw.rank >= f.world || len(rw.counts) != f.world*8:
 		kind, detail = fault.ErrInvalidArgument, fmt.Sprintf("bad counts row from rank %d (%d bytes)", rw.rank, len(rw.counts))
+	case f.ranks[rw.rank].sender != env.sender:
+		// Authentic but not from the rank it speaks for: the job's secret
+		// leaked or a bug. Refuse the row, answer nothing.
+		s.mu.Unlock()
+		s.reject(RejectSender, msg.Subject)
+		return
 	}
 	if kind == nil {
 		for r, st := range f.ranks {
@@ -669,7 +809,7 @@ func (s *Service) onCounts(msg *nats.Msg) {
 	if kind != nil {
 		s.mu.Unlock()
 		if msg.Reply != "" {
-			_ = s.nc.Publish(msg.Reply, c.encodeColErr(rw.seq, rw.epoch, kind, -1, detail))
+			_ = s.sign.publish(s.nc, msg.Reply, "", name, rw.epoch, c.encodeColErr(rw.seq, rw.epoch, kind, -1, detail))
 		}
 		return
 	}
@@ -690,14 +830,14 @@ func (s *Service) onCounts(msg *nats.Msg) {
 	s.mu.Unlock()
 
 	// The op is no longer reachable from the formation: send without the lock.
-	s.sendColumns(op, n, rw.seq, epoch)
+	s.sendColumns(op, n, name, rw.seq, epoch)
 
 	s.mu.Lock()
 	f.putOp(op)
 	s.mu.Unlock()
 }
 
-func (s *Service) sendColumns(op *countsOp, n int, seq uint64, epoch uint32) {
+func (s *Service) sendColumns(op *countsOp, n int, group string, seq uint64, epoch uint32) {
 	c := s.cc
 	colBuf := c.scratch(n * 8)
 	for j := 0; j < n; j++ {
@@ -711,7 +851,7 @@ func (s *Service) sendColumns(op *countsOp, n int, seq uint64, epoch uint32) {
 		if op.reply[j] == "" {
 			continue
 		}
-		if err := s.nc.Publish(op.reply[j], c.encodeCol(seq, epoch, colBuf, mat)); err != nil {
+		if err := s.sign.publish(s.nc, op.reply[j], "", group, epoch, c.encodeCol(seq, epoch, colBuf, mat)); err != nil {
 			s.log.Warn("sending counts column", "rank", j, "err", err)
 		}
 	}

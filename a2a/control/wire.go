@@ -227,15 +227,30 @@ func (c *codec) appendInts(v []int) {
 // Row: [epoch, seq, rank, flags, bin counts].
 const rowWantMatrix = 1
 
-func (c *codec) encodeRow(epoch uint32, seq uint64, rank int, flags uint8, counts []int) []byte {
+// begin starts a message: room for the envelope header, then the payload.
+func (c *codec) begin() {
 	c.buf.Reset()
+	c.buf.Write(zeros[:hdrLen])
+}
+
+// zeros fills the room reserved for the envelope.
+var zeros [max(hdrLen, macLen)]byte
+
+// end reserves the MAC and returns the message for a signer.
+func (c *codec) end() []byte {
+	c.buf.Write(zeros[:macLen])
+	return c.buf.Bytes()
+}
+
+func (c *codec) encodeRow(epoch uint32, seq uint64, rank int, flags uint8, counts []int) []byte {
+	c.begin()
 	_ = c.enc.EncodeArrayLen(5)
 	_ = c.enc.EncodeUint(uint64(epoch))
 	_ = c.enc.EncodeUint(seq)
 	_ = c.enc.EncodeUint(uint64(rank))
 	_ = c.enc.EncodeUint(uint64(flags))
 	c.appendInts(counts)
-	return c.buf.Bytes()
+	return c.end()
 }
 
 type row struct {
@@ -292,7 +307,7 @@ func (c *codec) bin(data []byte) ([]byte, error) {
 // Column reply: [seq, epoch, kind, rank, detail, bin column|nil, bin matrix|nil].
 // seq comes first so a receiver can route the message before decoding it.
 func (c *codec) encodeCol(seq uint64, epoch uint32, col, mat []byte) []byte {
-	c.buf.Reset()
+	c.begin()
 	_ = c.enc.EncodeArrayLen(7)
 	_ = c.enc.EncodeUint(seq)
 	_ = c.enc.EncodeUint(uint64(epoch))
@@ -305,11 +320,11 @@ func (c *codec) encodeCol(seq uint64, epoch uint32, col, mat []byte) []byte {
 	} else {
 		_ = c.enc.EncodeNil()
 	}
-	return c.buf.Bytes()
+	return c.end()
 }
 
 func (c *codec) encodeColErr(seq uint64, epoch uint32, kind error, rank int, detail string) []byte {
-	c.buf.Reset()
+	c.begin()
 	_ = c.enc.EncodeArrayLen(7)
 	_ = c.enc.EncodeUint(seq)
 	_ = c.enc.EncodeUint(uint64(epoch))
@@ -318,15 +333,23 @@ func (c *codec) encodeColErr(seq uint64, epoch uint32, kind error, rank int, det
 	_ = c.enc.EncodeString(detail)
 	_ = c.enc.EncodeNil()
 	_ = c.enc.EncodeNil()
-	return c.buf.Bytes()
+	return c.end()
 }
 
-func (c *codec) peekSeq(data []byte) (uint64, error) {
+// peekSeq reads a column reply's seq and error kind (0: a column).
+func (c *codec) peekSeq(data []byte) (seq, kind uint64, err error) {
 	c.rd.Reset(data)
-	if _, err := c.dec.DecodeArrayLen(); err != nil {
-		return 0, err
+	if _, err = c.dec.DecodeArrayLen(); err != nil {
+		return 0, 0, err
 	}
-	return c.dec.DecodeUint64()
+	if seq, err = c.dec.DecodeUint64(); err != nil {
+		return 0, 0, err
+	}
+	if _, err = c.dec.DecodeUint64(); err != nil {
+		return 0, 0, err
+	}
+	kind, err = c.dec.DecodeUint64()
+	return seq, kind, err
 }
 
 type colReply struct {

@@ -73,7 +73,7 @@ func startControlPlane(log *slog.Logger, c cpConfig) (*controlPlane, error) {
 		return nil, fmt.Errorf("connect to NATS %s: %w", cp.URL, err)
 	}
 	cp.nc = nc
-	svc, err := control.NewService(nc, log)
+	svc, err := control.NewService(nc, c.Secret, log)
 	if err != nil {
 		cp.Close()
 		return nil, err

@@ -184,7 +184,7 @@ func launchRanks(ctx context.Context, log *slog.Logger, o options, args []string
 			return err
 		}
 		defer nc.Close()
-		svc, err := control.NewService(nc, log)
+		svc, err := control.NewService(nc, []byte(secret), log)
 		if err != nil {
 			return err
 		}
