@@ -72,3 +72,29 @@ func b2f(b bool) float64 {
 	}
 	return 0
 }
+
+// RegisterControlRejects registers a2a_control_rejected_messages_total on
+// reg: the control messages a service (control.Service.Rejects) or a rank
+// (a2a.Comm.ControlRejects) refused to believe, by reason (auth: forged,
+// corrupted or signed with another secret; replay; epoch; sender; malformed),
+// read from rejects at each scrape. Wrap reg with the group and rank labels
+// for a rank's.
+func RegisterControlRejects(reg prometheus.Registerer, rejects func() control.Rejects) error {
+	return reg.Register(&rejectsCollector{rejects: rejects, desc: prometheus.NewDesc("a2a_control_rejected_messages_total",
+		"Control messages refused: failed authentication, replayed, of another epoch, from a non-member, or malformed.",
+		[]string{"reason"}, nil)})
+}
+
+type rejectsCollector struct {
+	rejects func() control.Rejects
+	desc    *prometheus.Desc
+}
+
+func (c *rejectsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *rejectsCollector) Collect(ch chan<- prometheus.Metric) {
+	r := c.rejects()
+	for i, n := range r {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), control.RejectReason(i).String())
+	}
+}

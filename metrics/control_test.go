@@ -48,3 +48,23 @@ a2a_control_pending_counts_exchanges{group="job2"} 0
 		t.Fatalf("left/aborted series: %d, %v", n, err)
 	}
 }
+
+func TestControlRejects(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := control.Rejects{3, 1, 0, 2, 0}
+	if err := RegisterControlRejects(reg, func() control.Rejects { return r }); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP a2a_control_rejected_messages_total Control messages refused: failed authentication, replayed, of another epoch, from a non-member, or malformed.
+# TYPE a2a_control_rejected_messages_total counter
+a2a_control_rejected_messages_total{reason="auth"} 3
+a2a_control_rejected_messages_total{reason="epoch"} 0
+a2a_control_rejected_messages_total{reason="malformed"} 0
+a2a_control_rejected_messages_total{reason="replay"} 1
+a2a_control_rejected_messages_total{reason="sender"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "a2a_control_rejected_messages_total"); err != nil {
+		t.Fatal(err)
+	}
+}

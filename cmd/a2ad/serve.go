@@ -149,6 +149,9 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		if err := metrics.RegisterControl(reg, cp.svc.Groups); err != nil {
 			return err
 		}
+		if err := metrics.RegisterControlRejects(reg, cp.svc.Rejects); err != nil {
+			return err
+		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", metrics.Handler(reg))
 		mux.Handle("/ui/", uiHandler(cp.svc))

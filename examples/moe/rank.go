@@ -48,6 +48,10 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	obs.WatchTransport(func() uint64 { return c.Stats().Rejected })
 	obs.WatchPeerBytes(c.Stats)
 	rank, size := c.Rank(), c.Size()
+	if err := metrics.RegisterControlRejects(prometheus.WrapRegistererWith(
+		prometheus.Labels{"group": cfg.Group, "rank": strconv.Itoa(rank)}, reg), c.ControlRejects); err != nil {
+		return err
+	}
 
 	port := 0
 	if o.metricsPort > 0 {
