@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -226,6 +227,20 @@ func (m *Member) subscribe() error {
 		return wrap(err, "counts inbox")
 	}
 	m.statusCh = m.nc.StatusChanged(nats.CLOSED)
+	// A server refuses a subscription its user may not make asynchronously:
+	// a round trip brings the refusal back, so a job given the wrong group's
+	// credentials fails here instead of timing out.
+	if err := m.nc.FlushTimeout(5 * time.Second); err != nil {
+		return wrap(err, "group subjects")
+	}
+	if err := m.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) {
+		for _, subj := range []string{m.groupSub.Subject, m.ctlInbox, m.countsInbox} {
+			if strings.Contains(err.Error(), `"`+subj+`"`) {
+				return fault.Wrap(fault.ErrAuth, -1, err, "control: the NATS user may not subscribe to %s (its permissions must allow %v)",
+					subj, Subjects(m.group))
+			}
+		}
+	}
 	return nil
 }
 
