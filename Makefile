@@ -80,3 +80,9 @@ bench-a2ad: build
 
 clean:
 	rm -rf $(BIN)
+
+# The control-plane flood (TestControlFlood, once in make test) 10 times: a client
+# with the job's NATS credentials but not its secret attacks a verified 4-rank loop.
+.PHONY: flood
+flood:
+	$(GO) test -count=1 -run '^TestControlFlood$$' -v ./a2a/ -args -flood-runs 10

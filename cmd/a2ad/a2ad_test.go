@@ -600,3 +600,50 @@ func TestTuneAndPlanWithLinks(t *testing.T) {
 		t.Errorf("missing link table accepted:\n%s", out)
 	}
 }
+
+// TestRunCredentials: a2ad run's embedded control plane lets in only its
+// job. The ranks get the NATS password in their environment and it is on no
+// process's command line; a stranger (a rank's own program without those
+// variables) is refused with "not authorized".
+func TestRunCredentials(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	script := `echo "pw=$A2A_NATS_PASSWORD"
+for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' <"$f" 2>/dev/null; echo; done >"$DIR/cmdlines.$A2A_RANK"
+A2A_NATS_USER= A2A_NATS_PASSWORD= A2A_WORLD_SIZE=1 A2A_RANK=0 A2A_GROUP=stranger "$A2AD" demo --worker --steps 1 2>&1 | head -1
+`
+	cmd := a2ad(t, ctx, "run", "-n", "2", "--", "sh", "-c", script)
+	cmd.Env = append(os.Environ(), "DIR="+dir, "A2AD="+a2adBin)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, out)
+	}
+	var pw string
+	for _, line := range strings.Split(string(out), "\n") {
+		if _, p, ok := strings.Cut(line, "pw="); ok {
+			if pw != "" && p != pw {
+				t.Errorf("ranks got different passwords")
+			}
+			pw = p
+		}
+	}
+	if len(pw) < 16 {
+		t.Fatalf("the ranks got no NATS password in their environment:\n%s", out)
+	}
+	if strings.Count(string(out), "not authorized") != 2 {
+		t.Errorf("a client without the credentials was not refused by both ranks' server:\n%s", out)
+	}
+	for r := range 2 {
+		lines, err := os.ReadFile(filepath.Join(dir, "cmdlines."+strconv.Itoa(r)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(lines), "a2ad run -n 2") {
+			t.Fatalf("rank %d did not see the launcher's command line:\n%s", r, lines)
+		}
+		if strings.Contains(string(lines), pw) {
+			t.Errorf("the NATS password is on a command line:\n%s", lines)
+		}
+	}
+}
