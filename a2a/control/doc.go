@@ -50,6 +50,18 @@
 // <inbox>.c (counts columns), where <inbox> comes from nats.Conn.NewInbox and so
 // honours a custom inbox prefix.
 //
+// # Integrity
+//
+// Every message is signed with the job secret (JoinConfig.Secret; NewService's
+// secret) in an envelope carrying the sender's id, the epoch and the sender's
+// sequence number, the MAC covering subject and group too (see seal.go).
+// Receivers refuse and count (Member.Rejects, Service.Rejects) what fails the
+// MAC, repeats a sequence number, is of another epoch or speaks for a rank
+// its signer does not hold; requests keep waiting for an authentic reply. A
+// coordinator ignores the groups it cannot verify, which then host their
+// own. Connections of package a2a use the inbox prefix InboxPrefix(G), so a
+// NATS user allowed only Subjects(G) can run group G and reach no other.
+//
 // # Membership
 //
 // The service keeps, per group, one roster that is either forming or formed.
