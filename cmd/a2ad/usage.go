@@ -21,9 +21,9 @@ type command struct {
 // the trampoline of --bind core, is not one of them: it is internal.
 func commands() []command {
 	return []command{
-		{"serve", "[--listen HOST:PORT] [--nats URL] [--metrics HOST:PORT]",
+		{"serve", "[--listen HOST:PORT] [--nats URL] [--metrics HOST:PORT] [--creds FILE] [--tls-cert F --tls-key F [--tls-ca F]] [--insecure]",
 			"control plane: embedded NATS, the rendezvous and counts service, /metrics", "", cmdServe},
-		{"run", "-n N [--nats URL] [--group G] [--world W --rank-offset R] -- PROG [ARGS...]",
+		{"run", "-n N [--nats URL [--creds FILE]] [--group G] [--world W --rank-offset R] -- PROG [ARGS...]",
 			"start N local ranks of PROG, as mpirun or torchrun do", "", cmdRun},
 		{"bench", "[--op OP] [-n N] [-d DTYPE] [-o REDOP] [--algo A] [--sizes MIN:MAX] [--check] [--json]",
 			"nccl-tests style benchmark of one collective on local ranks", benchHelp, cmdBench},
