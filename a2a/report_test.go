@@ -19,7 +19,7 @@ func daemonService(t *testing.T, url string) *control.Service {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := control.NewService(nc, discard)
+	svc, err := control.NewService(nc, []byte("s3cret"), discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -108,7 +108,7 @@ func (m *Member) Report(r *Report) error {
 	if err != nil {
 		return fault.Wrap(fault.ErrInvalidArgument, m.rank, err, "control: encoding report")
 	}
-	if err := m.nc.Publish(svcSubject(m.group, opReport), b); err != nil {
+	if err := m.publish(svcSubject(m.group, opReport), "", m.epoch, sealed(b)); err != nil {
 		return fault.Wrap(fault.ErrClosed, m.rank, err, "control: publishing report")
 	}
 	return nil
@@ -187,15 +187,26 @@ type rankReports struct {
 func (s *Service) onReport(msg *nats.Msg) {
 	var r reportMsg
 	name := groupOfSvc(msg.Subject, opReport)
-	if err := msgpack.Unmarshal(msg.Data, &r); err != nil || !validToken(name) {
-		s.log.Debug("malformed report", "subject", msg.Subject, "err", err)
+	if !validToken(name) {
 		return
 	}
 	now := time.Now()
 	s.mu.Lock()
+	// Signed by a member of the formation it names, like every message.
+	env, p, ok := s.open(msg, name)
+	if !ok {
+		s.mu.Unlock()
+		return
+	}
+	if err := msgpack.Unmarshal(p, &r); err != nil {
+		s.mu.Unlock()
+		s.log.Debug("malformed report", "subject", msg.Subject, "err", err)
+		return
+	}
 	closed := s.closed
 	var world int
-	if g := s.groups[name]; g != nil && g.form != nil && g.form.epoch == r.Epoch {
+	if g := s.groups[name]; g != nil && g.form != nil && g.form.epoch == r.Epoch && env.epoch == r.Epoch &&
+		r.Rank >= 0 && r.Rank < g.form.world && g.form.ranks[r.Rank] != nil && g.form.ranks[r.Rank].sender == env.sender {
 		world = g.form.world
 	}
 	s.mu.Unlock()

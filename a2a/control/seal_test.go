@@ -162,7 +162,7 @@ func fuzzSeeds() []fuzzSeed {
 	add(svcSubject(fuzzGroup, opPing), 0, pack(&pingMsg{ID: "1z"}))
 	add(svcSubject(fuzzGroup, opClaim), 0, pack(&claimMsg{ID: "1z", Nonce: 5}))
 	add(svcSubject(fuzzGroup, opJoin), 0, pack(&joinReq{ID: "25", Rank: 1, World: 2, Streams: 2, TimeoutMS: 1500,
-		Info: NodeInfo{Rank: 1, Host: "h", PID: 3, DataAddrs: []string{"127.0.0.1:1"}, Streams: 2}}))
+		Info: NodeInfo{Rank: 1, Host: "h", PID: 3, Transports: map[string][]byte{"tcp": []byte("127.0.0.1:1")}, Streams: 2}}))
 	add("_INBOX.g.x.r", 9, pack(&joinResp{Status: stFormed, Service: "svc-1", Epoch: 9, World: 2, IDs: []string{"25", "26"},
 		Nodes: []NodeInfo{{Rank: 0}, {Rank: 1}}}))
 	add(groupSubject(fuzzGroup, opHB), 9, pack(&hbMsg{Epoch: 9, Rank: 1}))

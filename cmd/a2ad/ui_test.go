@@ -40,7 +40,8 @@ func TestLiveView(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	natsAddr := freeAddr(t)
-	serve := a2ad(t, ctx, "serve", "--listen", natsAddr, "--metrics", "127.0.0.1:0")
+	creds := filepath.Join(t.TempDir(), "serve.env")
+	serve := a2ad(t, ctx, "serve", "--listen", natsAddr, "--metrics", "127.0.0.1:0", "--creds", creds)
 	so, _ := serve.StdoutPipe()
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)
@@ -64,6 +65,15 @@ func TestLiveView(t *testing.T) {
 		t.Fatalf("serve did not announce its metrics and live view (metrics %q)", metricsURL)
 	}
 	go io.Copy(io.Discard, so)
+	// The ranks log in with serve's credentials, as `a2ad run --creds` does.
+	vars, err := readEnvFile(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var login []string
+	for k, v := range vars {
+		login = append(login, k+"="+v)
+	}
 
 	const n = 4
 	group := fmt.Sprintf("ui%d", os.Getpid())
@@ -73,7 +83,7 @@ func TestLiveView(t *testing.T) {
 		// so the view fills quickly.
 		cmd := a2ad(t, ctx, "bench", "--worker", "--sizes", "16K", "--dist", "zipf:1.5", "--iters", "100000000",
 			"--budget", "1h", "--warmup", "1")
-		cmd.Env = append(os.Environ(), "A2A_NATS_URL=nats://"+natsAddr, "A2A_GROUP="+group, "A2A_REPORT=200ms",
+		cmd.Env = append(append(os.Environ(), login...), "A2A_NATS_URL=nats://"+natsAddr, "A2A_GROUP="+group, "A2A_REPORT=200ms",
 			"A2A_RANK="+strconv.Itoa(r), "A2A_WORLD_SIZE="+strconv.Itoa(n))
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
