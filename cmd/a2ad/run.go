@@ -25,11 +25,16 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 	group := fs.String("group", "", "group (job) name (default: a fresh one)")
 	world := fs.Int("world", 0, "ranks in the whole job when other hosts start the rest (default: -n)")
 	offset := fs.Int("rank-offset", 0, "rank of the first process started here")
-	secret := fs.String("secret", os.Getenv("A2A_SECRET"), "job secret: signs control messages and data-plane connections (default: $A2A_SECRET, the --creds file's, or random; must be shared across hosts; prefer --creds or $A2A_SECRET: a command line is visible to every user)")
+	// No default taken from the environment here: help prints defaults,
+	// and a secret must never be printed.
+	secret := fs.String("secret", "", "job secret: signs control messages and data-plane connections (default: $A2A_SECRET, the --creds file's, or random; must be shared across hosts; prefer --creds or $A2A_SECRET: a command line is visible to every user)")
 	creds := fs.String("creds", "", "with --nats: a credentials file of a2ad serve (or any A2A_* KEY=VALUE file, mode 0600) whose variables the ranks get")
 	bind := bindFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return usageError{err}
+	}
+	if *secret == "" {
+		*secret = os.Getenv("A2A_SECRET")
 	}
 	var env []string
 	if *creds != "" {

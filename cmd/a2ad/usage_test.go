@@ -52,7 +52,13 @@ func TestHelp(t *testing.T) {
 		{"tune", []string{"-out", "-nats"}},
 	} {
 		for _, flag := range []string{"-h", "--help"} {
-			stdout, stderr, code := exitCode(t, a2ad(t, ctx, tc.cmd, flag))
+			cmd := a2ad(t, ctx, tc.cmd, flag)
+			// Help prints defaults: none may come from a secret.
+			cmd.Env = append(os.Environ(), "A2A_SECRET=never-print-this-secret")
+			stdout, stderr, code := exitCode(t, cmd)
+			if strings.Contains(stdout+stderr, "never-print-this-secret") {
+				t.Errorf("a2ad %s %s prints the job secret", tc.cmd, flag)
+			}
 			if code != 0 || stderr != "" {
 				t.Errorf("a2ad %s %s: status %d, stderr %q", tc.cmd, flag, code, stderr)
 			}
