@@ -31,6 +31,37 @@ func defaultCredsFile() (string, error) {
 	return filepath.Join(dir, "a2ad", "serve.env"), nil
 }
 
+// serveCredentials finds a2ad serve's credentials and says where from: the
+// file of --creds (read, or generated when missing); else the environment
+// when it sets A2A_SECRET, as a container gets its Secret (a NATS user too,
+// A2A_NATS_USER and A2A_NATS_PASSWORD, when serve embeds the server); else
+// the default file. file is the file's path ("" for the environment).
+// getenv is os.Getenv outside tests.
+func serveCredentials(flagPath string, needUser bool, getenv func(string) string) (c serveCreds, from, file string, err error) {
+	if flagPath == "" && getenv("A2A_SECRET") != "" {
+		c = serveCreds{User: getenv("A2A_NATS_USER"), Password: getenv("A2A_NATS_PASSWORD"), Secret: getenv("A2A_SECRET")}
+		if needUser && (c.User == "" || c.Password == "") {
+			return c, "", "", errors.New("A2A_SECRET is set but A2A_NATS_USER and A2A_NATS_PASSWORD are not: " +
+				"the embedded server needs the clients' user (or give --creds FILE)")
+		}
+		return c, "from the environment (A2A_SECRET)", "", nil
+	}
+	path := flagPath
+	if path == "" {
+		if path, err = defaultCredsFile(); err != nil {
+			return c, "", "", err
+		}
+	}
+	c, created, err := loadOrCreateCreds(path, needUser)
+	if err != nil {
+		return c, "", "", err
+	}
+	if created {
+		return c, "generated in " + path, path, nil
+	}
+	return c, "read in " + path, path, nil
+}
+
 // loadOrCreateCreds reads path, or when it does not exist generates
 // credentials and writes them there (0600, its directory 0700). needUser:
 // the file must hold a NATS user (a2ad serve embeds the server).

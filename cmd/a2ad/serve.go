@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -104,7 +105,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	metricsAddr := fs.String("metrics", "127.0.0.1:9464", "serve Prometheus /metrics of the control plane and the live view /ui/ here (empty: off). "+
 		"Keep it on loopback or a trusted network: without authentication, /ui/ shows anyone who connects every group's name, "+
 		"its ranks' hosts and PIDs, the bytes between each pair of ranks, their waits and their operations")
-	credsFile := fs.String("creds", "", "credentials file: read, or generated (mode 0600) when missing (default: serve.env in the user's config dir a2ad/)")
+	credsFile := fs.String("creds", "", "credentials file: read, or generated (mode 0600) when missing (default: $A2A_SECRET and $A2A_NATS_USER/$A2A_NATS_PASSWORD when A2A_SECRET is set, else serve.env in the user's config dir a2ad/)")
 	tlsCert := fs.String("tls-cert", "", "server certificate (PEM): clients connect with TLS")
 	tlsKey := fs.String("tls-key", "", "key of --tls-cert (PEM)")
 	tlsCA := fs.String("tls-ca", "", "require client certificates signed by this CA (PEM), with --tls-cert")
@@ -112,20 +113,9 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return usageError{err}
 	}
-	path := *credsFile
-	if path == "" {
-		var err error
-		if path, err = defaultCredsFile(); err != nil {
-			return usageError{err}
-		}
-	}
-	creds, created, err := loadOrCreateCreds(path, *natsURL == "")
+	creds, credsFrom, credsPath, err := serveCredentials(*credsFile, *natsURL == "", os.Getenv)
 	if err != nil {
-		return err
-	}
-	how := "read"
-	if created {
-		how = "generated"
+		return usageError{err}
 	}
 	cfg := cpConfig{Listen: *listen, NATSURL: *natsURL, Secret: []byte(creds.Secret),
 		TLSCert: *tlsCert, TLSKey: *tlsKey, TLSCA: *tlsCA, Insecure: *insecure}
@@ -163,7 +153,11 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		uiURL = "http://" + addr + "/ui/"
 	}
 	fmt.Printf("a2ad: control plane ready at %s (export A2A_NATS_URL=%s)\n", cp.URL, cp.URL)
-	fmt.Printf("a2ad: credentials %s in %s (jobs: a2ad run --nats %s --creds %s)\n", how, path, cp.URL, path)
+	if credsPath != "" {
+		fmt.Printf("a2ad: credentials %s (jobs: a2ad run --nats %s --creds %s)\n", credsFrom, cp.URL, credsPath)
+	} else {
+		fmt.Printf("a2ad: credentials %s (jobs need the same A2A_SECRET)\n", credsFrom)
+	}
 	if uiURL != "" {
 		fmt.Printf("a2ad: live view at %s\n", uiURL)
 	}
