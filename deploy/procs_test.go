@@ -49,15 +49,20 @@ func binaries(t *testing.T) string {
 }
 
 // baseEnv is the environment of the processes the tests start: this one's
-// without A2A_* variables, and PATH with the built binaries first.
+// without A2A_* variables, PATH with the built binaries first, and a home of
+// their own (a2ad serve writes its credentials file there by default: never
+// in the real one).
 func baseEnv(t *testing.T, extraPath ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "A2A_") && !strings.HasPrefix(kv, "PATH=") {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "A2A_") && name != "PATH" && name != "HOME" && name != "XDG_CONFIG_HOME" {
 			env = append(env, kv)
 		}
 	}
-	return append(env, "PATH="+strings.Join(append(extraPath, binaries(t), os.Getenv("PATH")), string(filepath.ListSeparator)))
+	home := t.TempDir()
+	return append(env, "HOME="+home, "XDG_CONFIG_HOME="+filepath.Join(home, ".config"),
+		"PATH="+strings.Join(append(extraPath, binaries(t), os.Getenv("PATH")), string(filepath.ListSeparator)))
 }
 
 // proc is a process started by a test, in its own process group.
