@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"net"
 	"net/url"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/internal/natsd"
@@ -257,11 +259,14 @@ func loadJob(t *testing.T, m *manifests) rankJob {
 	return rankJob{name, j, j.Spec.Template.Spec.Containers[0]}
 }
 
-// testSecret stands in for the Secrets the manifests refer to.
-const testSecret = "0123456789abcdef"
+// testSecret stands in for key of the Secret name that the manifests refer
+// to: a value of its own for every key, as `kubectl create secret` makes them.
+func testSecret(name, key string) string {
+	return fmt.Sprintf("%x", sha256.Sum256([]byte(name+"/"+key)))[:32]
+}
 
 // pod returns what Kubernetes fills in for the Job's pod of completion index
-// i: the Job controller's labels and annotation, an address, the Secrets.
+// i: the Job controller's labels and annotation, an address.
 func (rj rankJob) pod(i int, ip string) pod {
 	labels := map[string]string{"batch.kubernetes.io/job-name": rj.name, "job-name": rj.name,
 		"batch.kubernetes.io/controller-uid": "c0ffee00-0000-4000-8000-000000000000"}
@@ -272,17 +277,7 @@ func (rj rankJob) pod(i int, ip string) pod {
 	for k, v := range rj.job.Spec.Template.Metadata.Annotations {
 		ann[k] = v
 	}
-	secrets := map[string]map[string]string{}
-	for _, e := range rj.c.Env {
-		if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
-			ref := e.ValueFrom.SecretKeyRef
-			if secrets[ref.Name] == nil {
-				secrets[ref.Name] = map[string]string{}
-			}
-			secrets[ref.Name][ref.Key] = testSecret
-		}
-	}
-	return pod{name: fmt.Sprintf("%s-%d-x7k2p", rj.name, i), ip: ip, labels: labels, annotations: ann, secrets: secrets}
+	return pod{name: fmt.Sprintf("%s-%d-x7k2p", rj.name, i), ip: ip, labels: labels, annotations: ann}
 }
 
 // clearA2AEnv unsets every A2A_* variable for the test, so that only the
@@ -340,20 +335,23 @@ func TestJobRanks(t *testing.T) {
 	if spec.BackoffLimit == nil || *spec.BackoffLimit != 0 || spec.Template.Spec.RestartPolicy != "Never" {
 		t.Error("a restarted rank cannot rejoin its aborted group: want backoffLimit 0 and restartPolicy Never")
 	}
-	var rankFrom, secretFrom string
+	var rankFrom string
+	secretFrom := map[string]*secretKeyRef{}
 	for _, e := range rj.c.Env {
 		switch {
 		case e.Name == "A2A_RANK" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil:
 			rankFrom = e.ValueFrom.FieldRef.FieldPath
-		case e.Name == "A2A_SECRET" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil:
-			secretFrom = e.ValueFrom.SecretKeyRef.Name
+		case e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil:
+			secretFrom[e.Name] = e.ValueFrom.SecretKeyRef
 		}
 	}
 	if rankFrom != "metadata.annotations['batch.kubernetes.io/job-completion-index']" {
 		t.Errorf("A2A_RANK from %q, want the completion index annotation", rankFrom)
 	}
-	if secretFrom == "" {
-		t.Error("A2A_SECRET must come from a Secret (secretKeyRef)")
+	for _, v := range []string{"A2A_SECRET", "A2A_NATS_PASSWORD"} {
+		if secretFrom[v] == nil {
+			t.Errorf("%s must come from a Secret (secretKeyRef)", v)
+		}
 	}
 
 	n := loadNATS(t, m)
@@ -376,7 +374,7 @@ func TestJobRanks(t *testing.T) {
 		if cfg.Rank != i || cfg.WorldSize != spec.Completions {
 			t.Errorf("pod %d: rank %d of %d, want %d of completions %d", i, cfg.Rank, cfg.WorldSize, i, spec.Completions)
 		}
-		if cfg.Secret != testSecret || cfg.Group != rj.name || cfg.Listen != podIP+":0" {
+		if ref := secretFrom["A2A_SECRET"]; ref == nil || cfg.Secret != testSecret(ref.Name, ref.Key) || cfg.Group != rj.name || cfg.Listen != podIP+":0" {
 			t.Errorf("pod %d: secret %q, group %q, listen %q; want the Secret's, the Job's name, %s:0", i, cfg.Secret, cfg.Group, cfg.Listen, podIP)
 		}
 		u, err := url.Parse(cfg.NATSURL)
@@ -473,8 +471,9 @@ func TestDockerfile(t *testing.T) {
 // Deployment's command, and one process per completion index with the Job's
 // command and that pod's environment. Every rank gets a loopback address of
 // its own as its pod IP and A2A_HOST, as pods are hosts of their own, and the
-// local server's URL. The ranks must finish a verified MoE run through a2ad's
-// control service.
+// local server's URL. Every Secret key has a test value of its own. A client
+// without the password is refused; the ranks must finish a verified MoE run
+// through a2ad's control service.
 func TestKubernetesRun(t *testing.T) {
 	m := loadManifests(t)
 	n, rj := loadNATS(t, m), loadJob(t, m)
@@ -501,6 +500,13 @@ func TestKubernetesRun(t *testing.T) {
 		t.Fatal("NATS server not ready")
 	}
 	natsURL := ns.ClientURL()
+	// The configuration lets in a2a's user only.
+	if nc, err := nats.Connect(natsURL); err == nil || !strings.Contains(err.Error(), "Authorization Violation") {
+		if nc != nil {
+			nc.Close()
+		}
+		t.Errorf("a client without the password: %v, want an authorization violation", err)
+	}
 
 	ac := d.Spec.Template.Spec.Containers[0]
 	args := slices.Concat(ac.Command[1:], ac.Args)

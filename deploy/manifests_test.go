@@ -59,11 +59,13 @@ type envVar struct {
 		FieldRef *struct {
 			FieldPath string `yaml:"fieldPath"`
 		} `yaml:"fieldRef"`
-		SecretKeyRef *struct {
-			Name string `yaml:"name"`
-			Key  string `yaml:"key"`
-		} `yaml:"secretKeyRef"`
+		SecretKeyRef *secretKeyRef `yaml:"secretKeyRef"`
 	} `yaml:"valueFrom"`
+}
+
+type secretKeyRef struct {
+	Name string `yaml:"name"`
+	Key  string `yaml:"key"`
 }
 
 type containerPort struct {
@@ -331,7 +333,6 @@ func (c container) port(name string) int {
 type pod struct {
 	name, ip            string
 	labels, annotations map[string]string
-	secrets             map[string]map[string]string // name -> key -> value
 }
 
 var (
@@ -362,10 +363,7 @@ func (p pod) env(c container) (map[string]string, error) {
 			case f.FieldRef != nil:
 				v, err = p.field(f.FieldRef.FieldPath)
 			case f.SecretKeyRef != nil:
-				var ok bool
-				if v, ok = p.secrets[f.SecretKeyRef.Name][f.SecretKeyRef.Key]; !ok {
-					err = fmt.Errorf("no secret %s key %s", f.SecretKeyRef.Name, f.SecretKeyRef.Key)
-				}
+				v = testSecret(f.SecretKeyRef.Name, f.SecretKeyRef.Key)
 			default:
 				err = errors.New("valueFrom of an unknown source")
 			}
