@@ -49,6 +49,7 @@ type Comm struct {
 	eng           *engine
 	rank          int
 	size          int
+	formerRanks   []int // set by Shrink: each rank's number before it
 
 	mu       sync.Mutex // one operation at a time; guards everything below
 	seq      uint64
