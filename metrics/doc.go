@@ -14,6 +14,8 @@
 //	a2a_counts_exchange_duration_seconds             histogram, completed exchanges
 //	a2a_counts_exchange_errors_total{kind}           counter, failed exchanges
 //	a2a_membership_size                              gauge, ranks in the group
+//	a2a_shrinks_total                                counter, shrinks to the survivors
+//	a2a_shrink_lost_ranks_total                      counter, ranks the shrinks left behind
 //	a2a_rejected_connections_total                   counter, from the transport
 //	a2a_peer_wait_seconds_total{peer}                counter, LastWait summed by LastPeer
 //	a2a_peer_last_arrivals_total{peer}               counter, times peer arrived last

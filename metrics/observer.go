@@ -125,6 +125,8 @@ type Observer struct {
 	countsErrs     [len(kinds)]prometheus.Counter
 
 	membership prometheus.Gauge
+	shrinks    prometheus.Counter
+	lostRanks  prometheus.Counter
 	rejected   atomic.Pointer[func() uint64]
 
 	peerWait  *prometheus.CounterVec
@@ -146,7 +148,10 @@ type Observer struct {
 	experts atomic.Pointer[[]prometheus.Counter]
 }
 
-var _ a2a.Observer = (*Observer)(nil)
+var (
+	_ a2a.Observer       = (*Observer)(nil)
+	_ a2a.ShrinkObserver = (*Observer)(nil)
+)
 
 // New creates an Observer and registers its collectors on reg (which must not
 // be nil: the global default registry is never used implicitly). It fails,
@@ -207,6 +212,14 @@ func New(reg prometheus.Registerer, opts Options) (*Observer, error) {
 		Namespace: ns, Name: "membership_size",
 		Help: "Number of ranks in the group.",
 	})
+	o.shrinks = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "shrinks_total",
+		Help: "Times the communicator shrank to its survivors after losing ranks (Comm.Shrink).",
+	})
+	o.lostRanks = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "shrink_lost_ranks_total",
+		Help: "Ranks the shrinks left behind.",
+	})
 	rejected := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: ns, Name: "rejected_connections_total",
 		Help: "Data-plane connections the transport refused (bad hello, wrong secret, strangers).",
@@ -246,7 +259,7 @@ func New(reg prometheus.Registerer, opts Options) (*Observer, error) {
 	wrapped := prometheus.WrapRegistererWith(labels, reg)
 	collectors := []prometheus.Collector{
 		o.duration, o.selections, o.errs, o.sent, o.received,
-		o.countsDuration, countsErrs, o.membership, rejected,
+		o.countsDuration, countsErrs, o.membership, o.shrinks, o.lostRanks, rejected,
 		o.peerWait, o.peerLast, o.peerBytes,
 		o.tokens, o.dropped, o.dispatchDuration, o.combineDuration, o.imbalance,
 	}
@@ -323,6 +336,15 @@ func (o *Observer) CountsExchanged(d time.Duration, err error) {
 // SetMembership sets the group size gauge; OpDone also keeps it current from
 // each event's Size.
 func (o *Observer) SetMembership(size int) { o.membership.Set(float64(size)) }
+
+// Shrunk counts a shrink of the communicator (a2a.ShrinkObserver) and sets
+// the membership to its new size. The series keep the rank label the
+// Observer was made with: the rank's number before any shrink.
+func (o *Observer) Shrunk(lost []int, oldSize, newSize int) {
+	o.shrinks.Inc()
+	o.lostRanks.Add(float64(len(lost)))
+	o.membership.Set(float64(newSize))
+}
 
 // WatchTransport makes the rejected-connections counter read rejected at each
 // scrape, for example func() uint64 { return comm.Stats().Rejected }. A later

@@ -531,3 +531,25 @@ func BenchmarkObserveDispatch(b *testing.B) {
 		o.ObserveDispatch(time.Millisecond, tokens, 3, 1.2)
 	}
 }
+
+// TestShrunk: a shrink counts once, its lost ranks add up, and the
+// membership gauge follows the new size.
+func TestShrunk(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	o, err := New(reg, Options{Group: "g", Rank: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.SetMembership(8)
+	o.Shrunk([]int{3}, 8, 7)
+	o.Shrunk([]int{0, 5}, 7, 5)
+	for _, c := range []struct {
+		name string
+		got  prometheus.Collector
+		want float64
+	}{{"shrinks", o.shrinks, 2}, {"lost ranks", o.lostRanks, 3}, {"membership", o.membership, 5}} {
+		if got := testutil.ToFloat64(c.got); got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
