@@ -123,3 +123,51 @@ func (pl *Placement) Validate() error {
 	}
 	return nil
 }
+
+// Shrink re-places the experts over the survivors of a lost rank, as
+// a2a.Comm.Shrink renumbers them: survivors[i] is the old rank of new rank i
+// (Comm.FormerRanks), ascending. A survivor keeps its experts; each expert of
+// a lost rank moves to the survivor hosting the fewest experts at that
+// moment (the lowest rank among equals), so the load stays as even as whole
+// experts allow. The caller must be able to run the moved experts (their
+// weights from a checkpoint or a replica).
+func (pl *Placement) Shrink(survivors []int) (*Placement, error) {
+	if err := pl.Validate(); err != nil {
+		return nil, err
+	}
+	if len(survivors) == 0 {
+		return nil, invalidf("shrink: no survivors")
+	}
+	newRank := make([]int, pl.Ranks)
+	for r := range newRank {
+		newRank[r] = -1
+	}
+	for i, r := range survivors {
+		if r < 0 || r >= pl.Ranks || (i > 0 && r <= survivors[i-1]) {
+			return nil, invalidf("shrink: survivors %v, want ascending ranks in [0, %d)", survivors, pl.Ranks)
+		}
+		newRank[r] = i
+	}
+	owner := make([]int, pl.Experts)
+	hosted := make([]int, len(survivors))
+	var orphans []int
+	for e, r := range pl.Owner {
+		if nr := newRank[r]; nr >= 0 {
+			owner[e] = nr
+			hosted[nr]++
+		} else {
+			orphans = append(orphans, e)
+		}
+	}
+	for _, e := range orphans {
+		to := 0
+		for r, n := range hosted {
+			if n < hosted[to] {
+				to = r
+			}
+		}
+		owner[e] = to
+		hosted[to]++
+	}
+	return newPlacement(owner, len(survivors)), nil
+}

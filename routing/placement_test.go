@@ -146,3 +146,47 @@ func TestPlacementValidate(t *testing.T) {
 		t.Errorf("nil placement: Validate = %v, want ErrInvalid", err)
 	}
 }
+
+func TestPlacementShrink(t *testing.T) {
+	contiguous := func(e, r int) *Placement {
+		pl, err := Contiguous(e, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pl
+	}
+	tests := []struct {
+		name      string
+		pl        *Placement
+		survivors []int
+		want      []int // owner of each expert, new numbering; nil: an error
+	}{
+		{"lose a middle rank", contiguous(8, 4), []int{0, 1, 3}, []int{0, 0, 1, 1, 0, 1, 2, 2}},
+		{"lose the first rank", contiguous(8, 4), []int{1, 2, 3}, []int{0, 1, 0, 0, 1, 1, 2, 2}},
+		{"lose two", contiguous(6, 3), []int{2}, []int{0, 0, 0, 0, 0, 0}},
+		{"nobody lost", contiguous(4, 2), []int{0, 1}, []int{0, 0, 1, 1}},
+		{"unsorted", contiguous(4, 2), []int{1, 0}, nil},
+		{"out of range", contiguous(4, 2), []int{0, 2}, nil},
+		{"none", contiguous(4, 2), nil, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tc.pl.Shrink(tc.survivors)
+			if tc.want == nil {
+				if !errors.Is(err, ErrInvalid) {
+					t.Fatalf("Shrink(%v): %v, want ErrInvalid", tc.survivors, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := got.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got.Owner, tc.want) || got.Ranks != len(tc.survivors) {
+				t.Errorf("owners %v over %d ranks, want %v over %d", got.Owner, got.Ranks, tc.want, len(tc.survivors))
+			}
+		})
+	}
+}
