@@ -54,6 +54,12 @@ type Spec struct {
 	// It names an executable that runs ExecPinned on `BindVia pin CPU PROG ARGS`
 	// (a2ad itself), so the affinity is set before PROG starts any thread.
 	BindVia string
+	// Expendable is how many ranks may die of a signal without ending the
+	// job: their survivors are meant to shrink the group and carry on (the
+	// MoE demo's --kill-rank). Such a death is reported on Stderr, and Run
+	// returns nil when every other rank succeeds. A rank that exits with an
+	// error still ends the job.
+	Expendable int
 }
 
 // ExecPinned binds the calling process to cpu and replaces it with prog. It is
@@ -191,6 +197,7 @@ func Run(ctx context.Context, spec Spec) error {
 	terminated := false
 	var settleTimer, killTimer <-chan time.Time
 	var interrupted error // ctx's cause, when ctx ended the job
+	expended := 0         // ranks lost that Expendable allowed
 	// terminate stops the ranks still running, once: SIGTERM now, SIGKILL
 	// after the grace period.
 	terminate := func() {
@@ -206,6 +213,13 @@ func Run(ctx context.Context, spec Spec) error {
 		case ex := <-exits:
 			remaining--
 			if ex.err == nil {
+				continue
+			}
+			if !terminated && expended < spec.Expendable && signaled(ex.err) {
+				expended++
+				outMu.Lock()
+				fmt.Fprintf(stderr, "launch: rank %d %s; the others carry on without it\n", ex.rank, describe(ex.err))
+				outMu.Unlock()
 				continue
 			}
 			failures = append(failures, ex)

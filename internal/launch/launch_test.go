@@ -77,3 +77,44 @@ func TestRunRankFailure(t *testing.T) {
 		t.Errorf("Run: %v, want rank 1 failed with exit status 3", err)
 	}
 }
+
+// TestRunExpendable: with Expendable, a rank killed by a signal lets the
+// others finish and Run succeed; a second death, or an error exit, still
+// fails the job.
+func TestRunExpendable(t *testing.T) {
+	tests := []struct {
+		name       string
+		script     string
+		expendable int
+		wantRank   int // -1: Run succeeds
+	}{
+		{"one killed, one allowed", `[ "$A2A_RANK" = 1 ] && kill -9 $$; sleep 0.3`, 1, -1},
+		{"one killed, none allowed", `[ "$A2A_RANK" = 1 ] && kill -9 $$; exec sleep 20`, 0, 1},
+		{"two killed, one allowed", `[ "$A2A_RANK" != 0 ] && kill -9 $$; exec sleep 20`, 1, -2},
+		{"error exit", `[ "$A2A_RANK" = 2 ] && exit 3; exec sleep 20`, 1, 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			var stderr strings.Builder
+			err := Run(ctx, Spec{N: 3, Prog: "sh", Args: []string{"-c", tc.script}, Expendable: tc.expendable,
+				Stdout: io.Discard, Stderr: &stderr})
+			var re *RankError
+			switch {
+			case tc.wantRank == -1:
+				if err != nil || !strings.Contains(stderr.String(), "rank 1 killed by signal killed; the others carry on") {
+					t.Errorf("Run: %v, stderr %q; want success and the loss reported", err, stderr.String())
+				}
+			case tc.wantRank == -2:
+				if !errors.As(err, &re) || (re.Rank != 1 && re.Rank != 2) {
+					t.Errorf("Run: %v, want the second killed rank as the failure", err)
+				}
+			default:
+				if !errors.As(err, &re) || re.Rank != tc.wantRank {
+					t.Errorf("Run: %v, want rank %d failed", err, tc.wantRank)
+				}
+			}
+		})
+	}
+}
