@@ -69,10 +69,12 @@ type options struct {
 	natsURL      string
 	worker       bool
 	corruptRank  int // testing: this rank perturbs one output before verifying
+	killRank     int // this rank kills itself (SIGKILL) at killStep; -1: none
+	killStep     int
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
-	o := options{corruptRank: -1}
+	o := options{corruptRank: -1, killRank: -1}
 	fs := flag.NewFlagSet("moe", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.IntVar(&o.ranks, "n", 4, "local ranks")
@@ -96,6 +98,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.natsURL, "nats", "", "control plane to join (default: embed a NATS server)")
 	fs.BoolVar(&o.worker, "worker", false, "internal: run as one rank (A2A_* environment)")
 	fs.IntVar(&o.corruptRank, "corrupt-rank", -1, "testing: this rank alters one output element, so verification must fail")
+	fs.IntVar(&o.killRank, "kill-rank", -1, "this rank (1..n-1) kills itself with SIGKILL at --kill-step; the others shrink the group, re-place its experts and carry on")
+	fs.IntVar(&o.killStep, "kill-step", 2, "the step at which --kill-rank dies")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -126,6 +130,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("--microbatches %d: want 1..tokens", o.microbatches)
 	case o.metricsPort < 0 || o.metricsPort > 65535:
 		return o, fmt.Errorf("--metrics-port %d", o.metricsPort)
+	case o.killRank == 0 || o.killRank < -1 || (!o.worker && o.killRank >= o.ranks):
+		return o, fmt.Errorf("--kill-rank %d: want 1..n-1 (rank 0 prints the run)", o.killRank)
+	case o.killRank > 0 && (o.killStep < 0 || o.killStep >= o.steps):
+		return o, fmt.Errorf("--kill-step %d: want 0..steps-1", o.killStep)
 	}
 	return o, nil
 }
@@ -194,8 +202,15 @@ func launchRanks(ctx context.Context, log *slog.Logger, o options, args []string
 	return launch.Run(ctx, launch.Spec{
 		N: o.ranks, NATSURL: url, Group: group, Secret: secret, Env: env,
 		Prog: self, Args: append([]string{"--worker"}, args...),
-		Stdout: stdout, Stderr: stderr,
+		Stdout: stdout, Stderr: stderr, Expendable: boolInt(o.killRank > 0),
 	})
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func randomHex(n int) string {

@@ -375,3 +375,45 @@ func shmSegments(t *testing.T) int {
 	}
 	return n
 }
+
+// TestDemoShrink kills one rank with SIGKILL mid-run (--kill-rank): the
+// survivors must shrink the group, re-place its experts, redo the step and
+// finish every step verified, the metrics must count the shrink, and
+// neither a process nor a /dev/shm segment may outlive the demo. Rows go
+// through shared memory or, as between hosts, through AllToAllV.
+func TestDemoShrink(t *testing.T) {
+	for _, rows := range []string{"auto", "alltoallv"} {
+		t.Run(rows, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			shmBefore := shmSegments(t)
+			cmd := exec.CommandContext(ctx, moeBin, "-n", "4", "--tokens", "64", "--hidden", "32", "--ffn", "16",
+				"--steps", "6", "--kill-rank", "2", "--kill-step", "2", "--rows", rows)
+			cmd.WaitDelay = 5 * time.Second
+			var stdout, stderr strings.Builder
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("demo with a killed rank: %v, want it to carry on\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+			}
+			out := stdout.String()
+			for _, want := range []string{
+				"step 2: lost a rank; shrunk to 3 ranks (former ranks [0 1 3])",
+				"metrics: a2a_shrinks_total 1, a2a_membership_size 3",
+				"all 6 steps verified on 3 ranks",
+			} {
+				if !strings.Contains(out, want) {
+					t.Errorf("stdout lacks %q:\n%s", want, out)
+				}
+			}
+			if n := strings.Count(out, " verified  ["); n != 6 {
+				t.Errorf("%d verified step lines, want 6:\n%s", n, out)
+			}
+			if !strings.Contains(stderr.String(), "rank 2 killed by signal killed") {
+				t.Errorf("the launcher did not report the killed rank:\n%s", stderr.String())
+			}
+			if after := shmSegments(t); after > shmBefore {
+				t.Errorf("%d a2a segments in %s after the demo, %d before", after, shm.DefaultDir, shmBefore)
+			}
+		})
+	}
+}

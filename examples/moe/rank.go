@@ -3,13 +3,16 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"net"
+	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,7 +47,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer func() { c.Close() }() // the last communicator: a shrink replaces it
 	obs.WatchTransport(func() uint64 { return c.Stats().Rejected })
 	obs.WatchPeerBytes(c.Stats)
 	rank, size := c.Rank(), c.Size()
@@ -68,14 +71,15 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 		return err
 	}
 
-	d, err := dispatch.New(ctx, c, dispatch.Config{
+	layer := dispatch.Config{
 		Experts: o.experts, K: o.k, Hidden: o.hidden, DType: o.dtype,
 		CapacityFactor: o.capacity, Counts: o.counts, Rows: o.rows, Observer: obs, Logger: log,
-	})
+	}
+	d, err := dispatch.New(ctx, c, layer)
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer func() { d.Close() }() // the last dispatcher: a shrink replaces it
 
 	out := io.Discard
 	if rank == 0 {
@@ -84,13 +88,39 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	}
 	r := newRankState(o, d, rank)
 	agg := newAggregate(o, size)
-	for step := range o.steps {
-		res, err := r.step(ctx, step)
-		if err != nil {
-			return fmt.Errorf("step %d: %w", step, err)
+	for step := 0; step < o.steps; {
+		if step == o.killStep && rank == o.killRank {
+			// As kill -9 from outside would: no leave, no flush, no cleanup.
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
-		if err := agg.gather(ctx, c, res); err != nil {
-			return fmt.Errorf("step %d: gathering results: %w", step, err)
+		res, err := r.step(ctx, step)
+		if err == nil {
+			err = agg.gather(ctx, c, res)
+		}
+		if err != nil {
+			if o.killRank < 0 || !errors.Is(err, a2a.ErrPeerLost) {
+				return fmt.Errorf("step %d: %w", step, err)
+			}
+			// A peer died: carry on with the survivors and redo the step.
+			start, lossErr := time.Now(), err
+			d.Close()
+			shrunk, err := c.Shrink(ctx)
+			if err != nil {
+				return fmt.Errorf("step %d: shrinking after %v: %w", step, lossErr, err)
+			}
+			c = shrunk
+			pl, err := d.Placement().Shrink(c.FormerRanks())
+			if err != nil {
+				return err
+			}
+			layer.Placement = pl
+			if d, err = dispatch.New(ctx, c, layer); err != nil {
+				return fmt.Errorf("step %d: dispatcher after the shrink: %w", step, err)
+			}
+			r.d, agg = d, newAggregate(o, c.Size())
+			fmt.Fprintf(out, "step %d: lost a rank; shrunk to %d ranks (former ranks %v) in %v, experts re-placed: %s\n",
+				step, c.Size(), c.FormerRanks(), time.Since(start).Round(time.Millisecond), expertsPerRank(pl))
+			continue
 		}
 		agg.print(out, step)
 		if bad := agg.failed(); len(bad) > 0 {
@@ -104,6 +134,11 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 				return ctx.Err()
 			}
 		}
+		step++
+	}
+	size = c.Size()
+	if o.killRank > 0 {
+		fmt.Fprintf(out, "metrics: a2a_shrinks_total %v, a2a_membership_size %v\n", gauge(reg, "a2a_shrinks_total"), gauge(reg, "a2a_membership_size"))
 	}
 	fmt.Fprintf(out, "all %d steps verified on %d ranks\n", o.steps, size)
 	if o.hold > 0 {
@@ -497,4 +532,23 @@ func gatherStrings(ctx context.Context, c *a2a.Comm, s string) ([]string, error)
 		out[i] = string(b[1 : 1+int(b[0])])
 	}
 	return out, nil
+}
+
+// gauge reads the value of the metric family name from reg (summed over
+// its series), as a scrape of /metrics would show it.
+func gauge(reg *prometheus.Registry, name string) float64 {
+	families, err := reg.Gather()
+	if err != nil {
+		return math.NaN()
+	}
+	var v float64
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return v
 }
