@@ -328,3 +328,25 @@ func (c *Comm) observe(op string, a algo.Algo, seq uint64, sendCounts, recvCount
 	ev.LastPeer, ev.LastWait = c.eng.lastPeer, c.eng.lastWait
 	o.OpDone(ev)
 }
+
+// SetAlgo forces the AllToAllV algorithm of the calls that follow, by the
+// names of Config.Algo; "" or "auto" returns to the automatic choice. Like
+// Config.Algo it must be the same on every rank: set it on all of them
+// between the same two calls (a benchmark comparing algorithms does).
+func (c *Comm) SetAlgo(name string) error {
+	a, err := parseAlgo(name)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if a == algo.AlgoAuto {
+		name, a = "", c.chooser.Choose(c.choiceArgs(nil))
+	}
+	c.cfg.Algo, c.algo = name, a
+	// Forced algorithms other than ll plan without LL blocks, as under
+	// Config.Algo; plans made under the old setting no longer hold.
+	c.llCut = c.llCutoffs()
+	c.plans.forgetAll()
+	return nil
+}

@@ -150,3 +150,32 @@ func BenchmarkLL(b *testing.B) {
 func allToAll(ctx context.Context, c *Comm, send, recv []byte) error {
 	return c.AllToAll(ctx, send, recv)
 }
+
+// TestSetAlgo switches one communicator between algorithms between calls:
+// each call runs the one set (forced fullmesh without LL blocks, forced ll,
+// back to auto, which sends these small blocks LL over shm), every exchange
+// verified, and a bad name is refused.
+func TestSetAlgo(t *testing.T) {
+	url := startNATS(t)
+	comms := group(t, url, 3, nil)
+	small := make([]int, 9)
+	for k := range small {
+		small[k] = 24
+	}
+	for _, algo := range []string{"", "fullmesh", "ll", "pairwise", "auto", "fullmesh"} {
+		mustAll(t, onAll(comms, func(c *Comm) error { return c.SetAlgo(algo) }))
+		exchange(t, comms, small, false)
+		want := algo
+		if algo == "" || algo == "auto" {
+			want = "ll" // auto: blocks under LLBytes go LL over shm
+		}
+		for _, c := range comms {
+			if got := c.LastAlgo(); got != want {
+				t.Errorf("SetAlgo(%q): rank %d ran %s, want %s", algo, c.Rank(), got, want)
+			}
+		}
+	}
+	if err := comms[0].SetAlgo("bogus"); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("SetAlgo(bogus): %v, want ErrInvalidArgument", err)
+	}
+}

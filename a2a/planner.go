@@ -136,3 +136,11 @@ func (p *planCache) lookup(op string, a algo.Algo, send, recv []int) (*algo.Sche
 
 // forget drops an entry whose planning failed.
 func (e *cachedPlan) forget() { e.valid = false }
+
+// forgetAll drops every entry, for a change of the settings plans depend on
+// (Comm.SetAlgo changes the LL cutoffs); the schedules' memory stays.
+func (p *planCache) forgetAll() {
+	for i := range p.entries {
+		p.entries[i].valid = false
+	}
+}
