@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -114,6 +115,47 @@ func TestBenchJSONAndCheck(t *testing.T) {
 	}
 	if out, err := a2ad(t, ctx, "bench", "--timing", "bogus").CombinedOutput(); err == nil {
 		t.Errorf("--timing bogus accepted:\n%s", out)
+	}
+}
+
+// TestBenchAlgoAll: --algo all runs auto and then every forced algorithm at
+// each size, each verified, says in the auto row what auto ran, and closes
+// each size with the comparison of auto to the best forced algorithm.
+func TestBenchAlgoAll(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	out, err := a2ad(t, ctx, "bench", "-n", "3", "--algo", "all", "--sizes", "64,4K", "--iters", "20", "--warmup", "2", "--check", "--json").Output()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var forced []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var row map[string]any
+		if err := json.Unmarshal([]byte(line), &row); err != nil {
+			t.Fatalf("row %q: %v", line, err)
+		}
+		if row["check"] != "ok" || row["wrong"] != 0.0 {
+			t.Errorf("row %s: not verified", line)
+		}
+		f, _ := row["forced"].(string)
+		forced = append(forced, f)
+		if f != "auto" && f != "staged" && f != "ll" && row["algo"] != f {
+			t.Errorf("forced %s ran %v", f, row["algo"])
+		}
+	}
+	want := slices.Concat(benchAlgos, benchAlgos)
+	if !slices.Equal(forced, want) {
+		t.Errorf("rows forced %v, want %v", forced, want)
+	}
+	text, err := a2ad(t, ctx, "bench", "-n", "2", "--algo", "all", "--sizes", "1K", "--iters", "20", "--warmup", "2").Output()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, text)
+	}
+	if !regexp.MustCompile(`auto>\w+ `).Match(text) || !regexp.MustCompile(`# size 1024: auto ran \w+, p50 [0-9.]+ us; best forced \w+, p50 [0-9.]+ us; auto/best [0-9.]+`).Match(text) {
+		t.Errorf("no auto row or comparison:\n%s", text)
+	}
+	if out, err := a2ad(t, ctx, "bench", "--op", "allreduce", "--algo", "all").CombinedOutput(); err == nil {
+		t.Errorf("--op allreduce --algo all accepted:\n%s", out)
 	}
 }
 

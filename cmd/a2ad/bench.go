@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -55,7 +56,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.root, "root", 0, "root rank of broadcast, reduce, gather and scatter")
 	fs.IntVar(&f.root, "r", 0, "short for --root")
 	fs.IntVar(&f.n, "n", 2, "ranks")
-	fs.StringVar(&f.algo, "algo", "", "AllToAllV algorithm: "+oneOf(benchAlgos)+" (default: A2A_ALGO, else auto)")
+	fs.StringVar(&f.algo, "algo", "", "AllToAllV algorithm: "+oneOf(benchAlgos)+", or all: auto and then each forced one at every size, with how auto compares to the best (default: A2A_ALGO, else auto)")
 	fs.StringVar(&f.sizes, "sizes", "8:1M", "per-peer bytes: MIN:MAX (x2 steps) or a comma list")
 	fs.StringVar(&f.dist, "dist", "uniform", "traffic: uniform | zipf:S | lognormal:SIGMA | hot:F")
 	fs.IntVar(&f.iters, "iters", 1000, "maximum timed iterations per size")
@@ -90,7 +91,10 @@ const benchHelp = `Each row is one size, with nccl-tests' columns:
   count   elements of the type a rank moves in all (nccl-tests' count)
   type    the element type (-d); redop (-o) and root (-r) are "none" and -1
           for ops without them
-  algo    the algorithm a2a picked for the last call
+  algo    the algorithm a2a picked for the last call; with --algo all,
+          auto>ALGO for the automatic choice, then one row per forced
+          algorithm (staged needs equal ranks on several hosts, and falls
+          back to fullmesh), and a comment line comparing auto to the best
   avg_us, p50_us, p99_us
           the slowest rank's time per call over the timed calls
   algbw   bytes moved by a rank (count elements) over the average time
@@ -119,6 +123,9 @@ type benchRow struct {
 	BusBW float64 `json:"busbw_gbps"`
 	Wrong *int    `json:"wrong"` // wrong elements over all ranks; null without --check
 	Check string  `json:"check"` // ok, fail, or skip without --check
+	// Forced is the algorithm --algo all set for this row ("auto" for the
+	// automatic choice); absent otherwise.
+	Forced string `json:"forced,omitempty"`
 }
 
 // wrongText is the #wrong column: N/A without --check, as nccl-tests prints.
@@ -156,8 +163,11 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	if f.counts != "known" && f.counts != "matrix" && f.counts != "nats" && f.counts != "inband" {
 		return usagef("--counts %q: known, matrix, nats or inband", f.counts)
 	}
-	if f.algo != "" && !slices.Contains(benchAlgos, f.algo) {
-		return usagef("--algo %q: %s", f.algo, strings.Join(benchAlgos, ", "))
+	if f.algo != "" && f.algo != "all" && !slices.Contains(benchAlgos, f.algo) {
+		return usagef("--algo %q: %s or all", f.algo, strings.Join(benchAlgos, ", "))
+	}
+	if f.algo == "all" && f.op != "alltoallv" && f.op != "alltoall" {
+		return usagef("--algo all: the algorithms are alltoallv's and alltoall's, not %s's", f.op)
 	}
 	if f.trans != "" && !slices.Contains(benchTransports, f.trans) {
 		return usagef("--transport %q: %s", f.trans, strings.Join(benchTransports, ", "))
@@ -201,7 +211,7 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 
 func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []int, d dist) error {
 	c, err := joinWorker(ctx, log, func(cfg *a2a.Config) {
-		if f.algo != "" {
+		if f.algo != "" && f.algo != "all" {
 			cfg.Algo = f.algo
 		}
 		if f.streams > 0 {
@@ -227,25 +237,54 @@ func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []in
 			"size", "count", "type", "redop", "root", "algo", "avg_us", "p50_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "#wrong")
 	}
 	b := newBench(c, f)
+	algos := []string{""} // the Comm's own setting
+	if f.algo == "all" {
+		algos = benchAlgos // auto first
+	}
 	for _, size := range sizes {
-		row, err := b.point(ctx, size, d)
-		if err != nil {
-			return fmt.Errorf("size %d: %w", size, err)
-		}
-		if rank == 0 {
-			if f.json {
-				out, _ := json.Marshal(row)
-				fmt.Println(string(out))
-			} else {
-				fmt.Printf("  %10d %12d %8s %6s %5d %-12s %10.2f %10.2f %10.2f %11.3f %11.3f %7s\n", row.Size, row.Count, row.Type, row.Redop, row.Root,
-					row.Algo, row.Avg, row.P50, row.P99, row.AlgBW, row.BusBW, row.wrongText())
+		var auto, best benchRow
+		for _, a := range algos {
+			if f.algo == "all" {
+				if err := c.SetAlgo(a); err != nil {
+					return err
+				}
+			}
+			row, err := b.point(ctx, size, d)
+			if err != nil {
+				return fmt.Errorf("size %d, algo %s: %w", size, cmp.Or(a, f.algo, "default"), err)
+			}
+			if f.algo == "all" {
+				row.Forced = a
+				if a == "auto" {
+					auto = row
+					row.Algo = "auto>" + row.Algo
+				} else if best.Forced == "" || row.P50 < best.P50 {
+					best = row
+				}
+			}
+			if rank == 0 {
+				printRow(f.json, row)
+			}
+			if row.Check == "fail" {
+				return fmt.Errorf("size %d: %d elements of the results are wrong", size, *row.Wrong)
 			}
 		}
-		if row.Check == "fail" {
-			return fmt.Errorf("size %d: %d elements of the results are wrong", size, *row.Wrong)
+		if f.algo == "all" && rank == 0 && !f.json {
+			fmt.Printf("# size %d: auto ran %s, p50 %.2f us; best forced %s, p50 %.2f us; auto/best %.2f\n",
+				size, auto.Algo, auto.P50, best.Forced, best.P50, auto.P50/best.P50)
 		}
 	}
 	return nil
+}
+
+func printRow(asJSON bool, row benchRow) {
+	if asJSON {
+		out, _ := json.Marshal(row)
+		fmt.Println(string(out))
+		return
+	}
+	fmt.Printf("  %10d %12d %8s %6s %5d %-12s %10.2f %10.2f %10.2f %11.3f %11.3f %7s\n", row.Size, row.Count, row.Type, row.Redop, row.Root,
+		row.Algo, row.Avg, row.P50, row.P99, row.AlgBW, row.BusBW, row.wrongText())
 }
 
 // bench holds one rank's reusable benchmark state.
