@@ -104,10 +104,13 @@ func (h *Header) Encode(b []byte) {
 	binary.LittleEndian.PutUint64(b[40:], h.Aux)
 }
 
-// Decode fills h from b[:HeaderSize]. A wrong magic or version is a protocol
-// error: the peer is not speaking this protocol (or the stream lost framing).
+// Decode fills h from b[:HeaderSize]. A short b, a wrong magic or version is
+// a protocol error (ErrMismatch): the peer is not speaking this protocol (or
+// the stream lost framing).
 func (h *Header) Decode(b []byte) error {
-	_ = b[HeaderSize-1]
+	if len(b) < HeaderSize {
+		return fault.New(fault.ErrMismatch, -1, "frame header of %d bytes, want %d", len(b), HeaderSize)
+	}
 	if m := binary.LittleEndian.Uint32(b[0:]); m != Magic {
 		return fault.New(fault.ErrMismatch, -1, "bad frame magic %#x", m)
 	}
