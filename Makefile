@@ -16,6 +16,7 @@ build:
 	$(GO) build -o $(A2AD) ./cmd/a2ad
 	$(GO) build -o $(BIN)/moe ./examples/moe
 	$(GO) build -o $(BIN)/delayswitch ./internal/cmd/delayswitch
+	$(GO) build -o $(BIN)/soak ./internal/cmd/soak
 
 # The main job: the MoE expert-routing demo on 4 local ranks (route, dispatch,
 # expert FFNs, combine, verified against a single-process reference).
