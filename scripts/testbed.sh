@@ -5,6 +5,8 @@
 #                      [--moe PATH] [--algos A,B] [--bench-sizes S] [--bench-dist D] [--bench-counts C]
 #                      [--bench-timing T]
 #                      [--check-only] [--timeout SECS] [--keep-logs]
+#   scripts/testbed.sh [-H HOSTS] [-L RANKS_PER_HOST] --soak DURATION [--seed N] [--soak-bin PATH]
+#   scripts/testbed.sh [-H HOSTS] [-L RANKS_PER_HOST] --link-cut [--soak-bin PATH]
 #
 # Topology (nothing outside these namespaces is touched; needs root):
 #
@@ -54,6 +56,17 @@
 # tune the runs. All "hosts" share this machine's cores: with more ranks than cores the
 # script sets A2A_SPIN=-1ns (no busy-polling) unless A2A_SPIN is set.
 #
+# --soak DURATION (e.g. 15s, 5m) runs, instead of the checks and the benchmark, the soak
+# (internal/cmd/soak, bin/soak from make build) as one job across the hosts: random verified
+# operations in sessions that mix auto (shm inside a host, TCP between) and forced TCP, then
+# every rank's leak check; it passes when every rank prints PASS. The seed is printed.
+#
+# --link-cut runs, instead, the link-cut test: the soak's link-cut ranks loop ExchangeCounts,
+# a verified AllToAllV and an AllReduce; once all run, the last host's link is cut (its
+# bridge port set down) mid-operation. Every rank must get a typed a2a error within 3 s of
+# the cut (the script prints each rank's error and detection time); then the link comes back
+# and every rank must join the same group again, in the same process, and verify 20 rounds.
+#
 # Exit status: 0 all checks passed; 1 a check failed; 2 usage or setup error (not root,
 # iproute2 missing after trying to install it, no netns, no netem and no go to build the
 # delay line for --delay, ...);
@@ -74,6 +87,10 @@ BENCH_TIMING="barrier"
 CHECK_ONLY=0
 TIMEOUT=120
 KEEP_LOGS=0
+SOAK=""
+SEED=""
+LINK_CUT=0
+SOAK_BIN=""
 
 usage() {
 	sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
@@ -100,6 +117,10 @@ usage() {
   --check-only         correctness only, no benchmark
   --timeout SECS       limit of one job (all hosts), default 120
   --keep-logs          keep the per-host logs (their directory is printed)
+  --soak DURATION      run the soak for DURATION (15s, 5m) instead of the checks
+  --seed N             the soak's seed (default: random, printed)
+  --link-cut           run the link-cut test instead of the checks
+  --soak-bin PATH      soak binary, default bin/soak (make build)
 EOF
 }
 
@@ -168,6 +189,10 @@ while [ $# -gt 0 ]; do
 	--check-only) CHECK_ONLY=1; shift ;;
 	--timeout) need_arg "$opt" $#; TIMEOUT=$2; shift 2 ;;
 	--keep-logs) KEEP_LOGS=1; shift ;;
+	--soak) need_arg "$opt" $#; SOAK=$2; shift 2 ;;
+	--seed) need_arg "$opt" $#; SEED=$2; shift 2 ;;
+	--link-cut) LINK_CUT=1; shift ;;
+	--soak-bin) need_arg "$opt" $#; SOAK_BIN=$2; shift 2 ;;
 	-h | --help) usage; exit 0 ;;
 	*) usage >&2; die 2 "unknown argument: $opt" ;;
 	esac
@@ -193,6 +218,17 @@ barrier | span) ;;
 *) die 2 "--bench-timing $BENCH_TIMING: barrier or span" ;;
 esac
 IFS=, read -r -a ALGO_LIST <<<"$ALGOS"
+if [ -n "$SOAK" ]; then
+	[[ $SOAK =~ ^([0-9]+)(s|m)$ ]] || die 2 "--soak $SOAK: want N followed by s or m (e.g. 15s, 5m)"
+	soak_secs=$((10#${BASH_REMATCH[1]}))
+	[ "${BASH_REMATCH[2]}" = m ] && soak_secs=$((soak_secs * 60))
+	# The job's limit: the soak, its last session and the leak check.
+	[ "$TIMEOUT" -ge $((soak_secs + 120)) ] || TIMEOUT=$((soak_secs + 120))
+	[ -n "$SEED" ] || SEED=$(((RANDOM << 30 | RANDOM << 15 | RANDOM) + 1))
+	is_uint "$SEED" && [ "$SEED" -gt 0 ] || die 2 "--seed $SEED: a positive integer"
+fi
+[ -n "$SOAK" ] && [ "$LINK_CUT" = 1 ] && die 2 "--soak and --link-cut: one at a time"
+[ "$LINK_CUT" = 1 ] && [ "$HOSTS" -lt 2 ] && die 2 "--link-cut needs at least 2 hosts"
 for a in "${ALGO_LIST[@]}"; do
 	[[ $a =~ ^[a-z0-9_-]+$ ]] || die 2 "--algos: bad algorithm name '$a'"
 done
@@ -252,6 +288,10 @@ need_exe() {
 }
 [ -n "$A2AD" ] || A2AD=$ROOT/bin/a2ad
 need_exe A2AD a2ad "run make build, or pass --a2ad PATH"
+if [ -n "$SOAK" ] || [ "$LINK_CUT" = 1 ]; then
+	[ -n "$SOAK_BIN" ] || SOAK_BIN=$ROOT/bin/soak
+	need_exe SOAK_BIN soak "run make build, or pass --soak-bin PATH"
+fi
 if [ -n "$MOE" ]; then
 	need_exe MOE MoE
 elif [ -x "$ROOT/bin/moe" ]; then
@@ -536,28 +576,37 @@ JOB_US=0    # duration of the last job
 JOB_OUT=""  # host 0's stdout of the last job
 ROW_RE='^\[rank 0\] +[0-9]+ +[0-9]+ '
 
-# run_job NAME ARGS...: runs `WORKER ARGS` as one job of H*L ranks, every host's ranks
-# started by `a2ad run` in its namespace, all hosts in parallel. WORKER is the caller's
-# local array (bash scoping is dynamic): call it through bench_job or moe_job.
-# Returns 0 when every host's run exits 0, 3 when a2ad rejected the --algo, 1 otherwise
-# (FAILED names the hosts). Logs: $LOGDIR/<job>.h<i>.{out,err}; JOB_OUT is host 0's stdout.
-run_job() {
-	local name=$1
+# start_job NAME ARGS...: starts `WORKER ARGS` as one job of H*L ranks, every host's ranks
+# started by `a2ad run` in its namespace, all hosts in parallel, and returns. WORKER is the
+# caller's local array (bash scoping is dynamic): call it through bench_job, moe_job or a
+# function of that kind. JOB_TAG names the job's logs: $LOGDIR/<JOB_TAG>.h<i>.{out,err};
+# JOB_OUT is host 0's stdout. wait_job waits for it.
+start_job() {
+	JOB_NAME=$1
 	shift
 	JOB=$((JOB + 1))
-	local tag="$JOB.${name//\//-}" group="tb$RUN-$JOB-${name//\//-}" i
-	JOB_OUT=$LOGDIR/$tag.h0.out
-	local pids=() st=() t0
-	t0=$(now_us)
+	JOB_TAG="$JOB.${JOB_NAME//\//-}"
+	local group="tb$RUN-$JOB-${JOB_NAME//\//-}" i
+	JOB_OUT=$LOGDIR/$JOB_TAG.h0.out
+	JOB_PIDS=()
+	JOB_T0=$(now_us)
 	for ((i = 0; i < HOSTS; i++)); do
 		"${PDEATH[@]}" ip netns exec "$(host_ns "$i")" \
 			env A2A_HOST="host$i" A2A_LISTEN="$(host_ip "$i"):0" \
 			"$A2AD" run -n "$LOCAL" --world "$WORLD" --rank-offset $((i * LOCAL)) \
 			--nats "$NATS_URL" --group "$group" --creds "$CREDS" --bind none -- \
 			"${WORKER[@]}" "$@" \
-			>"$LOGDIR/$tag.h$i.out" 2>"$LOGDIR/$tag.h$i.err" &
-		pids[i]=$!
+			>"$LOGDIR/$JOB_TAG.h$i.out" 2>"$LOGDIR/$JOB_TAG.h$i.err" &
+		JOB_PIDS[i]=$!
 		PIDS+=("$!")
+	done
+}
+
+# wait_job waits for the job start_job started. Returns 0 when every host's run exits 0, 3
+# when a2ad rejected the --algo, 1 otherwise (FAILED names the hosts).
+wait_job() {
+	local name=$JOB_NAME tag=$JOB_TAG t0=$JOB_T0 pids=("${JOB_PIDS[@]}") st=() i
+	for ((i = 0; i < HOSTS; i++)); do
 		st[i]=""
 	done
 	# Wait for all; once one host failed the others get 5 s to notice (they fail with
@@ -627,6 +676,12 @@ run_job() {
 	return 1
 }
 
+# run_job NAME ARGS...: start_job and wait_job.
+run_job() {
+	start_job "$@"
+	wait_job
+}
+
 # bench_job NAME ARGS...: run_job with `a2ad bench --worker ARGS` on every rank.
 bench_job() {
 	local WORKER=("$A2AD" bench --worker)
@@ -659,6 +714,104 @@ check_rows() {
 	fi
 	return 0
 }
+
+# ---- soak and link cut (instead of the checks) ------------------------------------------------
+
+# soak_job NAME ARGS...: start_job with the soak's ranks, `SOAK_BIN --worker ARGS`.
+soak_start() {
+	local WORKER=("$SOAK_BIN" --worker)
+	start_job "$@"
+}
+
+# job_lines RE prints the lines of the last job's ranks (every host) that match RE, without
+# the rank prefix a2ad run adds.
+job_lines() { cat "$LOGDIR/$JOB_TAG".h*.out 2>/dev/null | grep -E "$1" | sed 's/^\[rank [0-9]*\] //'; }
+
+# finish prints the summary line of a soak or link-cut run and exits.
+finish() {
+	local what=$1
+	cleanup
+	local detail="hosts=$HOSTS ranks/host=$LOCAL $what; total $(secs $(($(now_us) - T0)))"
+	if [ ${#FAILED[@]} -gt 0 ]; then
+		say "FAIL $(join_by "; " "${FAILED[@]}"); $detail"
+		exit 1
+	fi
+	say "PASS $detail"
+	exit 0
+}
+
+if [ -n "$SOAK" ]; then
+	say "soak: $WORLD ranks for $SOAK, seed $SEED (reproduce: scripts/testbed.sh -H $HOSTS -L $LOCAL --soak $SOAK --seed $SEED)"
+	soak_start soak --seed "$SEED" --duration "$SOAK"
+	if wait_job; then
+		passed=$(job_lines 'soak: rank [0-9]+ PASS' | wc -l)
+		if [ "$passed" = "$WORLD" ]; then
+			say "ok   soak in $(secs "$JOB_US"): $(job_lines 'soak: session' | wc -l) sessions"
+			job_lines 'soak: rank [0-9]+ PASS' | sed 's/; ops:.*//; s/^/    /'
+		else
+			FAILED+=("soak: $passed of $WORLD ranks printed PASS")
+		fi
+	fi
+	finish "soak=$SOAK seed=$SEED"
+fi
+
+if [ "$LINK_CUT" = 1 ]; then
+	CUT=$((HOSTS - 1))
+	say "link cut: $WORLD ranks loop ExchangeCounts + AllToAllV + AllReduce; host $CUT's link (vh$CUT) goes down mid-operation"
+	soak_start link-cut --link-cut --seed "$(((RANDOM << 15 | RANDOM) + 1))"
+	job_alive() {
+		local p
+		for p in "${JOB_PIDS[@]}"; do
+			kill -0 "$p" 2>/dev/null || return 1
+		done
+	}
+	# All ranks in the loop (each prints "running" after its first verified round).
+	deadline=$((SECONDS + 60))
+	until [ "$(job_lines 'linkcut: rank [0-9]+ running' | wc -l)" = "$WORLD" ]; do
+		if ! job_alive || [ "$SECONDS" -ge "$deadline" ]; then
+			FAILED+=("link cut: the ranks did not all start their loop")
+			wait_job
+			finish "link-cut"
+		fi
+		sleep 0.05
+	done
+	sleep 1 # well inside the loop: every rank is in some operation
+	setup ip -n "$BRNS" link set "vh$CUT" down
+	T_CUT=$(now_us)
+	say "link of host $CUT cut at $T_CUT us"
+	# Every rank must report a typed error within 3 s; 10 s is the hang limit here.
+	deadline=$((SECONDS + 10))
+	while [ "$(job_lines 'linkcut: rank [0-9]+ error' | wc -l)" -lt "$WORLD" ] && [ "$SECONDS" -lt "$deadline" ]; do
+		sleep 0.05
+	done
+	# Down a second longer, so the ranks' first tries to join again meet the cut link.
+	sleep 1
+	setup ip -n "$BRNS" link set "vh$CUT" up
+	T_UP=$(now_us)
+	say "link of host $CUT back after $(secs $((T_UP - T_CUT)))"
+	slowest=0
+	reported=0
+	while IFS= read -r line; do
+		[[ $line =~ rank\ ([0-9]+)\ error\ at_us=([0-9]+)\ kind=([a-z+-]+)\ op=([a-z]+) ]] || continue
+		r=${BASH_REMATCH[1]} at=${BASH_REMATCH[2]} kind=${BASH_REMATCH[3]} op=${BASH_REMATCH[4]}
+		reported=$((reported + 1))
+		d=$((at - T_CUT))
+		[ "$d" -gt "$slowest" ] && slowest=$d
+		host=$((r / LOCAL))
+		say "  rank $r (host $host) in $op: $kind after $(secs "$d"): ${line#*: }"
+		[ "$kind" != untyped ] || FAILED+=("link cut: rank $r got an untyped error")
+		[ "$d" -le 3000000 ] || FAILED+=("link cut: rank $r detected the cut after $(secs "$d"), limit 3s")
+	done < <(job_lines 'linkcut: rank [0-9]+ error' | sort -t' ' -k3n)
+	[ "$reported" = "$WORLD" ] || FAILED+=("link cut: $reported of $WORLD ranks reported an error within 10s (the rest hang)")
+	say "slowest detection $(secs "$slowest")"
+	if wait_job; then
+		joined=$(job_lines 'linkcut: rank [0-9]+ rejoined' | wc -l)
+		job_lines 'linkcut: rank [0-9]+ (closed|rejoined)' | sed 's/^/    /'
+		[ "$joined" = "$WORLD" ] || FAILED+=("link cut: $joined of $WORLD ranks joined again and verified")
+		say "joined again and verified on all $joined ranks, $(secs $(($(now_us) - T_UP))) after the link came back"
+	fi
+	finish "link-cut host=$CUT slowest-detection=$(secs "$slowest")"
+fi
 
 CHECK_SIZES="0,1,1K,64K"
 N_CHECK_SIZES=4
