@@ -105,8 +105,7 @@ func runLinkCut(ctx context.Context, log *slog.Logger, o workerOptions, rounds i
 	}
 	s.c, s.me = c, c.Rank()
 	var lastOK time.Time
-	round := 0
-	for ; ; round++ {
+	for round := 0; ; round++ {
 		op, err := linkCutRound(ctx, s, o, round)
 		if err == nil {
 			lastOK = time.Now()
@@ -155,7 +154,8 @@ func runLinkCut(ctx context.Context, log *slog.Logger, o workerOptions, rounds i
 	defer c.Close()
 	s.c, s.me = c, c.Rank()
 	for k := range rounds {
-		if op, err := linkCutRound(ctx, s, o, round+1+k); err != nil {
+		// Numbered apart from the loop's rounds: the ranks failed in different ones.
+		if op, err := linkCutRound(ctx, s, o, 1<<30+k); err != nil {
 			return fmt.Errorf("after joining again, round %d %s: %w", k, op, err)
 		}
 	}
