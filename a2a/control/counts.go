@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -11,10 +12,31 @@ import (
 )
 
 // waiter receives the column of one in-flight seq when another call's
-// goroutine happened to read it from the shared counts channel.
-type waiter struct{ ch chan *nats.Msg }
+// goroutine happened to read it from the shared counts channel. Its timer
+// paces the re-sending of the row.
+type waiter struct {
+	ch    chan *nats.Msg
+	retry *time.Timer
+}
 
-var waiterPool = sync.Pool{New: func() any { return &waiter{ch: make(chan *nats.Msg, 1)} }}
+var waiterPool = sync.Pool{New: func() any {
+	w := &waiter{ch: make(chan *nats.Msg, 1), retry: time.NewTimer(time.Hour)}
+	w.retry.Stop()
+	return w
+}}
+
+// Core NATS delivers at most once: a row or a column in flight through a
+// cluster node that dies (or published while a subscriber's reconnect has
+// not reached the other nodes yet) is lost, and nothing re-sends it. So a
+// waiting rank re-sends its row, identical but signed anew, at once when its
+// own connection comes back and otherwise after growing pauses (the
+// heartbeat interval, doubling up to four of them) until its column
+// arrives. The coordinator takes a row again idempotently (a pending seq
+// keeps one row per rank) and answers a row of a seq it already completed
+// with that rank's column again (it keeps the last completed ones), so a
+// lost column is recovered too; a column that comes twice is dropped by
+// the receiver, whose waiter is gone.
+const retryBackoffMax = 4
 
 // ExchangeCounts exchanges the counts of one AllToAllV: sendCounts[j] is the
 // number of bytes this rank sends rank j; on return recvCounts[i] is the number
@@ -74,15 +96,19 @@ func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, rec
 	}()
 
 	c := getCodec()
+	defer putCodec(c)
 	var flags uint8
 	if matrix != nil {
 		flags |= rowWantMatrix
 	}
-	err := m.publish(m.subjCounts, m.countsInbox, m.epoch, c.encodeRow(m.epoch, seq, m.rank, flags, sendCounts))
-	putCodec(c)
-	if err != nil {
+	row := c.encodeRow(m.epoch, seq, m.rank, flags, sendCounts)
+	if err := m.publish(m.subjCounts, m.countsInbox, m.epoch, row); err != nil {
 		return fault.Wrap(fault.ErrAborted, m.rank, err, "control: sending counts row")
 	}
+	pause := m.cfg.HeartbeatInterval
+	w.retry.Reset(pause)
+	defer w.retry.Stop()
+	reconnected := m.reconnects()
 	for {
 		select {
 		case msg := <-m.countsCh:
@@ -91,6 +117,13 @@ func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, rec
 			}
 		case msg := <-w.ch:
 			return m.finish(payloadOf(msg.Data), seq, recvCounts, matrix)
+		case <-reconnected:
+			reconnected = m.reconnects()
+			pause = m.cfg.HeartbeatInterval
+			m.resendRow(seq, row, pause, w)
+		case <-w.retry.C:
+			pause = min(2*pause, retryBackoffMax*m.cfg.HeartbeatInterval)
+			m.resendRow(seq, row, pause, w)
 		case <-m.done:
 			return m.Err()
 		case <-ctx.Done():
@@ -98,6 +131,22 @@ func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, rec
 		}
 	}
 }
+
+// resendRow publishes row again (signed anew: a receiver takes a sequence
+// number once) and arms the next retry after pause. A failure to publish is
+// not the call's: a closed connection aborts the member, whose Done ends
+// the wait.
+func (m *Member) resendRow(seq uint64, row []byte, pause time.Duration, w *waiter) {
+	if err := m.publish(m.subjCounts, m.countsInbox, m.epoch, row); err != nil {
+		m.log.Debug("re-sending counts row", "seq", seq, "err", err)
+	}
+	m.resends.Add(1)
+	w.retry.Reset(pause)
+}
+
+// CountsResends returns how many counts rows this member sent again because
+// their column had not come (see the package documentation).
+func (m *Member) CountsResends() uint64 { return m.resends.Load() }
 
 // route reports whether msg is the column for seq; otherwise it hands msg to
 // the call waiting for its seq, or drops it (a stale reply of an abandoned

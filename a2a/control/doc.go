@@ -96,6 +96,20 @@
 // PeerTimeout, aborts itself. Leave publishes a leave message; the others stop
 // watching that rank and do not treat its silence as a loss.
 //
+// # NATS node loss
+//
+// Core NATS delivers at most once: when a server of a cluster dies, the
+// messages in flight through it are lost, and for a moment after a client
+// reconnects to another server its subscriptions have not reached the rest
+// of the cluster. The connection (nats.go, with the server list it was given
+// and the servers the cluster advertises) reconnects on its own; a member
+// whose connection comes back restarts every peer's silence at that moment
+// (it heard nothing while away) and heartbeats at once. A PeerTimeout
+// longer than the reconnect (tens of milliseconds when a server process
+// dies) therefore declares no healthy peer lost. Heartbeats and join
+// requests are periodic, so a lost one costs nothing; what cannot be lost
+// is the counts exchange, see below.
+//
 // # Counts exchange
 //
 // Each rank publishes its row (little-endian int64 bytes in a msgpack bin) to
@@ -103,4 +117,12 @@
 // other ranks have not reached yet, and once all rows of a seq are present
 // sends each rank its column (and the whole matrix to ranks that asked) and
 // releases the seq. That is 2N messages per operation through the server.
+// A rank that has no column yet sends its row again, signed anew, at once
+// when its connection reconnects and otherwise after a HeartbeatInterval,
+// then after pauses doubling to four of them. The service takes a row for a
+// pending seq idempotently (one per rank) and answers a row for one of the
+// last eight completed seqs with that rank's column again (a row that
+// differs from the first is refused with ErrMismatch: the seq was reused);
+// late copies for older seqs are dropped. So a row or a column lost with a
+// NATS server costs the exchange one retry pause, not its deadline.
 package control

@@ -87,7 +87,13 @@ type Member struct {
 	ctlCh, countsCh                                    chan *nats.Msg
 	ctlSub, countsSub, groupSub                        *nats.Subscription
 	statusCh                                           chan nats.Status
-	svc                                                *Service // coordinator hosted in-process, if any
+	connCh                                             chan nats.Status // CONNECTED: a reconnect
+	svc                                                *Service         // coordinator hosted in-process, if any
+
+	// reconnected is closed (and replaced) whenever the connection comes
+	// back after a disconnect, so waiting counts exchanges re-send at once.
+	rmu         sync.Mutex
+	reconnected chan struct{}
 
 	start    time.Time
 	lastSeen []atomic.Int64 // ns since start
@@ -98,6 +104,7 @@ type Member struct {
 
 	wmu     sync.Mutex
 	waiters map[uint64]*waiter
+	resends atomic.Uint64 // counts rows sent again
 
 	mu       sync.Mutex
 	err      error
@@ -132,6 +139,8 @@ func Join(ctx context.Context, nc *nats.Conn, cfg JoinConfig) (*Member, error) {
 		stop:    make(chan struct{}),
 		start:   time.Now(),
 		waiters: make(map[uint64]*waiter),
+
+		reconnected: make(chan struct{}),
 	}
 	m.subjJoin = svcSubject(m.group, opJoin)
 	m.subjCounts = svcSubject(m.group, opCounts)
@@ -227,6 +236,7 @@ func (m *Member) subscribe() error {
 		return wrap(err, "counts inbox")
 	}
 	m.statusCh = m.nc.StatusChanged(nats.CLOSED)
+	m.connCh = m.nc.StatusChanged(nats.CONNECTED)
 	// A server refuses a subscription its user may not make asynchronously:
 	// a round trip brings the refusal back, so a job given the wrong group's
 	// credentials fails here instead of timing out.
@@ -253,6 +263,43 @@ func (m *Member) release() {
 	if m.statusCh != nil {
 		m.nc.RemoveStatusListener(m.statusCh)
 	}
+	if m.connCh != nil {
+		m.nc.RemoveStatusListener(m.connCh)
+	}
+}
+
+// reconnects returns a channel closed at the next reconnect of the NATS
+// connection.
+func (m *Member) reconnects() <-chan struct{} {
+	m.rmu.Lock()
+	defer m.rmu.Unlock()
+	return m.reconnected
+}
+
+// onReconnect runs when the connection is back after a disconnect (the
+// server it was on died, say, and nats.go moved to another server of the
+// cluster; the subscriptions are already re-sent). While it was away this
+// member heard no heartbeats, so every peer's silence restarts now instead
+// of counting the reconnect window against healthy peers; a heartbeat goes
+// out at once so peers do the same for us; and waiting counts exchanges
+// re-send their rows (messages in flight through the dead server are lost:
+// core NATS is at-most-once).
+func (m *Member) onReconnect(hb []byte) {
+	m.log.Info("control plane reconnected", "server", m.nc.ConnectedUrlRedacted())
+	now := int64(time.Since(m.start))
+	for r := range m.lastSeen {
+		for {
+			old := m.lastSeen[r].Load()
+			if old >= now || m.lastSeen[r].CompareAndSwap(old, now) {
+				break
+			}
+		}
+	}
+	_ = m.publish(m.subjHB, "", m.epoch, hb)
+	m.rmu.Lock()
+	close(m.reconnected)
+	m.reconnected = make(chan struct{})
+	m.rmu.Unlock()
 }
 
 func (m *Member) joinReq(withdraw bool) []byte {
@@ -609,6 +656,11 @@ func (m *Member) heartbeat() {
 			if m.nc.IsClosed() {
 				m.abort(fault.Wrap(fault.ErrAborted, m.rank, nats.ErrConnectionClosed, "control plane lost"), false)
 				return
+			}
+		case <-m.connCh:
+			if m.nc.Status() == nats.CONNECTED {
+				downSince = time.Time{}
+				m.onReconnect(hb)
 			}
 		case <-t.C:
 			if m.nc.IsClosed() {

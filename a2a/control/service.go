@@ -1,6 +1,7 @@
 package control
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"log/slog"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -33,8 +35,9 @@ type Service struct {
 	only string
 	subs []*nats.Subscription
 
-	sign *signer
-	rej  rejectCounter
+	sign    *signer
+	rej     rejectCounter
+	retried atomic.Uint64 // columns sent again for re-sent rows
 
 	mu     sync.Mutex
 	groups map[string]*group
@@ -120,7 +123,24 @@ type formation struct {
 	aborted bool
 	counts  map[uint64]*countsOp
 	free    []*countsOp
+	// done keeps the last keepDone completed ops, to answer a rank that
+	// sends its row again because its column was lost; doneSeqs remembers
+	// the seqs of the last keepDoneSeqs completed ops (doneSeqs[i] is the
+	// seq+1, 0 empty), so a late copy of a row for an older one is dropped
+	// instead of opening an op no one else will complete.
+	done     map[uint64]*countsOp
+	doneSeqs [keepDoneSeqs]uint64
+	doneNext int
 }
+
+// keepDone is how many completed counts ops a formation keeps to answer
+// re-sent rows: a rank waits for at most the ops it has in flight, and the
+// others cannot complete many more without its rows. keepDoneSeqs is how many
+// completed seqs it remembers beyond those.
+const (
+	keepDone     = 8
+	keepDoneSeqs = 64
+)
 
 type countsOp struct {
 	arrived int
@@ -294,6 +314,10 @@ func (s *Service) publish(out []outMsg) {
 		}
 	}
 }
+
+// ColumnsResent returns how many counts columns the service sent again
+// because their rank re-sent its row (the first column was lost).
+func (s *Service) ColumnsResent() uint64 { return s.retried.Load() }
 
 // Rejects returns how many control messages the service refused to believe,
 // by reason.
@@ -637,6 +661,7 @@ func (s *Service) complete(g *group, f *formation, now time.Time) []outMsg {
 	f.joiners = nil
 	f.epoch = g.nextEpoch(now)
 	f.counts = make(map[uint64]*countsOp)
+	f.done = make(map[uint64]*countsOp)
 	s.log.Info("group formed", "group", g.name, "epoch", f.epoch, "size", f.world)
 	replies := make([]string, f.world)
 	for i, st := range f.ranks {
@@ -796,6 +821,16 @@ func (s *Service) onCounts(msg *nats.Msg) {
 	}
 	var op *countsOp
 	if kind == nil {
+		if d := f.done[rw.seq]; d != nil {
+			// A re-sent row: its rank did not get its column.
+			s.mu.Unlock()
+			s.resendColumn(d, f.world, rw, msg.Reply, name)
+			return
+		}
+		if f.completed(rw.seq) {
+			s.mu.Unlock()
+			return // a late copy of a row of a long completed op
+		}
 		op = f.counts[rw.seq]
 		if op == nil {
 			if len(f.counts) >= maxPendingSeqs {
@@ -833,27 +868,68 @@ func (s *Service) onCounts(msg *nats.Msg) {
 	s.sendColumns(op, n, name, rw.seq, epoch)
 
 	s.mu.Lock()
-	f.putOp(op)
+	f.keep(rw.seq, op)
 	s.mu.Unlock()
 }
 
+// resendColumn answers a re-sent row of a completed op d with the column
+// (and the matrix, if the row asks) of its rank again. A row that differs
+// from the one the op completed with is refused: a rank reused a seq.
+func (s *Service) resendColumn(d *countsOp, n int, rw row, reply, group string) {
+	if reply == "" {
+		return
+	}
+	c := s.cc
+	if !bytes.Equal(d.mat[rw.rank*n*8:(rw.rank+1)*n*8], rw.counts) {
+		_ = s.sign.publish(s.nc, reply, "", group, rw.epoch, c.encodeColErr(rw.seq, rw.epoch, fault.ErrMismatch, rw.rank,
+			fmt.Sprintf("rank %d sent other counts for seq %d than before", rw.rank, rw.seq)))
+		return
+	}
+	s.retried.Add(1)
+	s.sendColumn(d, n, rw.rank, reply, rw.flags&rowWantMatrix != 0, group, rw.seq, rw.epoch)
+}
+
+// keep files a completed op to answer re-sent rows, recycling the oldest.
+// Called with s.mu held.
+func (f *formation) keep(seq uint64, op *countsOp) {
+	f.doneSeqs[f.doneNext] = seq + 1
+	f.doneNext = (f.doneNext + 1) % keepDoneSeqs
+	f.done[seq] = op
+	// Only the last keepDone keep their matrices (keepDone < keepDoneSeqs).
+	if evict := f.doneSeqs[(f.doneNext+keepDoneSeqs-keepDone-1)%keepDoneSeqs]; evict != 0 {
+		if d := f.done[evict-1]; d != nil {
+			delete(f.done, evict-1)
+			f.putOp(d)
+		}
+	}
+}
+
+// completed reports whether seq is one of the last completed ops.
+func (f *formation) completed(seq uint64) bool {
+	return slices.Contains(f.doneSeqs[:], seq+1)
+}
+
 func (s *Service) sendColumns(op *countsOp, n int, group string, seq uint64, epoch uint32) {
+	for j := 0; j < n; j++ {
+		if op.reply[j] != "" {
+			s.sendColumn(op, n, j, op.reply[j], op.want[j], group, seq, epoch)
+		}
+	}
+}
+
+// sendColumn sends rank j its column of op (and the whole matrix if want).
+func (s *Service) sendColumn(op *countsOp, n, j int, reply string, want bool, group string, seq uint64, epoch uint32) {
 	c := s.cc
 	colBuf := c.scratch(n * 8)
-	for j := 0; j < n; j++ {
-		for i := 0; i < n; i++ {
-			copy(colBuf[i*8:i*8+8], op.mat[(i*n+j)*8:])
-		}
-		var mat []byte
-		if op.want[j] {
-			mat = op.mat
-		}
-		if op.reply[j] == "" {
-			continue
-		}
-		if err := s.sign.publish(s.nc, op.reply[j], "", group, epoch, c.encodeCol(seq, epoch, colBuf, mat)); err != nil {
-			s.log.Warn("sending counts column", "rank", j, "err", err)
-		}
+	for i := 0; i < n; i++ {
+		copy(colBuf[i*8:i*8+8], op.mat[(i*n+j)*8:])
+	}
+	var mat []byte
+	if want {
+		mat = op.mat
+	}
+	if err := s.sign.publish(s.nc, reply, "", group, epoch, c.encodeCol(seq, epoch, colBuf, mat)); err != nil {
+		s.log.Warn("sending counts column", "rank", j, "err", err)
 	}
 }
 
