@@ -145,3 +145,8 @@ func redactURL(u string) string {
 // believe, by reason: forged, corrupted, replayed, of another epoch or from a
 // non-member (see package control).
 func (c *Comm) ControlRejects() control.Rejects { return c.member.Rejects() }
+
+// CountsResends returns how many times this rank sent a counts row again
+// because its column had not come: rows or columns lost with a NATS server
+// that died (see package control).
+func (c *Comm) CountsResends() uint64 { return c.member.CountsResends() }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package natscluster
+
+const raceEnabled = false
