@@ -43,6 +43,7 @@ type rankResult struct {
 	Iters   int           `json:"iters"`
 	Stall   time.Duration `json:"stall"`    // longest operation
 	StallOp string        `json:"stall_op"` // which one, and in which iteration
+	StallAt int64         `json:"stall_at"` // when it started, Unix ns
 	Resends uint64        `json:"resends"`  // counts rows it sent again
 	Err     string        `json:"err,omitempty"`
 }
@@ -85,6 +86,15 @@ func runRank(res *rankResult) error {
 	defer c.Close()
 	r, n := c.Rank(), c.Size()
 	res.Rank = r
+	// Ranks return from Join at different times (a loaded host starts some
+	// later); the Barrier lines them up so the first counts exchange does
+	// not count that skew as a stall.
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
+	err = c.Barrier(ctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("barrier after join: %w", err)
+	}
 	fmt.Println("joined")
 	var stop atomic.Bool
 	go func() {
@@ -101,7 +111,7 @@ func runRank(res *rankResult) error {
 		start := time.Now()
 		err := f(ctx)
 		if d := time.Since(start); d > res.Stall {
-			res.Stall, res.StallOp = d, fmt.Sprintf("%s in iteration %d", what, i)
+			res.Stall, res.StallOp, res.StallAt = d, fmt.Sprintf("%s in iteration %d", what, i), start.UnixNano()
 		}
 		if err != nil {
 			return fmt.Errorf("iteration %d: %s: %w", i, what, err)
@@ -331,8 +341,9 @@ func nodeLossTrial(t *testing.T, trial, ranks int) (time.Duration, uint64) {
 		if t.Failed() {
 			t.Logf("rank %d's log:\n%s", r, p.log.String())
 		}
-		t.Logf("trial %d (node %d killed): rank %d: %d iterations, longest %v (%s), %d rows re-sent",
-			trial, victim, r, res.Iters, res.Stall.Round(time.Millisecond), res.StallOp, res.Resends)
+		t.Logf("trial %d (node %d killed): rank %d: %d iterations, longest %v (%s, from %v after the kill), %d rows re-sent",
+			trial, victim, r, res.Iters, res.Stall.Round(time.Millisecond), res.StallOp,
+			time.Unix(0, res.StallAt).Sub(killed).Round(time.Millisecond), res.Resends)
 	}
 	return stall, resends
 }
