@@ -15,7 +15,7 @@ import (
 // A2A_* variables that `a2ad run` sets, or from those of the launcher that
 // started the rank (mpirun, mpiexec, srun, torchrun).
 type Config struct {
-	NATSURL       string        // A2A_NATS_URL   control plane (default nats://127.0.0.1:4222)
+	NATSURL       string        // A2A_NATS_URL   control plane (default nats://127.0.0.1:4222); a comma-separated list for a cluster
 	Group         string        // A2A_GROUP      job name; ranks of one job share it (default "a2a")
 	Rank          int           // A2A_RANK       -1: assigned at join
 	WorldSize     int           // A2A_WORLD_SIZE number of ranks in the group

@@ -2,7 +2,7 @@
 // loopback for tests: every node with its client, route and monitoring
 // ports, the users given (passwords and subject permissions, as a shared
 // deployment has them; docs/SECURITY.md), routes that authenticate too, and
-// a kill -9 of any node.
+// a kill -9 (or a freeze) of any node.
 //
 // The processes die with the process that started them (Pdeathsig) even
 // when a test binary is killed before its cleanups run.
@@ -199,6 +199,10 @@ func (n *Node) Kill() error {
 	<-n.exited
 	return nil
 }
+
+// Freeze stops the node with SIGSTOP: its connections stay open and say
+// nothing, as with a hung host or a partition. Kill still ends it.
+func (n *Node) Freeze() error { return n.cmd.Process.Signal(syscall.SIGSTOP) }
 
 // Log returns what the node wrote to its log so far.
 func (n *Node) Log() string {
