@@ -227,3 +227,23 @@ func TestRestartAfterLoss(t *testing.T) {
 		}
 	}
 }
+
+// TestStalled: a heartbeat loop that ran more than half a peer timeout late
+// was starved itself, and must not count the wait against its peers.
+func TestStalled(t *testing.T) {
+	const interval, timeout = 100 * time.Millisecond, time.Second
+	for _, tc := range []struct {
+		gap  time.Duration
+		want bool
+	}{
+		{interval, false},
+		{2 * interval, false},
+		{interval + timeout/2, false},
+		{interval + timeout/2 + time.Millisecond, true},
+		{1247 * time.Millisecond, true}, // the false loss this guards against
+	} {
+		if got := stalled(tc.gap, interval, timeout); got != tc.want {
+			t.Errorf("stalled(%v) = %v, want %v", tc.gap, got, tc.want)
+		}
+	}
+}

@@ -286,6 +286,18 @@ func (m *Member) reconnects() <-chan struct{} {
 // core NATS is at-most-once).
 func (m *Member) onReconnect(hb []byte) {
 	m.log.Info("control plane reconnected", "server", m.nc.ConnectedUrlRedacted())
+	m.restartSilence()
+	_ = m.publish(m.subjHB, "", m.epoch, hb)
+	m.rmu.Lock()
+	close(m.reconnected)
+	m.reconnected = make(chan struct{})
+	m.rmu.Unlock()
+}
+
+// restartSilence counts every peer's silence from now: after a reconnect,
+// or a stall of this member's own heartbeat loop, when peers' heartbeats
+// may not have reached it for reasons of its own.
+func (m *Member) restartSilence() {
 	now := int64(time.Since(m.start))
 	for r := range m.lastSeen {
 		for {
@@ -295,11 +307,15 @@ func (m *Member) onReconnect(hb []byte) {
 			}
 		}
 	}
-	_ = m.publish(m.subjHB, "", m.epoch, hb)
-	m.rmu.Lock()
-	close(m.reconnected)
-	m.reconnected = make(chan struct{})
-	m.rmu.Unlock()
+}
+
+// stalled says whether a heartbeat tick that came gap after the previous
+// one shows this process starved (descheduled, a long GC pause, a machine
+// with more runnable threads than cores): more than half a peer timeout
+// late. Peers' heartbeats may then sit unread in this process's buffers,
+// and their silence is not theirs.
+func stalled(gap, interval, peerTimeout time.Duration) bool {
+	return gap > interval+peerTimeout/2
 }
 
 func (m *Member) joinReq(withdraw bool) []byte {
@@ -646,6 +662,7 @@ func (m *Member) heartbeat() {
 	_ = m.publish(m.subjHB, "", m.epoch, hb)
 	var downSince time.Time
 	timeout := int64(m.cfg.PeerTimeout)
+	lastTick := time.Now()
 	for {
 		select {
 		case <-m.stop:
@@ -663,6 +680,11 @@ func (m *Member) heartbeat() {
 				m.onReconnect(hb)
 			}
 		case <-t.C:
+			// The time of receipt, not the tick's: a starved loop receives
+			// a tick sent on time long after.
+			tick := time.Now()
+			gap := tick.Sub(lastTick)
+			lastTick = tick
 			if m.nc.IsClosed() {
 				m.abort(fault.Wrap(fault.ErrAborted, m.rank, nats.ErrConnectionClosed, "control plane lost"), false)
 				return
@@ -679,6 +701,11 @@ func (m *Member) heartbeat() {
 			}
 			downSince = time.Time{}
 			_ = m.publish(m.subjHB, "", m.epoch, hb)
+			if stalled(gap, m.cfg.HeartbeatInterval, m.cfg.PeerTimeout) {
+				m.log.Debug("heartbeat loop stalled: peers' silence restarts", "gap", gap)
+				m.restartSilence()
+				continue
+			}
 			now := int64(time.Since(m.start))
 			for r := range m.lastSeen {
 				if r == m.rank || m.left[r].Load() {
