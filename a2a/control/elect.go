@@ -107,7 +107,7 @@ func (m *Member) ping(ctx context.Context, subj, inbox string, ch chan *nats.Msg
 			}
 			if _, p, ok := m.open(msg); ok {
 				var pm pingMsg
-				if msgpack.Unmarshal(p, &pm) == nil && pm.ID != "" {
+				if unmarshal(p, &pm) == nil && pm.ID != "" {
 					return true, false, nil
 				}
 				m.reject(RejectMalformed, msg.Subject)
@@ -161,7 +161,7 @@ func (m *Member) claimOf(msg *nats.Msg) (c claimMsg, ok bool) {
 	if !ok {
 		return c, false
 	}
-	if msgpack.Unmarshal(p, &c) != nil {
+	if unmarshal(p, &c) != nil {
 		m.reject(RejectMalformed, msg.Subject)
 		return c, false
 	}

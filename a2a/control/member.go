@@ -415,7 +415,7 @@ func (m *Member) rendezvous(ctx context.Context) error {
 					continue
 				}
 				var resp joinResp
-				if msgpack.Unmarshal(p, &resp) != nil {
+				if unmarshal(p, &resp) != nil {
 					m.reject(RejectMalformed, msg.Subject)
 					continue
 				}
@@ -593,7 +593,7 @@ func (m *Member) onGroup(msg *nats.Msg) {
 	switch op {
 	case opHB:
 		var hb hbMsg
-		if msgpack.Unmarshal(p, &hb) != nil || hb.Rank < 0 || hb.Rank >= m.size {
+		if unmarshal(p, &hb) != nil || hb.Rank < 0 || hb.Rank >= m.size {
 			m.reject(RejectMalformed, msg.Subject)
 			return
 		}
@@ -602,7 +602,7 @@ func (m *Member) onGroup(msg *nats.Msg) {
 		}
 	case opAbort:
 		var a abortMsg
-		if msgpack.Unmarshal(p, &a) != nil {
+		if unmarshal(p, &a) != nil {
 			m.reject(RejectMalformed, msg.Subject)
 			return
 		}
@@ -618,7 +618,7 @@ func (m *Member) onGroup(msg *nats.Msg) {
 		m.onAbortMsg(env, &a, msg.Subject)
 	case opLeave:
 		var l leaveMsg
-		if msgpack.Unmarshal(p, &l) != nil || l.Rank < 0 || l.Rank >= m.size {
+		if unmarshal(p, &l) != nil || l.Rank < 0 || l.Rank >= m.size {
 			m.reject(RejectMalformed, msg.Subject)
 			return
 		}

@@ -198,7 +198,7 @@ func (s *Service) onReport(msg *nats.Msg) {
 		s.mu.Unlock()
 		return
 	}
-	if err := msgpack.Unmarshal(p, &r); err != nil {
+	if err := unmarshal(p, &r); err != nil {
 		s.mu.Unlock()
 		s.log.Debug("malformed report", "subject", msg.Subject, "err", err)
 		return

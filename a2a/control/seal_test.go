@@ -136,7 +136,7 @@ func FuzzEnvelope(f *testing.F) {
 		_, _ = c.decodeCol(p)
 		_, _, _ = c.peekSeq(p)
 		for _, v := range []any{&pingMsg{}, &claimMsg{}, &joinReq{}, &joinResp{}, &hbMsg{}, &abortMsg{}, &leaveMsg{}} {
-			_ = msgpack.Unmarshal(p, v)
+			_ = unmarshal(p, v)
 		}
 	})
 }

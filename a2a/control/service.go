@@ -427,7 +427,7 @@ func (s *Service) onJoin(msg *nats.Msg) {
 		return
 	}
 	var req joinReq
-	if err := msgpack.Unmarshal(p, &req); err != nil || req.ID == "" {
+	if err := unmarshal(p, &req); err != nil || req.ID == "" {
 		s.mu.Unlock()
 		s.reject(RejectMalformed, msg.Subject)
 		return
@@ -727,15 +727,15 @@ func (s *Service) onGroup(msg *nats.Msg) {
 	switch op {
 	case opHB:
 		var m hbMsg
-		err = msgpack.Unmarshal(p, &m)
+		err = unmarshal(p, &m)
 		epoch, rank = m.Epoch, m.Rank
 	case opAbort:
 		var m abortMsg
-		err = msgpack.Unmarshal(p, &m)
+		err = unmarshal(p, &m)
 		epoch, rank = m.Epoch, m.Origin
 	case opLeave:
 		var m leaveMsg
-		err = msgpack.Unmarshal(p, &m)
+		err = unmarshal(p, &m)
 		epoch, rank = m.Epoch, m.Rank
 	}
 	switch {

@@ -124,6 +124,127 @@ func describe(cause error) (kind error, rank int, detail string) {
 	return kind, rank, detail
 }
 
+// maxNesting bounds how deeply a received message may nest arrays and maps;
+// ours nest four levels (a formed reply's node's transport addresses).
+const maxNesting = 16
+
+// unmarshal decodes a received msgpack message into v, after checkBounds:
+// msgpack v5.4.1 sizes a slice by the length a message declares, whatever
+// the bytes that follow, so eight bytes declaring 2^28 nodes had it
+// allocate tens of gigabytes. Errors match fault.ErrMismatch.
+func unmarshal(p []byte, v any) error {
+	if err := checkBounds(p); err != nil {
+		return err
+	}
+	if err := msgpack.Unmarshal(p, v); err != nil {
+		return fault.Wrap(fault.ErrMismatch, -1, err, "control: malformed message")
+	}
+	return nil
+}
+
+// checkBounds walks the first msgpack value of p without decoding it and
+// refuses one that declares more elements or bytes than p holds (every
+// element takes at least one byte) or nests deeper than maxNesting.
+func checkBounds(p []byte) error {
+	bad := func(format string, args ...any) error {
+		return fault.New(fault.ErrMismatch, -1, "control: malformed message: "+format, args...)
+	}
+	pos := 0
+	// size reads a big-endian length of w bytes at pos.
+	size := func(w int) (int, bool) {
+		if len(p)-pos < w {
+			return 0, false
+		}
+		n := 0
+		for _, b := range p[pos : pos+w] {
+			n = n<<8 | int(b)
+		}
+		pos += w
+		return n, true
+	}
+	var left [maxNesting + 1]int // elements still to read, by nesting level
+	depth := 0
+	left[0] = 1
+	for {
+		for depth > 0 && left[depth] == 0 {
+			depth--
+		}
+		if left[depth] == 0 {
+			return nil
+		}
+		left[depth]--
+		if pos >= len(p) {
+			return bad("ends after %d bytes", pos)
+		}
+		c := p[pos]
+		pos++
+		var skip, elems, w int // bytes to skip, elements that follow, width of a length
+		switch {
+		case c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3: // fixint, nil, bool
+		case c <= 0x8f:
+			elems = 2 * int(c&0x0f)
+		case c <= 0x9f:
+			elems = int(c & 0x0f)
+		case c <= 0xbf:
+			skip = int(c & 0x1f)
+		case c == 0xc4 || c == 0xd9: // bin8, str8
+			w = 1
+		case c == 0xc5 || c == 0xda:
+			w = 2
+		case c == 0xc6 || c == 0xdb:
+			w = 4
+		case c == 0xc7, c == 0xc8, c == 0xc9: // ext8/16/32: length, type, data
+			n, ok := size(1 << (c - 0xc7))
+			if !ok {
+				return bad("ends inside a length")
+			}
+			skip = n + 1
+		case c == 0xca || c == 0xce || c == 0xd2:
+			skip = 4
+		case c == 0xcb || c == 0xcf || c == 0xd3:
+			skip = 8
+		case c == 0xcc || c == 0xd0:
+			skip = 1
+		case c == 0xcd || c == 0xd1:
+			skip = 2
+		case c >= 0xd4 && c <= 0xd8: // fixext: type and 1..16 bytes
+			skip = 1 + 1<<(c-0xd4)
+		case c == 0xdc || c == 0xdd || c == 0xde || c == 0xdf: // array16/32, map16/32
+			n, ok := size(2 << ((c - 0xdc) & 1))
+			if !ok {
+				return bad("ends inside a length")
+			}
+			elems = n
+			if c >= 0xde {
+				elems = 2 * n
+			}
+		default: // 0xc1 is never used
+			return bad("byte %#x at offset %d", c, pos-1)
+		}
+		if w > 0 {
+			n, ok := size(w)
+			if !ok {
+				return bad("ends inside a length")
+			}
+			skip = n
+		}
+		if skip > len(p)-pos {
+			return bad("%d bytes declared at offset %d, %d left", skip, pos, len(p)-pos)
+		}
+		pos += skip
+		if elems > 0 {
+			if elems > len(p)-pos {
+				return bad("%d elements declared at offset %d, %d bytes left", elems, pos, len(p)-pos)
+			}
+			if depth == maxNesting {
+				return bad("nested deeper than %d", maxNesting)
+			}
+			depth++
+			left[depth] = elems
+		}
+	}
+}
+
 type pingMsg struct {
 	ID string `msgpack:"id"`
 }
