@@ -1,6 +1,9 @@
 package algo
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // DefaultBlockSize is the largest frame an alltoallv algorithm sends when
 // AllToAllVArgs.BlockSize is 0. Messages
@@ -61,14 +64,21 @@ func (a *AllToAllVArgs) Validate() error {
 	if a.LLCutoff != nil && len(a.LLCutoff) != a.World {
 		return fmt.Errorf("alltoallv: len(LLCutoff)=%d, want world %d", len(a.LLCutoff), a.World)
 	}
-	for i, n := range a.SendCounts {
-		if n < 0 {
-			return fmt.Errorf("alltoallv: SendCounts[%d]=%d < 0", i, n)
-		}
-	}
-	for i, n := range a.RecvCounts {
-		if n < 0 {
-			return fmt.Errorf("alltoallv: RecvCounts[%d]=%d < 0", i, n)
+	// The counts are block lengths in one buffer: their sum, each block's
+	// displacement, must be an int too.
+	for _, c := range []struct {
+		name   string
+		counts []int
+	}{{"SendCounts", a.SendCounts}, {"RecvCounts", a.RecvCounts}} {
+		total := 0
+		for i, n := range c.counts {
+			if n < 0 {
+				return fmt.Errorf("alltoallv: %s[%d]=%d < 0", c.name, i, n)
+			}
+			if n > math.MaxInt-total {
+				return fmt.Errorf("alltoallv: %s sum past the largest int at [%d]=%d", c.name, i, n)
+			}
+			total += n
 		}
 	}
 	// The self block is a local copy, so its two ends must agree here; every
