@@ -108,7 +108,7 @@ func FrameCount(n, blockSize int) int {
 	if n <= 0 {
 		return 1
 	}
-	return (n + blockSize - 1) / blockSize
+	return 1 + (n-1)/blockSize // ceil(n/blockSize); n+blockSize-1 could overflow
 }
 
 // fullmeshWindow is the effective fullmesh concurrency: DefaultWindow when

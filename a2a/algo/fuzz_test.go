@@ -130,9 +130,20 @@ func FuzzAllToAllVArgs(f *testing.F) {
 		if !ok1 || !ok2 {
 			t.Fatalf("Validate accepts counts summing past the largest int: %v / %v", a.SendCounts, a.RecvCounts)
 		}
+		blockSize := a.BlockSize
+		if blockSize <= 0 {
+			blockSize = DefaultBlockSize
+		}
 		frames := 0
-		for j := range n {
-			frames += FrameCount(a.SendCounts[j], a.BlockSize) + FrameCount(a.RecvCounts[j], a.BlockSize)
+		for _, c := range append(a.SendCounts, a.RecvCounts...) {
+			want := 1
+			if c > 0 {
+				want = 1 + (c-1)/blockSize // ceil, without overflow
+			}
+			if got := FrameCount(c, a.BlockSize); got != want {
+				t.Fatalf("FrameCount(%d, %d) = %d, want %d", c, a.BlockSize, got, want)
+			}
+			frames += min(want, 1<<20)
 		}
 		if frames > 1<<14 {
 			return // a plan too large to look at; the counts themselves are fine
