@@ -3,6 +3,7 @@ package a2a
 import (
 	"context"
 	"encoding/binary"
+	"math"
 	"time"
 
 	"github.com/a2a-moe/a2a/a2a/algo"
@@ -291,6 +292,9 @@ func (c *Comm) checkCounts(what string, counts []int, n int) error {
 	for j, v := range counts {
 		if v < 0 {
 			return fault.New(fault.ErrInvalidArgument, c.rank, "%sCounts[%d]=%d is negative", what, j, v)
+		}
+		if v > math.MaxInt-total { // the sum would wrap and pass any buffer check
+			return fault.New(fault.ErrInvalidArgument, c.rank, "%sCounts sum past the largest int at [%d]=%d", what, j, v)
 		}
 		total += v
 	}
