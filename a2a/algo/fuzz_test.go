@@ -2,6 +2,7 @@ package algo
 
 import (
 	"encoding/binary"
+	"errors"
 	"math"
 	"math/bits"
 	"testing"
@@ -179,4 +180,37 @@ func sum(v []int) (int, bool) {
 		total = int(s)
 	}
 	return total, true
+}
+
+// FuzzParseLinks feeds the link-table decoder (an `a2ad tune` file, which
+// A2A_LINKS names) arbitrary bytes. It refuses with ErrBadLinks, or returns
+// a table the cost model prices without NaN and every rank would pick from
+// alike: the same pick twice.
+func FuzzParseLinks(f *testing.F) {
+	f.Add([]byte(`{"local":{"Alpha":1e-06,"Beta":1.25e-10,"Lanes":1},"remote":{"Alpha":1e-05,"Beta":3.3e-10,"Lanes":1},"local_class":"shm","remote_class":"tcp"}`))
+	f.Add([]byte(`{"local":{"Alpha":0,"Beta":1e-300,"Lanes":0},"remote":{"Alpha":1e308,"Beta":1e308,"Lanes":9223372036854775807}}`))
+	f.Add([]byte(`{"local":{"Alpha":-1,"Beta":1,"Lanes":1}}`))
+	f.Add([]byte(`{"local":{"Alpha":1,"Beta":1e999}}`))
+	f.Add([]byte(`[]`))
+	m := []int{0, 9, 1, 1, 9000, 0, 1, 1, 1, 1, 0, 7, 1, 1, 1, 0}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		l, err := ParseLinks(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadLinks) {
+				t.Fatalf("ParseLinks(%q): %v, want ErrBadLinks", b, err)
+			}
+			return
+		}
+		var c Chooser
+		args := ChoiceArgs{World: 4, Streams: 2, Matrix: m, Hosts: []int{0, 0, 1, 1}, Links: l}
+		cands, pick := c.Price(args)
+		for _, cand := range cands {
+			if math.IsNaN(cand.Estimate) {
+				t.Fatalf("links %+v: %v estimated NaN", l, cand.Algo)
+			}
+		}
+		if again := c.Choose(args); again != pick {
+			t.Fatalf("links %+v: picked %v, then %v", l, pick, again)
+		}
+	})
 }

@@ -2,6 +2,7 @@ package algo
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -91,17 +92,34 @@ func (l Links) Validate() error {
 	return nil
 }
 
-// LoadLinks reads a table written by `a2ad tune` (JSON).
+// ErrBadLinks is wrapped by every error of ParseLinks and LoadLinks about a
+// table's contents.
+var ErrBadLinks = errors.New("links: invalid link table")
+
+// LoadLinks reads a table written by `a2ad tune` (JSON), as ParseLinks.
 func LoadLinks(path string) (Links, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return Links{}, err
 	}
-	var l Links
-	if err := json.Unmarshal(b, &l); err != nil {
+	l, err := ParseLinks(b)
+	if err != nil {
 		return Links{}, fmt.Errorf("links %s: %w", path, err)
 	}
-	return l, l.Validate()
+	return l, nil
+}
+
+// ParseLinks decodes a table written by `a2ad tune` (JSON) and validates
+// it. Errors wrap ErrBadLinks.
+func ParseLinks(b []byte) (Links, error) {
+	var l Links
+	if err := json.Unmarshal(b, &l); err != nil {
+		return Links{}, fmt.Errorf("%w: %w", ErrBadLinks, err)
+	}
+	if err := l.Validate(); err != nil {
+		return Links{}, fmt.Errorf("%w: %w", ErrBadLinks, err)
+	}
+	return l, nil
 }
 
 // EstimateStaged prices the staged two-level AllToAllV (PlanStaged) in
