@@ -88,7 +88,18 @@ test-link-cut-if-root: build
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-link-cut; \
 	else echo "test-link-cut: skipped: needs root for network namespaces"; fi
 
-test: deps fmt-check vet unit test-hosts-if-root test-rdma-if-root soak-short test-link-cut-if-root
+test: deps fmt-check vet unit test-hosts-if-root test-rdma-if-root soak-short test-link-cut-if-root fuzz-short
+
+# Every go test -fuzz target for 3 s each, one after the other (about a
+# minute): make test runs it. make fuzz runs each for FUZZTIME (default 5m;
+# make fuzz FUZZTIME=1h, or scripts/fuzz-short.sh -t 1h FuzzMessages for one).
+FUZZTIME ?= 5m
+.PHONY: fuzz fuzz-short
+fuzz-short:
+	./scripts/fuzz-short.sh -t 3s
+
+fuzz:
+	./scripts/fuzz-short.sh -t $(FUZZTIME)
 
 bench: bench-go bench-a2ad
 
