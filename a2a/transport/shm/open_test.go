@@ -3,6 +3,8 @@ package shm
 import (
 	"context"
 	"errors"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -225,6 +227,40 @@ func TestOpenPeerGone(t *testing.T) {
 	}
 	if took := time.Since(start); took > 3*time.Second {
 		t.Errorf("rank 0 gave up after %v", took)
+	}
+	checkNoFiles(t, DefaultDir, group)
+}
+
+// TestOpenTruncatedPeer: a peer's segment file cut short (by another process
+// of the user) is refused with ErrMismatch naming that peer, instead of being
+// mapped whole and faulting with SIGBUS on first touch.
+func TestOpenTruncatedPeer(t *testing.T) {
+	group := testGroup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() {
+		tr, err := Open(ctx, testConfig(t, group, 0, 2, 1, ringOnly))
+		if tr != nil {
+			tr.Close()
+		}
+		first <- err
+	}()
+	seg := waitPublished(t, DefaultDir, group)
+	if err := os.Truncate(seg, pageSize); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := Open(ctx, testConfig(t, group, 1, 2, 1, ringOnly))
+	if tr != nil {
+		tr.Close()
+	}
+	var fe *fault.Error
+	if !errors.Is(err, fault.ErrMismatch) || !errors.As(err, &fe) || fe.Rank != 0 || !strings.Contains(err.Error(), "file size") {
+		t.Errorf("rank 1: %v, want ErrMismatch naming rank 0's file size", err)
+	}
+	cancel()
+	if err := <-first; err == nil {
+		t.Error("rank 0 opened a group whose peer refused it")
 	}
 	checkNoFiles(t, DefaultDir, group)
 }

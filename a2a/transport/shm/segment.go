@@ -217,6 +217,9 @@ type segInfo struct {
 	segSize uint64
 	slot    uint64
 	closed  bool
+	// fileSize is the file's size when read (not part of the header): a
+	// mapping beyond it would fault with SIGBUS on first touch.
+	fileSize int64
 }
 
 func decodeInfo(b []byte) segInfo {
@@ -254,6 +257,7 @@ func readInfo(fd int) (segInfo, int64, error) {
 	}
 	info := decodeInfo(b[:])
 	info.closed = binary.LittleEndian.Uint32(b[offClosed:]) != 0
+	info.fileSize = st.Size
 	return info, st.Mtim.Nano(), nil
 }
 

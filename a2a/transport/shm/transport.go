@@ -397,6 +397,10 @@ func (t *Transport) mapPeer(i int) (*segment, error) {
 		return nil, mismatch("LL slot bytes", info.slot, cfg.SlotBytes)
 	case info.segSize != uint64(size):
 		return nil, mismatch("size", info.segSize, size)
+	case info.fileSize < int64(size):
+		// A truncated file (by another process of the user) would fault on
+		// first touch instead of failing here.
+		return nil, mismatch("file size", info.fileSize, size)
 	}
 	pidfd := -1
 	if info.pid != t.pid {
