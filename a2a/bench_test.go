@@ -26,6 +26,33 @@ func BenchmarkAllToAllV(b *testing.B) {
 	}
 }
 
+// BenchmarkSendRecv measures a point-to-point ping-pong between 2 in-process
+// ranks (rank 0 sends then receives, rank 1 receives then sends): one op is
+// a round trip, so half of it is the one-way latency.
+func BenchmarkSendRecv(b *testing.B) {
+	url := startNATS(b)
+	for _, tr := range []string{"shm", "tcp"} {
+		for _, size := range []int{8, 64 << 10} {
+			b.Run(fmt.Sprintf("%s/%d", tr, size), func(b *testing.B) {
+				comms := group(b, url, 2, func(c *Config) { c.Transport = tr })
+				benchRanks(b, comms, size, func(ctx context.Context, c *Comm, send, recv []byte) error {
+					if c.Rank() == 0 {
+						if err := c.Send(ctx, send[:size], 1, 3); err != nil {
+							return err
+						}
+						_, err := c.Recv(ctx, recv[:size], 1, 3)
+						return err
+					}
+					if _, err := c.Recv(ctx, recv[:size], 0, 3); err != nil {
+						return err
+					}
+					return c.Send(ctx, send[:size], 0, 3)
+				})
+			})
+		}
+	}
+}
+
 // benchRanks times rank 0's calls of op, with blocks of size bytes per peer,
 // while the other ranks make the same calls in goroutines, after a warm-up
 // on every rank.
