@@ -43,8 +43,11 @@ const retryBackoffMax = 4
 // rank i sends this rank, and, if matrix is not nil (len Size*Size),
 // matrix[i*Size+j] is the number rank i sends rank j. Every rank passes the same
 // seq for the same operation; calls with different seqs may run concurrently on
-// one member. It returns the abort cause if the member aborts, and an error
-// matching fault.ErrTimeout (and ctx.Err()) if ctx ends first.
+// one member. It returns the abort cause if the member aborts at or before
+// seq (AbortAt), an error matching fault.ErrPeerLost naming a rank that left
+// before taking part (LeaveAt), at once whether it left before or during the
+// call, and an error matching fault.ErrTimeout (and ctx.Err()) if ctx ends
+// first.
 func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, recvCounts, matrix []int) error {
 	n := m.size
 	switch {
@@ -62,10 +65,9 @@ func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, rec
 			return fault.New(fault.ErrInvalidArgument, m.rank, "control: negative count %d for rank %d", c, j)
 		}
 	}
-	select {
-	case <-m.done:
-		return m.Err()
-	default:
+	changed := m.Changed()
+	if err := m.FailedAt(seq); err != nil {
+		return err
 	}
 	if n == 1 {
 		recvCounts[0] = sendCounts[0]
@@ -124,8 +126,13 @@ func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, rec
 		case <-w.retry.C:
 			pause = min(2*pause, retryBackoffMax*m.cfg.HeartbeatInterval)
 			m.resendRow(seq, row, pause, w)
-		case <-m.done:
-			return m.Err()
+		case <-changed:
+			// An abort of later operations or a peer that left after its
+			// part in this one lets the exchange go on.
+			changed = m.Changed()
+			if err := m.FailedAt(seq); err != nil {
+				return err
+			}
 		case <-ctx.Done():
 			return fault.Wrap(fault.ErrTimeout, m.rank, ctx.Err(), "control: counts exchange seq %d", seq)
 		}

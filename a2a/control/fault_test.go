@@ -169,9 +169,12 @@ func TestLeaveIsNotLoss(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
+			// Rank 2 left before this exchange: it fails at once, naming it
+			// (not "closed": this member is open).
 			err := mems[0].ExchangeCounts(ctx, 1, []int{1, 2, 3}, make([]int, 3), nil)
-			if !errors.Is(err, fault.ErrClosed) {
-				t.Errorf("exchange with a departed rank: %v", err)
+			var fe *fault.Error
+			if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &fe) || fe.Rank != 2 {
+				t.Errorf("exchange with a departed rank: %v, want ErrPeerLost naming rank 2", err)
 			}
 		})
 	}

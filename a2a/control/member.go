@@ -106,6 +106,16 @@ type Member struct {
 	waiters map[uint64]*waiter
 	resends atomic.Uint64 // counts rows sent again
 
+	// scope is the abort as FailedAt sees it: the cause and the first
+	// operation it concerns (the earliest heard wins); departedFrom holds,
+	// by rank, 1 + the first operation a departed rank takes no part in
+	// (0 while present), minDeparted the least of them; changed wakes
+	// waits when either moves.
+	scope        atomic.Pointer[scopedErr]
+	departedFrom []atomic.Uint64
+	minDeparted  atomic.Uint64
+	changed      notifier
+
 	mu       sync.Mutex
 	err      error
 	done     chan struct{}
@@ -490,6 +500,7 @@ func (m *Member) formFrom(env envelope, resp *joinResp) bool {
 	m.roster, m.svcSender = roster, env.sender
 	m.lastSeen = make([]atomic.Int64, m.size)
 	m.left = make([]atomic.Bool, m.size)
+	m.departedFrom = make([]atomic.Uint64, m.size)
 	now := int64(time.Since(m.start))
 	for i := range m.lastSeen {
 		m.lastSeen[i].Store(now)
@@ -534,10 +545,18 @@ func (m *Member) Err() error {
 	return m.err
 }
 
-// Abort aborts the member locally and tells the group. The first cause wins;
-// later calls do nothing. Peers see an error matching fault.ErrAborted that
-// wraps cause's kind.
-func (m *Member) Abort(cause error) {
+// Abort aborts the member locally and tells the group (AbortAt(0, cause):
+// every operation). Peers see an error matching fault.ErrAborted that wraps
+// cause's kind.
+func (m *Member) Abort(cause error) { m.AbortAt(0, cause) }
+
+// AbortAt aborts the member from operation from on, locally and on every
+// peer: FailedAt reports the abort for operations numbered from or later,
+// while earlier ones, which the aborting rank had finished or left behind,
+// go on. Operation numbers are the caller's (the Comm's op sequence); 0
+// concerns all. Done closes at the first abort, and Err keeps its cause; a
+// later abort with an earlier from narrows the scope and is told again.
+func (m *Member) AbortAt(from uint64, cause error) {
 	var err error
 	switch {
 	case cause == nil:
@@ -547,23 +566,40 @@ func (m *Member) Abort(cause error) {
 	default:
 		err = fault.Wrap(fault.ErrAborted, m.rank, cause, "aborted locally")
 	}
-	m.abort(err, true)
+	m.abortAt(from, err, true)
 }
 
-// abort records err as the cause (first one wins) and optionally publishes it.
-func (m *Member) abort(err error, publish bool) {
+// scopedErr is an abort and the first operation it concerns.
+type scopedErr struct {
+	err  error
+	from uint64
+}
+
+// abort records err as the cause of an abort of every operation.
+func (m *Member) abort(err error, publish bool) { m.abortAt(0, err, publish) }
+
+// abortAt records err as the cause from operation from on (the earliest
+// scope wins) and optionally publishes it.
+func (m *Member) abortAt(from uint64, err error, publish bool) {
 	m.mu.Lock()
-	if m.err != nil {
+	if s := m.scope.Load(); s != nil && s.from <= from {
 		m.mu.Unlock()
 		return
 	}
-	m.err = err
-	close(m.done)
+	m.scope.Store(&scopedErr{err: err, from: from})
+	first := m.err == nil
+	if first {
+		m.err = err
+		close(m.done)
+	}
 	m.mu.Unlock()
-	m.log.Log(context.Background(), fault.LogLevel(err), "member aborted", "err", err)
+	m.changed.notify()
+	if first {
+		m.log.Log(context.Background(), fault.LogLevel(err), "member aborted", "err", err, "from", from)
+	}
 	if publish && !m.nc.IsClosed() {
 		kind, rank, detail := describe(err)
-		b, _ := msgpack.Marshal(&abortMsg{Epoch: m.epoch, Origin: m.rank, Kind: kindCode(kind), Rank: rank, Detail: detail})
+		b, _ := msgpack.Marshal(&abortMsg{Epoch: m.epoch, Origin: m.rank, Kind: kindCode(kind), Rank: rank, Detail: detail, From: from})
 		if perr := m.publish(m.subjAbort, "", m.epoch, sealed(b)); perr != nil {
 			m.log.Warn("publishing abort", "err", perr)
 		}
@@ -623,7 +659,7 @@ func (m *Member) onGroup(msg *nats.Msg) {
 			return
 		}
 		if m.fromRank(env, l.Epoch, l.Rank, msg.Subject) {
-			m.left[l.Rank].Store(true)
+			m.depart(l.Rank, l.From)
 		}
 	}
 }
@@ -646,8 +682,87 @@ func (m *Member) onAbortMsg(env envelope, a *abortMsg, subject string) {
 	if a.Origin == m.rank {
 		return
 	}
-	m.abort(&fault.Error{Kind: fault.ErrAborted, Rank: a.Origin, Detail: fmt.Sprintf("aborted by rank %d", a.Origin),
+	m.abortAt(a.From, &fault.Error{Kind: fault.ErrAborted, Rank: a.Origin, Detail: fmt.Sprintf("aborted by rank %d", a.Origin),
 		Err: &fault.Error{Kind: kindOfCode(a.Kind), Rank: a.Rank, Detail: a.Detail}}, false)
+}
+
+// depart records that rank left the group, taking no part in operations
+// from from on, and wakes the waits that may need it.
+func (m *Member) depart(rank int, from uint64) {
+	m.left[rank].Store(true)
+	if !m.departedFrom[rank].CompareAndSwap(0, from+1) {
+		return
+	}
+	for {
+		cur := m.minDeparted.Load()
+		if cur != 0 && cur <= from+1 {
+			break
+		}
+		if m.minDeparted.CompareAndSwap(cur, from+1) {
+			break
+		}
+	}
+	m.changed.notify()
+}
+
+// FailedAt reports why operation seq (the caller's numbering, as given to
+// AbortAt and LeaveAt) cannot complete: an abort whose scope covers it, this
+// member having left, or a rank that left the group before taking part in
+// it (an error matching fault.ErrPeerLost naming that rank). It returns nil
+// otherwise, even after an abort of later operations.
+func (m *Member) FailedAt(seq uint64) error {
+	if s := m.scope.Load(); s != nil && seq >= s.from {
+		return s.err
+	}
+	if d := m.minDeparted.Load(); d != 0 && seq+1 >= d {
+		for r := range m.departedFrom {
+			if f := m.departedFrom[r].Load(); f != 0 && seq+1 >= f {
+				return m.departedErr(r)
+			}
+		}
+	}
+	return nil
+}
+
+// Departed reports, as an error matching fault.ErrPeerLost, that rank left
+// the group; nil while it is a member.
+func (m *Member) Departed(rank int) error {
+	if rank >= 0 && rank < len(m.departedFrom) && m.departedFrom[rank].Load() != 0 {
+		return m.departedErr(rank)
+	}
+	return nil
+}
+
+func (m *Member) departedErr(rank int) error {
+	return fault.New(fault.ErrPeerLost, rank, "rank %d left group %q", rank, m.group)
+}
+
+// Changed returns a channel closed at the next change of what FailedAt or
+// Departed report: take it before looking, then wait on it.
+func (m *Member) Changed() <-chan struct{} { return m.changed.wait() }
+
+// notifier wakes every goroutine waiting for the next event.
+type notifier struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (n *notifier) wait() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ch == nil {
+		n.ch = make(chan struct{})
+	}
+	return n.ch
+}
+
+func (n *notifier) notify() {
+	n.mu.Lock()
+	if n.ch != nil {
+		close(n.ch)
+		n.ch = nil
+	}
+	n.mu.Unlock()
 }
 
 // heartbeat publishes heartbeats and watches peers and the connection. It
@@ -721,11 +836,17 @@ func (m *Member) heartbeat() {
 	}
 }
 
-// Leave leaves the group gracefully: it publishes a leave (peers stop watching
-// this rank), stops heartbeats, releases subscriptions and stops the
-// coordinator this member hosts, if any. Done is closed afterwards and Err
-// reports fault.ErrClosed unless the member had aborted. Leave is idempotent.
-func (m *Member) Leave() error {
+// Leave leaves the group gracefully (LeaveAt(0): this rank takes part in
+// no operation any peer still waits for).
+func (m *Member) Leave() error { return m.LeaveAt(0) }
+
+// LeaveAt leaves the group gracefully: it publishes a leave (peers stop
+// watching this rank, and their FailedAt reports it lost for operations
+// numbered from or later, the first this rank did not finish), stops
+// heartbeats, releases subscriptions and stops the coordinator this member
+// hosts, if any. Done is closed afterwards and Err reports fault.ErrClosed
+// unless the member had aborted. Leave is idempotent.
+func (m *Member) LeaveAt(from uint64) error {
 	m.mu.Lock()
 	if m.leaving {
 		m.mu.Unlock()
@@ -735,7 +856,7 @@ func (m *Member) Leave() error {
 	m.mu.Unlock()
 	var err error
 	if !m.nc.IsClosed() {
-		b, _ := msgpack.Marshal(&leaveMsg{Epoch: m.epoch, Rank: m.rank})
+		b, _ := msgpack.Marshal(&leaveMsg{Epoch: m.epoch, Rank: m.rank, From: from})
 		if perr := m.publish(m.subjLeave, "", m.epoch, sealed(b)); perr != nil {
 			err = fault.Wrap(fault.ErrClosed, m.rank, perr, "control: publishing leave")
 		}
@@ -754,10 +875,12 @@ func (m *Member) Leave() error {
 	m.mu.Lock()
 	if m.err == nil {
 		m.err = fault.New(fault.ErrClosed, m.rank, "left group %q", m.group)
+		m.scope.Store(&scopedErr{err: m.err})
 		close(m.done)
 	}
 	m.leaveErr = err
 	m.mu.Unlock()
+	m.changed.notify()
 	m.log.Debug("left")
 	return err
 }

@@ -298,12 +298,14 @@ type abortMsg struct {
 	Kind     uint8
 	Rank     int
 	Detail   string
+	From     uint64 // the first operation sequence the abort concerns (Member.AbortAt)
 }
 
 type leaveMsg struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	Epoch    uint32
 	Rank     int
+	From     uint64 // the first operation sequence the leaver takes no part in (Member.LeaveAt)
 }
 
 // codec is a pooled encoder/decoder pair for the counts hot path, so that an
