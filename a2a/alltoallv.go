@@ -32,7 +32,7 @@ func (c *Comm) AllToAllV(ctx context.Context, send []byte, sendCounts []int, rec
 // releasing the lock, so the counts and wait figures it reads are this call's.
 func (c *Comm) exchange(ctx context.Context, name string, f func(seq uint64) (algo.Algo, []int, []int, error)) error {
 	start := c.clock()
-	seq, err := c.begin(ctx, start)
+	seq, err := c.begin(ctx, start, true)
 	if err != nil {
 		c.observeRejected(name, start, err)
 		return err
@@ -43,7 +43,7 @@ func (c *Comm) exchange(ctx context.Context, name string, f func(seq uint64) (al
 	}
 	c.observe(name, a, seq, sendCounts, recvCounts, start, err)
 	c.tallyOp(name, a, err)
-	c.mu.Unlock()
+	c.end(seq, true, err)
 	return err
 }
 
@@ -120,7 +120,7 @@ func (c *Comm) ExchangeCountsMatrix(ctx context.Context, sendCounts, recvCounts,
 
 func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matrix []int) error {
 	start := c.clock()
-	seq, err := c.begin(ctx, start)
+	seq, err := c.begin(ctx, start, false)
 	if err != nil {
 		if o := c.observer; o != nil {
 			o.CountsExchanged(time.Since(start), err)
@@ -128,12 +128,20 @@ func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matri
 		return err
 	}
 	if err = c.checkCounts("send", sendCounts, -1); err == nil {
+		var cancel context.CancelFunc
 		if _, has := ctx.Deadline(); !has {
-			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
-			defer cancel()
+		} else {
+			ctx, cancel = context.WithCancel(ctx)
 		}
+		// Close ends the wait at once (it waits for running calls).
+		stop := context.AfterFunc(closingContext{c.closing}, cancel)
 		err = c.member.ExchangeCounts(ctx, seq, sendCounts, recvCounts, matrix)
+		stop()
+		cancel()
+		if err != nil && c.closed.Load() {
+			err = errClosedComm(c.rank)
+		}
 	}
 	if err != nil {
 		err = c.fail(err)
@@ -141,7 +149,7 @@ func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matri
 	if o := c.observer; o != nil {
 		o.CountsExchanged(time.Since(start), err)
 	}
-	c.mu.Unlock()
+	c.end(seq, false, err)
 	return err
 }
 
@@ -213,7 +221,7 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 	if allLL {
 		a = algo.AlgoLL // for reports: no block of this rank went by frames
 	}
-	c.lastAlgo = a
+	c.setLastAlgo(a)
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = send, recv
 	err = c.eng.run(ctx, kind, seq, 0, sched, &c.bufs)
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
@@ -342,8 +350,11 @@ func (c *Comm) SetAlgo(name string) error {
 	if err != nil {
 		return err
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	// The setting belongs to the collectives: none may run meanwhile.
+	if !c.collBusy.CompareAndSwap(false, true) {
+		return fault.New(fault.ErrInvalidArgument, c.rank, "SetAlgo called while a collective runs on this Comm")
+	}
+	defer c.collBusy.Store(false)
 	if a == algo.AlgoAuto {
 		name, a = "", c.chooser.Choose(c.choiceArgs(nil))
 	}
@@ -354,3 +365,19 @@ func (c *Comm) SetAlgo(name string) error {
 	c.plans.forgetAll()
 	return nil
 }
+
+// closingContext is a context that ends when the Comm closes, so Close can
+// cut a control-plane wait short with context.AfterFunc.
+type closingContext struct{ closing chan struct{} }
+
+func (closingContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (x closingContext) Done() <-chan struct{}     { return x.closing }
+func (x closingContext) Err() error {
+	select {
+	case <-x.closing:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+func (closingContext) Value(any) any { return nil }

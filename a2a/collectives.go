@@ -273,7 +273,7 @@ func (c *Comm) vCounts(n int) []int {
 // no rank waits for this one), planning, execution, Avg's division, report.
 func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) error {
 	start := c.clock()
-	seq, err := c.begin(ctx, start)
+	seq, err := c.begin(ctx, start, true)
 	if err != nil {
 		c.observeRejected(k.name, start, err)
 		return err
@@ -281,7 +281,7 @@ func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) e
 	var a algo.Algo
 	if err = validate(); err == nil {
 		a, err = c.runCollective(ctx, k, seq)
-		c.lastAlgo = a
+		c.setLastAlgo(a)
 	}
 	if err != nil {
 		err = c.fail(err)
@@ -293,7 +293,7 @@ func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) e
 		o.OpDone(ev)
 	}
 	c.tallyOp(k.name, a, err)
-	c.mu.Unlock()
+	c.end(seq, true, err)
 	return err
 }
 

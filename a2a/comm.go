@@ -8,7 +8,8 @@
 // engine. Any failure — a bad argument, ranks calling different collectives, a
 // lost peer, a timeout — aborts the communicator on every rank: each blocked call
 // returns a typed error within a bounded time, and the Comm must then be closed
-// (a new Join forms a new membership epoch).
+// (a new Join forms a new membership epoch). An abort concerns the failed call
+// and those after it: calls before it complete normally on every rank.
 package a2a
 
 import (
@@ -30,9 +31,28 @@ import (
 	"github.com/a2a-moe/a2a/internal/cpus"
 )
 
-// Comm is one rank's communicator. Its methods are collectives: every rank of
-// the group calls the same ones in the same order. A Comm runs one operation at
-// a time; concurrent calls are serialised.
+// Comm is one rank's communicator, safe for concurrent use.
+//
+// Collectives (AllToAllV, AllReduce, Barrier, ExchangeCounts, ...): every
+// rank of the group calls the same ones in the same order, one at a time. A
+// collective called while another runs on the same Comm (from another
+// goroutine) is rejected with ErrInvalidArgument and aborts the
+// communicator from that call on, since the ranks could not agree on the
+// order of the two; the running one completes. Callers that issue
+// collectives from several goroutines must order them themselves.
+//
+// Point-to-point calls (Send, Recv, Isend, Irecv, SendRecv, Group) may come
+// from any number of goroutines at once and progress together (see Send).
+//
+// Failures: an abort carries the op sequence number of the call that failed
+// (collectives count 2, 4, 6, ...; a point-to-point call is numbered one
+// after the last collective begun before it). Calls numbered before it
+// complete normally on every rank when their data moves; calls at or after
+// it fail with ErrAborted wrapping the cause. An argument error is caught
+// before any byte moves and still aborts, scoped that way: the peers that
+// entered the same call would otherwise wait for a rank that never sends.
+// A rank that leaves (Close) or is lost fails every wait that needs it with
+// ErrPeerLost naming it, within the heartbeat timeout (1.5 s) at most.
 type Comm struct {
 	cfg Config
 	log *slog.Logger
@@ -51,8 +71,17 @@ type Comm struct {
 	size          int
 	formerRanks   []int // set by Shrink: each rank's number before it
 
-	mu       sync.Mutex // one operation at a time; guards everything below
-	seq      uint64
+	// life is held shared by every call while it runs, and exclusively by
+	// Close, which so waits for the running calls to give up.
+	life sync.RWMutex
+	// queue lets point-to-point calls and collectives share the engine
+	// (requests.go); its lock also guards seq, sendSeq and recvSeq.
+	queue *progressQueue
+	// collBusy: a collective runs; it owns everything below up to sendSeq.
+	collBusy atomic.Bool
+	seq      uint64        // op sequence of the last collective begun (even)
+	okSeq    atomic.Uint64 // op sequence of the last collective completed
+	statMu   sync.Mutex    // guards lastAlgo and the reporter's tally
 	lastAlgo algo.Algo
 	llCut    []int // LL cutoff by peer, nil without LL
 	// llBarrier: every peer has an LL slot, so Barrier is one LL round
@@ -84,10 +113,19 @@ type Comm struct {
 	hosts            []int         // host ordinal of every rank (same on all ranks)
 	numHosts         int
 
-	rep     *reporter             // traffic reports for a2ad's live view (report.go); nil when off
-	cause   atomic.Pointer[error] // first abort cause; nil while healthy
+	rep *reporter // traffic reports for a2ad's live view (report.go); nil when off
+	// local is this rank's own abort and its scope (the member holds the
+	// peers' and the departures); nil while healthy.
+	local   atomic.Pointer[localAbort]
 	closed  atomic.Bool
+	closing chan struct{} // closed by Close: stops watchControl and control-plane waits
 	watchWG sync.WaitGroup
+}
+
+// localAbort is an abort of this rank from op sequence from on.
+type localAbort struct {
+	err  error
+	from uint64
 }
 
 // Join connects to the control plane, rendezvous with the other ranks of
@@ -107,7 +145,7 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 	}
 	a, _ := parseAlgo(cfg.Algo)
 	ar, _ := parseAllReduceAlgo(cfg.AlgoAllReduce)
-	c := &Comm{cfg: cfg, log: cfg.Logger, algo: a, allReduceAlgo: ar}
+	c := &Comm{cfg: cfg, log: cfg.Logger, algo: a, allReduceAlgo: ar, closing: make(chan struct{})}
 	if err := c.join(ctx); err != nil {
 		c.teardown()
 		return nil, err
@@ -185,6 +223,7 @@ func (c *Comm) join(ctx context.Context) error {
 	}
 	w := waitPolicy(cfg.Spin, cfg.Yield, m.Nodes(), c.rank, cpus.Online())
 	c.eng = newEngine(c.tr, c.rank, c.size, cfg.Streams, m.Epoch(), w, c.hosts, cfg.Timeout, c.stopped)
+	c.queue = newProgressQueue(c.eng)
 	c.llCut = c.llCutoffs()
 	c.llBarrier = c.llCut != nil && c.size <= llBarrierMaxRanks
 	for r := range c.size {
@@ -381,68 +420,98 @@ func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, rank, hostC
 	return waiting{spin: spin, yield: yield, sharedProcess: shared, crowded: crowded}
 }
 
-// watchControl turns a control-plane abort (another rank failed, a peer
-// stopped heartbeating) into this rank's abort, and wakes a parked operation.
+// watchControl wakes a parked operation when the control plane reports an
+// abort or a departed peer, so it looks at once.
 func (c *Comm) watchControl() {
 	defer c.watchWG.Done()
-	<-c.member.Done()
-	if err := c.member.Err(); err != nil {
-		c.cause.CompareAndSwap(nil, &err)
-	}
-	if c.tr != nil {
-		c.tr.Wake()
+	for {
+		select {
+		case <-c.member.Changed():
+			c.tr.Wake()
+		case <-c.closing:
+			return
+		}
 	}
 }
 
-// stopped returns the abort cause, or nil while the communicator is healthy.
-// It looks at the control plane itself rather than waiting for watchControl,
-// so an operation started right after a remote abort fails instead of
-// consuming frames an aborted peer left behind.
-func (c *Comm) stopped() error {
-	if p := c.cause.Load(); p == nil && c.member != nil {
-		select {
-		case <-c.member.Done():
-			if err := c.member.Err(); err != nil {
-				c.cause.CompareAndSwap(nil, &err)
-			}
-		default:
+// stopped returns why the running collective must stop, or nil.
+func (c *Comm) stopped() error { return c.stoppedAt(c.seq) }
+
+// stoppedAt returns why an operation numbered seq (see Comm) must stop: an
+// abort of this rank or of a peer whose scope covers it, a peer that left
+// before taking part in it, or Close; nil otherwise. It looks at the control
+// plane itself rather than waiting for watchControl, so an operation started
+// right after a remote abort fails instead of consuming frames an aborted
+// peer left behind.
+func (c *Comm) stoppedAt(seq uint64) error {
+	if p := c.local.Load(); p != nil && seq >= p.from {
+		return p.err
+	}
+	if c.member != nil {
+		if err := c.member.FailedAt(seq); err != nil {
+			return err
 		}
 	}
-	if p := c.cause.Load(); p != nil {
-		return *p
+	if c.closed.Load() {
+		return errClosedComm(c.rank)
 	}
 	return nil
 }
 
-// fail aborts the communicator because of err (this rank's failure), tells
-// the other ranks, and returns the error the caller should see.
-func (c *Comm) fail(err error) error {
-	if prev := c.stopped(); prev != nil {
-		return prev // already aborted: the first cause is the story
-	}
-	if c.cause.CompareAndSwap(nil, &err) {
-		c.log.Log(context.Background(), fault.LogLevel(err), "a2a: aborting communicator", "rank", c.rank, "err", err)
-		if c.member != nil {
-			c.member.Abort(err)
-		}
-		if c.tr != nil {
-			c.tr.Wake()
-		}
+func errClosedComm(rank int) error { return fault.New(fault.ErrClosed, rank, "Close called") }
+
+// stoppedFor is stoppedAt for a point-to-point request, which also stops
+// when its peer left.
+func (c *Comm) stoppedFor(r *Request) error {
+	if err := c.stoppedAt(r.order); err != nil {
 		return err
 	}
-	return c.stopped()
+	if c.member != nil {
+		return c.member.Departed(r.peer)
+	}
+	return nil
+}
+
+// fail aborts the running collective because of err (see failAt).
+func (c *Comm) fail(err error) error { return c.failAt(c.seq, err) }
+
+// failAt aborts the communicator from op sequence from on because of err
+// (this rank's failure), tells the other ranks, and returns the error the
+// caller should see: err, or the earlier abort that already covers from.
+func (c *Comm) failAt(from uint64, err error) error {
+	if prev := c.stoppedAt(from); prev != nil {
+		return prev // already stopped: the first cause is the story
+	}
+	for {
+		p := c.local.Load()
+		if p != nil && p.from <= from {
+			return p.err
+		}
+		if c.local.CompareAndSwap(p, &localAbort{err: err, from: from}) {
+			break
+		}
+	}
+	c.log.Log(context.Background(), fault.LogLevel(err), "a2a: aborting communicator", "rank", c.rank, "from", from, "err", err)
+	if c.member != nil {
+		c.member.AbortAt(from, err)
+	}
+	if c.tr != nil {
+		c.tr.Wake()
+	}
+	return err
 }
 
 // Abort aborts the communicator because of err, as a failing collective does:
 // every rank's pending and future calls fail with ErrAborted wrapping err's
-// kind. Libraries built on a Comm (package dispatch) use it to release the
-// other ranks when they reject a call locally. It returns the error callers
-// of this rank will see.
+// kind, while the collectives this rank completed complete on every rank.
+// Libraries built on a Comm (package dispatch) use it to release the other
+// ranks when they reject a call locally. It returns the error callers of
+// this rank will see.
 func (c *Comm) Abort(err error) error {
 	if err == nil {
 		err = fault.New(fault.ErrAborted, c.rank, "Abort called")
 	}
-	return c.fail(err)
+	return c.failAt(c.okSeq.Load()+1, err)
 }
 
 // Rank is this rank's index in the group.
@@ -456,13 +525,21 @@ func (c *Comm) Epoch() uint32 { return c.member.Epoch() }
 
 // LastAlgo names the algorithm the last collective ran.
 func (c *Comm) LastAlgo() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.statMu.Lock()
+	defer c.statMu.Unlock()
 	return c.lastAlgo.String()
 }
 
-// Err returns the reason the communicator was aborted, or nil.
-func (c *Comm) Err() error { return c.stopped() }
+// setLastAlgo records the algorithm of the collective that just ran.
+func (c *Comm) setLastAlgo(a algo.Algo) {
+	c.statMu.Lock()
+	c.lastAlgo = a
+	c.statMu.Unlock()
+}
+
+// Err returns the reason the communicator was aborted (or a peer left, or
+// it was closed), or nil.
+func (c *Comm) Err() error { return c.stoppedAt(^uint64(0)) }
 
 // Host is the host ordinal of rank (0 for rank 0's host, then in order of
 // first appearance by rank): two ranks share a host, and may share memory,
@@ -495,20 +572,24 @@ func (c *Comm) WaitPolicy() (spin, yield time.Duration) { return c.eng.spin, c.e
 // Stats returns the data-plane transport's counters (bytes per peer, rejected connections).
 func (c *Comm) Stats() transport.Stats { return c.tr.Stats() }
 
-// Close leaves the group and releases every resource. An operation running
-// concurrently fails with ErrClosed. Close is idempotent.
+// Close leaves the group and releases every resource. Operations running
+// concurrently fail with ErrClosed; the peers' waits that need this rank fail
+// with ErrPeerLost naming it, while the collectives it completed complete on
+// every rank. Close is idempotent.
 func (c *Comm) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	closedErr := error(fault.New(fault.ErrClosed, c.rank, "Close called"))
-	c.cause.CompareAndSwap(nil, &closedErr)
+	close(c.closing)
 	if c.tr != nil {
 		c.tr.Wake()
 	}
-	c.stopReports() // before the lock: the reporter takes it for a last look
-	c.mu.Lock()     // wait for a running operation to give up
-	defer c.mu.Unlock()
+	c.stopReports()
+	c.life.Lock() // wait for the running calls to give up
+	defer c.life.Unlock()
+	if c.queue != nil {
+		c.queue.failAll(errClosedComm(c.rank))
+	}
 	err := c.teardown()
 	c.watchWG.Wait()
 	return err
@@ -517,7 +598,9 @@ func (c *Comm) Close() error {
 func (c *Comm) teardown() error {
 	var first error
 	if c.member != nil {
-		if err := c.member.Leave(); err != nil && first == nil {
+		// Peers still in a collective this rank completed finish it; the
+		// next one fails on them with ErrPeerLost naming this rank.
+		if err := c.member.LeaveAt(c.okSeq.Load() + 2); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -532,22 +615,58 @@ func (c *Comm) teardown() error {
 	return first
 }
 
-// begin starts an operation that started at start (see clock): it takes the
-// operation lock, refuses a closed or aborted communicator, and returns the
-// op's sequence number.
-func (c *Comm) begin(ctx context.Context, start time.Time) (seq uint64, err error) {
-	c.mu.Lock()
-	if err := c.stopped(); err != nil {
-		c.mu.Unlock()
+// begin starts a collective that started at start (see clock): it refuses a
+// collective while another runs, takes the engine (finishing the
+// point-to-point calls posted before, when engine is set), refuses a closed
+// or aborted communicator, and returns the op's sequence number. Every
+// successful begin is paired with end.
+func (c *Comm) begin(ctx context.Context, start time.Time, engine bool) (seq uint64, err error) {
+	if !c.collBusy.CompareAndSwap(false, true) {
+		c.queue.mu.Lock()
+		next := c.seq + 2
+		c.queue.mu.Unlock()
+		return 0, c.failAt(next, fault.New(fault.ErrInvalidArgument, c.rank,
+			"a collective was called while another one runs on this Comm: collectives must be issued one at a time, in the same order on every rank"))
+	}
+	c.life.RLock()
+	takeSeq := func() { c.seq += 2; seq = c.seq }
+	var last uint64
+	if engine {
+		last, err = c.queue.acquireForCollective(ctx, takeSeq)
+	} else {
+		c.queue.mu.Lock()
+		takeSeq()
+		c.queue.mu.Unlock()
+	}
+	if err == nil {
+		err = c.stoppedAt(seq)
+	}
+	if err == nil && ctx.Err() != nil {
+		err = c.failAt(seq, ctxError(ctx.Err()))
+	}
+	if err == nil && engine {
+		if err = c.queue.drain(ctx, last); err != nil {
+			err = c.failAt(seq, err)
+		}
+	}
+	if err != nil {
+		c.end(seq, engine, err)
 		return 0, err
 	}
-	if err := ctx.Err(); err != nil {
-		c.mu.Unlock()
-		return 0, c.fail(ctxError(err))
-	}
-	c.seq++
 	c.startOp(ctx, start)
-	return c.seq, nil
+	return seq, nil
+}
+
+// end ends a collective begin started.
+func (c *Comm) end(seq uint64, engine bool, err error) {
+	if err == nil {
+		c.okSeq.Store(seq)
+	}
+	if engine {
+		c.queue.release()
+	}
+	c.life.RUnlock()
+	c.collBusy.Store(false)
 }
 
 // clock is an operation's start time for its report: the zero Time when no

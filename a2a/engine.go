@@ -563,22 +563,28 @@ func (e *engine) progress(ctx context.Context) error {
 		if err := e.checkStop(ctx, now); err != nil {
 			return err
 		}
-		if idle < e.spin+e.yield {
-			if e.sharedProcess {
-				runtime.Gosched() // sched_yield alone keeps this goroutine's P
-			}
-			if e.crowded && !e.sharedProcess && e.placer != nil && now.Sub(e.placed) >= rebalanceEvery {
-				e.placed = now
-				e.placer.Rebalance()
-			}
-			schedYield() // let an oversubscribed peer rank run on this core
-			continue
-		}
-		park := min(e.deadline.Sub(now), maxPark)
-		if err := e.tr.Wait(park); err != nil {
+		if err := e.pause(idle, now, e.deadline); err != nil {
 			return err
 		}
 	}
+}
+
+// pause waits once for an operation idle for idle (past the spin): it yields
+// the core until spin+yield, then parks in Transport.Wait until deadline, at
+// most maxPark.
+func (e *engine) pause(idle time.Duration, now, deadline time.Time) error {
+	if idle < e.spin+e.yield {
+		if e.sharedProcess {
+			runtime.Gosched() // sched_yield alone keeps this goroutine's P
+		}
+		if e.crowded && !e.sharedProcess && e.placer != nil && now.Sub(e.placed) >= rebalanceEvery {
+			e.placed = now
+			e.placer.Rebalance()
+		}
+		schedYield() // let an oversubscribed peer rank run on this core
+		return nil
+	}
+	return e.tr.Wait(min(deadline.Sub(now), maxPark))
 }
 
 // rebalanceEvery is how often a crowded rank that yields looks at how the
@@ -608,37 +614,6 @@ func (e *engine) copySome() (bool, error) {
 		e.copied++
 	}
 	return true, nil
-}
-
-// p2p runs one point-to-point transfer: a send of buf to peer, or a receive
-// from peer of at most len(buf) bytes (the count is returned). Its frame
-// carries the tag and a per-pair sequence number instead of the collective one.
-func (e *engine) p2p(ctx context.Context, send bool, peer, tag int, seq uint64, buf []byte) (int, error) {
-	e.active, e.copies, e.copied = e.active[:0], e.copies[:0], 0
-	h := transport.Header{Kind: transport.OpSendRecv, Flags: transport.FlagLast, Epoch: e.epoch, Seq: seq, Aux: uint64(uint32(tag))}
-	if len(e.sendOps) == 0 {
-		e.sendOps = append(e.sendOps, transport.SendOp{})
-	}
-	if len(e.recvOps) == 0 {
-		e.recvOps = append(e.recvOps, transport.RecvOp{})
-	}
-	if send {
-		h.Src = uint32(e.rank)
-		e.sendOps[0].Reset(h, buf)
-		e.traffic.add(true, e.sameHost[peer], len(buf))
-	} else {
-		h.Src = uint32(peer)
-		e.recvOps[0].Reset(h, buf, true)
-	}
-	e.active = append(e.active, activeOp{send: send, peer: peer, conn: e.tr.Conn(peer, 0)})
-	if err := e.progress(ctx); err != nil {
-		return 0, err
-	}
-	if send {
-		return len(buf), nil
-	}
-	e.traffic.add(false, e.sameHost[peer], e.recvOps[0].N)
-	return e.recvOps[0].N, nil
 }
 
 // startOp resets the per-operation figures (bytes, wait attribution) for an

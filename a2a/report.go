@@ -106,16 +106,32 @@ func (t *tally) equal(o *tally) bool {
 // reporter publishes a Comm's traffic reports from its own goroutine.
 type reporter struct {
 	period time.Duration
-	t      tally // guarded by Comm.mu
+	t      tally // guarded by Comm.statMu
 	stop   chan struct{}
 	done   chan struct{}
 }
 
-// tallyOp counts an operation that just finished for the reports. Called
-// with c.mu held, so the engine's wait figures are this operation's.
+// tallyOp counts a collective that just finished for the reports. Called
+// before the collective ends, so the engine's wait figures are its own.
 func (c *Comm) tallyOp(op string, a algo.Algo, err error) {
 	if r := c.rep; r != nil {
+		c.statMu.Lock()
 		r.t.add(op, a, c.eng.lastPeer, c.eng.lastWait, err)
+		c.statMu.Unlock()
+	}
+}
+
+// tallyP2P counts a finished point-to-point call: its peer is the one it
+// waited for, as long as the call lasted.
+func (c *Comm) tallyP2P(r *Request) {
+	if rep := c.rep; rep != nil {
+		c.statMu.Lock()
+		var wait time.Duration
+		if !r.start.IsZero() {
+			wait = time.Since(r.start)
+		}
+		rep.t.add(r.name(), algo.AlgoDirect, r.peer, wait, r.err)
+		c.statMu.Unlock()
 	}
 }
 
@@ -130,8 +146,7 @@ func (c *Comm) startReports() {
 	go c.runReports(c.rep)
 }
 
-// stopReports stops the reporting goroutine after its last report. Called
-// by Close without c.mu held: the goroutine takes it for a last look.
+// stopReports stops the reporting goroutine after its last report.
 func (c *Comm) stopReports() {
 	if r := c.rep; r != nil {
 		close(r.stop)
@@ -160,9 +175,9 @@ func (c *Comm) runReports(r *reporter) {
 			final = true
 		case <-tick.C:
 		}
-		c.mu.Lock() // waits for a running operation: its figures are whole
+		c.statMu.Lock()
 		r.t.copyTo(&cur)
-		c.mu.Unlock()
+		c.statMu.Unlock()
 		sent = append(sent[:0], c.tr.Stats().BytesSent...)
 		elapsed := time.Since(start)
 		changed := !cur.equal(&pub) || !slices.Equal(sent, pubSent)

@@ -35,7 +35,7 @@ type ShrinkObserver interface {
 //
 // FormerRanks tells the new communicator's ranks' numbers in c.
 func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
-	cause := c.stopped()
+	cause := c.Err()
 	if cause == nil {
 		return nil, fault.New(fault.ErrInvalidArgument, c.rank, "Shrink: the communicator is healthy")
 	}
