@@ -34,7 +34,11 @@ func BenchmarkSendRecv(b *testing.B) {
 	for _, tr := range []string{"shm", "tcp"} {
 		for _, size := range []int{8, 64 << 10} {
 			b.Run(fmt.Sprintf("%s/%d", tr, size), func(b *testing.B) {
-				comms := group(b, url, 2, func(c *Config) { c.Transport = tr })
+				comms := group(b, url, 2, func(c *Config) {
+					c.Transport = tr
+					// Slow heartbeats: a loaded machine must not abort the run.
+					c.HeartbeatInterval, c.PeerTimeout = time.Second, 30*time.Second
+				})
 				benchRanks(b, comms, size, func(ctx context.Context, c *Comm, send, recv []byte) error {
 					if c.Rank() == 0 {
 						if err := c.Send(ctx, send[:size], 1, 3); err != nil {
