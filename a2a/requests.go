@@ -166,7 +166,11 @@ func (c *Comm) post(reqs ...*Request) {
 		q.inbox = append(q.inbox, r)
 	}
 	q.inboxLen.Store(int32(len(q.inbox)))
+	driven := q.driving
 	q.mu.Unlock()
+	if driven {
+		e.tr.Wake() // a driver parked for other requests takes these in now
+	}
 }
 
 // finish completes r with n bytes or err; the driver (or post) calls it
