@@ -54,15 +54,23 @@ func (s *SendSide) Claim(op *SendOp, peer int, name string) (fresh, ok bool, err
 	if claim, ok, err := s.enter(op); !claim {
 		return false, ok, err
 	}
-	if op.Hdr.Len != uint64(len(op.Data)) {
+	if n := op.payloadLen(); op.Hdr.Len != uint64(n) {
 		return false, false, fault.New(fault.ErrInvalidArgument, peer,
-			"%s: send header says %d bytes for a %d-byte payload", name, op.Hdr.Len, len(op.Data))
+			"%s: send header says %d bytes for a %d-byte payload", name, op.Hdr.Len, n)
 	}
 	op.Hdr.Encode(op.Wire[:])
 	op.Progress = 0
 	op.Started = true
 	s.op = op
 	return true, true, nil
+}
+
+// payloadLen counts Vec's bytes, which Claim checks against the header.
+func (op *SendOp) payloadLen() int {
+	if op.Vec != nil {
+		return VecLen(op.Vec)
+	}
+	return len(op.Data)
 }
 
 // RecvSide is the receive direction of one Conn, with the same rules as
@@ -77,7 +85,11 @@ func (s *RecvSide) Claim(op *RecvOp, peer int, name string) (fresh, ok bool, err
 	if claim, ok, err := s.enter(op); !claim {
 		return false, ok, err
 	}
-	if op.Window == nil && op.Want.Len > uint64(len(op.Dst)) {
+	if op.DstVec != nil && (op.AnyLen || op.Window != nil || op.Want.Len != uint64(VecLen(op.DstVec))) {
+		return false, false, fault.New(fault.ErrInvalidArgument, peer,
+			"%s: a scattered receive takes exactly its %d bytes, no window", name, VecLen(op.DstVec))
+	}
+	if op.Window == nil && op.DstVec == nil && op.Want.Len > uint64(len(op.Dst)) {
 		return false, false, fault.New(fault.ErrInvalidArgument, peer,
 			"%s: receive of %d bytes into a %d-byte buffer", name, op.Want.Len, len(op.Dst))
 	}

@@ -171,6 +171,9 @@ func (want *Header) Check(got *Header, anyLen bool) error {
 type SendOp struct {
 	Hdr  Header
 	Data []byte
+	// Vec, when not nil, is the payload instead of Data: its slices in
+	// order (a gather-send, see VecConn). Only VecConns get such ops.
+	Vec [][]byte
 
 	Wire     [HeaderSize]byte // encoded header (transport-owned)
 	Progress int              // bytes of header+data already handed off (transport-owned)
@@ -182,8 +185,25 @@ func (op *SendOp) Reset(h Header, data []byte) {
 	op.Hdr = h
 	op.Hdr.Len = uint64(len(data))
 	op.Data = data
+	op.Vec = nil
 	op.Progress = 0
 	op.Started = false
+}
+
+// ResetVec prepares op for a new message whose payload is the slices of vec
+// in order.
+func (op *SendOp) ResetVec(h Header, vec [][]byte) {
+	op.Reset(h, nil)
+	op.Hdr.Len = uint64(VecLen(vec))
+	op.Vec = vec
+}
+
+// PayloadLen is the length of op's payload, Data or Vec.
+func (op *SendOp) PayloadLen() int {
+	if op.Vec != nil {
+		return int(op.Hdr.Len)
+	}
+	return len(op.Data)
 }
 
 // RecvOp is one framed message being received. Want is the expected header
@@ -194,6 +214,9 @@ type RecvOp struct {
 	Want   Header
 	AnyLen bool
 	Dst    []byte
+	// DstVec, when not nil, is where an exact-length payload lands instead
+	// of Dst: its slices in order (a scattered receive, see VecConn).
+	DstVec [][]byte
 	Window []byte
 	Got    Header
 	N      int // payload bytes received (valid when done)
@@ -209,11 +232,20 @@ func (op *RecvOp) Reset(want Header, dst []byte, anyLen bool) {
 	op.Want.Len = uint64(len(dst))
 	op.AnyLen = anyLen
 	op.Dst = dst
+	op.DstVec = nil
 	op.Window = nil
 	op.Got = Header{}
 	op.N = 0
 	op.Progress = 0
 	op.Started = false
+}
+
+// ResetVec prepares op to receive a message of exactly VecLen(vec) bytes
+// matching want, scattered over the slices of vec in order.
+func (op *RecvOp) ResetVec(want Header, vec [][]byte) {
+	op.Reset(want, nil, false)
+	op.Want.Len = uint64(VecLen(vec))
+	op.DstVec = vec
 }
 
 // Conn is one ordered stream to one peer. A Conn progresses one SendOp and one
@@ -255,7 +287,7 @@ type Transport interface {
 
 // Land checks op.Got (already decoded) against what op expects and returns
 // where its payload goes: op.Dst[:Got.Len], or for a put op.Window at the
-// offset Got.Aux. Every transport calls it once a frame's header is in, so
+// offset Got.Aux; nil for a scattered receive (op.DstVec, exact length). Every transport calls it once a frame's header is in, so
 // that all of them accept and refuse frames alike. peer is the sending rank.
 func (op *RecvOp) Land(peer int) ([]byte, error) {
 	got := &op.Got
@@ -272,6 +304,8 @@ func (op *RecvOp) Land(peer int) ([]byte, error) {
 				op.Want.Kind, op.Want.Seq, peer, got.Len, got.Aux, w)
 		}
 		return op.Window[got.Aux : got.Aux+got.Len], nil
+	case op.DstVec != nil:
+		return nil, op.Want.Check(got, false)
 	default:
 		if err := op.Want.Check(got, op.AnyLen); err != nil {
 			return nil, err

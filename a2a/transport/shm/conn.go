@@ -18,11 +18,20 @@ const hdrSize = transport.HeaderSize
 // id, which the receiver's acknowledgment names. Byte kindByte of the header,
 // reserved (always zero) in transport.Header, tells which; the receiver
 // refuses any other value of it and of the byte after it.
+//
+// A gather-send (SendOp.Vec) by CMA sends a recCMAVec descriptor instead:
+// the address and count of an array of remote iovecs (address, length) in
+// the sender's memory, then the id. The receiver reads that array with one
+// process_vm_readv and then the payload with iovec lists on both sides.
 const (
-	kindByte  = 10
-	recInline = 0
-	recCMA    = 1
-	descSize  = 16
+	kindByte     = 10
+	recInline    = 0
+	recCMA       = 1
+	recCMAVec    = 2
+	descSize     = 16
+	descVecSize  = 24
+	maxCMAIov    = 1024    // IOV_MAX: iovecs per process_vm_readv side
+	maxRemoteIov = 1 << 20 // slices of one vectored frame a receiver accepts
 )
 
 // Copy sizes. chunkBytes is the largest fragment body: the peer copies one
@@ -115,8 +124,10 @@ type conn struct {
 	scma     bool               // the op travels by CMA
 	sid      uint64             // id of the last CMA descriptor sent
 	sidle    uint32
-	swHead   atomic.Uint64 // head a stalled send waits to move, or idle
-	swAck    atomic.Uint64 // ack a stalled CMA send waits to change, or idle
+	scur     transport.VecCursor // next payload byte of a gather-send
+	svec     []unix.RemoteIovec  // a gather-send's slices, for a recCMAVec descriptor
+	swHead   atomic.Uint64       // head a stalled send waits to move, or idle
+	swAck    atomic.Uint64       // ack a stalled CMA send waits to change, or idle
 
 	_        [lineSize]byte
 	recvSide transport.RecvSide // which op owns the receive direction; sticky error
@@ -131,7 +142,54 @@ type conn struct {
 	rcmas    uint64        // messages received by CMA
 	liov     unix.Iovec
 	riov     unix.RemoteIovec
+	// Vectored CMA receives (a recCMAVec descriptor, or RecvOp.DstVec): the
+	// sender's slices and the next one to read (rri, rro), where the next
+	// byte lands, the iovec lists of one call, and the contiguous
+	// destination as a one-slice list.
+	rvec     bool
+	rrv      []unix.RemoteIovec
+	rri, rro int
+	rcur     transport.VecCursor
+	lvecs    []unix.Iovec
+	rvecs    []unix.RemoteIovec
+	rone     [1][]byte
 	_        [lineSize]byte
+}
+
+// Vectored reports that conn moves vectored payloads itself: by CMA with
+// iovec lists on both sides, or with ring copies straight from and to the
+// slices.
+func (c *conn) Vectored() bool { return true }
+
+// putPayload copies payload bytes [p, p+n) of op into the ring at stream
+// position pos; a gather payload's bytes come from the cursor, which is at p.
+func (c *conn) putPayload(pos uint64, op *transport.SendOp, p, n int) {
+	if op.Vec == nil {
+		c.tx.put(pos, op.Data[p:p+n])
+		return
+	}
+	for n > 0 {
+		b := c.scur.Piece(op.Vec, n)
+		c.tx.put(pos, b)
+		c.scur.Advance(op.Vec, len(b))
+		pos, n = pos+uint64(len(b)), n-len(b)
+	}
+}
+
+// getPayload copies n ring bytes at the receive head into op's payload from
+// byte p: Dst, or the scattered slices from the cursor, which is at p.
+func (c *conn) getPayload(op *transport.RecvOp, p, n int) {
+	if op.DstVec == nil {
+		c.rx.get(c.rhead, c.rdst[p:p+n])
+		return
+	}
+	pos := c.rhead
+	for n > 0 {
+		b := c.rcur.Piece(op.DstVec, n)
+		c.rx.get(pos, b)
+		c.rcur.Advance(op.DstVec, len(b))
+		pos, n = pos+uint64(len(b)), n-len(b)
+	}
 }
 
 var _ transport.Conn = (*conn)(nil)
@@ -158,10 +216,21 @@ func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
 			return false, err
 		}
 		z := c.t.zthresh
-		c.scma = z > 0 && len(op.Data) >= z && c.tx.cmaOK.Load() != 0
+		n := op.PayloadLen()
+		c.scma = z > 0 && n >= z && c.tx.cmaOK.Load() != 0
 		if c.scma {
 			op.Wire[kindByte] = recCMA
+			if op.Vec != nil {
+				op.Wire[kindByte] = recCMAVec
+				c.svec = c.svec[:0]
+				for _, b := range op.Vec {
+					if len(b) > 0 {
+						c.svec = append(c.svec, unix.RemoteIovec{Base: addrOf(b), Len: len(b)})
+					}
+				}
+			}
 		}
+		c.scur.Reset()
 	}
 	done, err := c.send(op)
 	if c.sendSide.Finish(done, err) {
@@ -176,23 +245,40 @@ func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
 }
 
 func (c *conn) send(op *transport.SendOp) (bool, error) {
-	total := hdrSize + len(op.Data)
+	plen := op.PayloadLen()
+	total := hdrSize + plen
 	moved := 0
 	budget := callBytes
 	if op.Progress == 0 {
 		rec := hdrSize
-		if c.scma {
+		vec := c.scma && op.Vec != nil
+		switch {
+		case vec:
+			rec += descVecSize
+		case c.scma:
 			rec += descSize
 		}
 		first := rec
 		if !c.scma {
-			first += min(len(op.Data), chunkBytes)
+			first += min(plen, chunkBytes)
 		}
 		room := c.room(first)
 		if room < rec {
 			return c.sendStall(c.shead, &c.swHead)
 		}
 		c.tx.put(c.stail+8, op.Wire[:])
+		if vec {
+			c.sid++
+			var d [descVecSize]byte
+			binary.LittleEndian.PutUint64(d[0:], uint64(uintptr(unsafe.Pointer(&c.svec[0]))))
+			binary.LittleEndian.PutUint64(d[8:], uint64(len(c.svec)))
+			binary.LittleEndian.PutUint64(d[16:], c.sid)
+			c.tx.put(c.stail+8+hdrSize, d[:])
+			c.publish(rec)
+			op.Progress = hdrSize
+			c.sent.Add(hdrSize)
+			return false, nil
+		}
 		if c.scma {
 			c.sid++
 			var d [descSize]byte
@@ -204,8 +290,8 @@ func (c *conn) send(op *transport.SendOp) (bool, error) {
 			c.sent.Add(hdrSize)
 			return false, nil // the receiver cannot have copied it yet
 		}
-		n := min(room-rec, len(op.Data), chunkBytes)
-		c.tx.put(c.stail+8+hdrSize, op.Data[:n])
+		n := min(room-rec, plen, chunkBytes)
+		c.putPayload(c.stail+8+hdrSize, op, 0, n)
 		c.publish(hdrSize + n)
 		op.Progress = hdrSize + n
 		moved, budget = hdrSize+n, budget-n
@@ -218,7 +304,7 @@ func (c *conn) send(op *transport.SendOp) (bool, error) {
 		switch a & 3 {
 		case ackDone:
 			op.Progress = total
-			c.sent.Add(uint64(len(op.Data)))
+			c.sent.Add(uint64(plen))
 			return true, nil
 		case ackFallback:
 			// The receiver turned CMA off and takes the payload inline now.
@@ -240,7 +326,7 @@ func (c *conn) send(op *transport.SendOp) (bool, error) {
 		}
 		n := min(room, left, chunkBytes, budget)
 		p := op.Progress - hdrSize
-		c.tx.put(c.stail+8, op.Data[p:p+n])
+		c.putPayload(c.stail+8, op, p, n)
 		// Publish chunk by chunk, so the receiver copies out while we copy in.
 		c.publish(n)
 		op.Progress += n
@@ -330,6 +416,8 @@ func (c *conn) TryRecv(op *transport.RecvOp) (bool, error) {
 	if fresh {
 		c.rdst = nil
 		c.rcma = false
+		c.rvec = false
+		c.rcur.Reset()
 	}
 	done, err := c.recv(op)
 	if c.recvSide.Finish(done, err) {
@@ -355,13 +443,13 @@ func (c *conn) recv(op *transport.RecvOp) (bool, error) {
 		c.rx.get(c.rhead, op.Wire[:])
 		kind := op.Wire[kindByte]
 		if err := c.header(op); err != nil {
-			if kind == recCMA && op.Wire[kindByte+1] == 0 && avail == hdrSize+descSize {
+			if ds := descBytes(kind); ds > 0 && op.Wire[kindByte+1] == 0 && avail == hdrSize+ds {
 				// Release the sender, which waits for an acknowledgment.
-				var d [descSize]byte
-				c.rx.get(c.rhead+hdrSize, d[:])
-				c.rhead += hdrSize + descSize
+				var d [descVecSize]byte
+				c.rx.get(c.rhead+hdrSize, d[:ds])
+				c.rhead += hdrSize + uint64(ds)
 				c.release()
-				c.rx.ack.Store(binary.LittleEndian.Uint64(d[8:])<<2 | ackRejected)
+				c.rx.ack.Store(binary.LittleEndian.Uint64(d[ds-8:])<<2 | ackRejected)
 				ringBell(c.peerSeg)
 			}
 			return false, err
@@ -369,24 +457,36 @@ func (c *conn) recv(op *transport.RecvOp) (bool, error) {
 		c.rhead += hdrSize
 		op.Progress = hdrSize
 		c.recvd.Add(hdrSize)
-		if kind == recCMA {
-			if avail != hdrSize+descSize {
+		if ds := descBytes(kind); ds > 0 {
+			if avail != hdrSize+ds {
 				return false, fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: CMA record of %d bytes", c.stream, c.peer, avail)
 			}
-			var d [descSize]byte
-			c.rx.get(c.rhead, d[:])
+			var d [descVecSize]byte
+			c.rx.get(c.rhead, d[:ds])
 			c.raddr = binary.LittleEndian.Uint64(d[0:])
-			c.rid = binary.LittleEndian.Uint64(d[8:])
-			c.rhead += descSize
+			c.rid = binary.LittleEndian.Uint64(d[ds-8:])
+			c.rhead += uint64(ds)
 			c.release()
-			if len(c.rdst) == 0 {
+			plen := int(op.Got.Len)
+			if plen == 0 && kind == recCMA {
 				c.ack(ackDone)
 				return true, nil
 			}
 			c.rcma = true
+			if kind == recCMAVec || op.DstVec != nil {
+				c.rvec = true
+				if err := c.remoteSlices(kind, binary.LittleEndian.Uint64(d[8:]), plen); err != nil || !c.rcma {
+					return false, err
+				}
+			}
 		}
 	}
-	if c.rcma {
+	if c.rcma && c.rvec {
+		done, err := c.cmaRecvVec(op)
+		if done || err != nil || c.rcma {
+			return done, err
+		}
+	} else if c.rcma {
 		done, err := c.cmaRecv(op)
 		if done || err != nil || c.rcma {
 			return done, err
@@ -394,13 +494,17 @@ func (c *conn) recv(op *transport.RecvOp) (bool, error) {
 		// The kernel refused CMA: the sender streams the payload instead.
 	}
 	got := op.Progress - hdrSize
-	for budget := callBytes; got < len(c.rdst) && budget > 0; {
+	plen := len(c.rdst)
+	if op.DstVec != nil {
+		plen = int(op.Want.Len)
+	}
+	for budget := callBytes; got < plen && budget > 0; {
 		avail := c.avail()
 		if avail == 0 {
 			break
 		}
-		n := min(avail, len(c.rdst)-got, budget)
-		c.rx.get(c.rhead, c.rdst[got:got+n])
+		n := min(avail, plen-got, budget)
+		c.getPayload(op, got, n)
 		c.rhead += uint64(n)
 		got += n
 		moved += n
@@ -420,7 +524,7 @@ func (c *conn) recv(op *transport.RecvOp) (bool, error) {
 	if moved > 0 {
 		c.recvd.Add(uint64(moved))
 	}
-	if got == len(c.rdst) {
+	if got == plen {
 		op.N = got
 		return true, nil
 	}
@@ -428,6 +532,160 @@ func (c *conn) recv(op *transport.RecvOp) (bool, error) {
 		return false, nil
 	}
 	return c.recvStall()
+}
+
+// descBytes is the size of the CMA descriptor after a header of record kind
+// kind, 0 for an inline record.
+func descBytes(kind byte) int {
+	switch kind {
+	case recCMA:
+		return descSize
+	case recCMAVec:
+		return descVecSize
+	}
+	return 0
+}
+
+// remoteSlices sets c.rrv to the sender's slices of a vectored CMA
+// receive: read from the sender's memory for a recCMAVec descriptor (count
+// of them at c.raddr), else the one contiguous buffer at c.raddr. Their
+// lengths must add up to the payload's plen bytes. It clears c.rcma when the
+// kernel refuses CMA (see cmaRecv).
+func (c *conn) remoteSlices(kind byte, count uint64, plen int) error {
+	c.rri, c.rro = 0, 0
+	if kind == recCMA {
+		c.rrv = append(c.rrv[:0], unix.RemoteIovec{Base: uintptr(c.raddr), Len: plen})
+		return nil
+	}
+	if count == 0 || count > maxRemoteIov || count > uint64(plen) {
+		return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: %d slices for a %d-byte frame", c.stream, c.peer, count, plen)
+	}
+	n := int(count)
+	if cap(c.rrv) < n {
+		c.rrv = make([]unix.RemoteIovec, n)
+	}
+	c.rrv = c.rrv[:n]
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(&c.rrv[0])), n*int(unsafe.Sizeof(c.rrv[0])))
+	for got := 0; got < len(buf); {
+		k, errno := cmaRead(c.peerSeg.pid, buf[got:], c.raddr+uint64(got), &c.liov, &c.riov)
+		if err := c.cmaErr(errno); err != nil || !c.rcma {
+			return err
+		}
+		if errno == unix.EINTR {
+			continue
+		}
+		if k == 0 {
+			return fault.New(fault.ErrPeerLost, c.peer, "shm: rank %d's slice list ended early (stream %d)", c.peer, c.stream)
+		}
+		got += k
+	}
+	total := 0
+	for _, v := range c.rrv {
+		if v.Len <= 0 || v.Len > plen-total {
+			return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: slices do not add up to the %d-byte frame", c.stream, c.peer, plen)
+		}
+		total += v.Len
+	}
+	if total != plen {
+		return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: slices hold %d bytes of a %d-byte frame", c.stream, c.peer, total, plen)
+	}
+	return nil
+}
+
+// cmaErr maps a process_vm_readv errno: nil for success and EINTR; on
+// EPERM or ENOSYS it turns CMA off, clears c.rcma and tells the sender to
+// stream the payload instead (nil error); else the peer is lost.
+func (c *conn) cmaErr(errno unix.Errno) error {
+	switch errno {
+	case 0, unix.EINTR:
+		return nil
+	case unix.EPERM, unix.ENOSYS:
+		c.t.disableCMA(errno)
+		c.rcma, c.rvec = false, false
+		c.ack(ackFallback)
+		return nil
+	case unix.ESRCH:
+		return fault.Wrap(fault.ErrPeerLost, c.peer, errno, "shm: rank %d (pid %d) exited (stream %d)", c.peer, c.peerSeg.pid, c.stream)
+	default:
+		return fault.Wrap(fault.ErrPeerLost, c.peer, errno, "shm: reading rank %d's buffer (stream %d)", c.peer, c.stream)
+	}
+}
+
+// cmaRecvVec is cmaRecv with iovec lists: the sender's slices (c.rrv from
+// c.rri, c.rro) on one side, the receive's (DstVec from c.rcur, or Dst) on
+// the other, up to maxCMAIov entries and cmaCallBytes per call.
+func (c *conn) cmaRecvVec(op *transport.RecvOp) (bool, error) {
+	dst := op.DstVec
+	if dst == nil {
+		c.rone[0] = c.rdst
+		dst = c.rone[:]
+	}
+	if c.lvecs == nil {
+		c.lvecs, c.rvecs = make([]unix.Iovec, maxCMAIov), make([]unix.RemoteIovec, maxCMAIov)
+	}
+	plen := int(op.Got.Len)
+	got := op.Progress - hdrSize
+	for budget := cmaCallBytes; got < plen && budget > 0; {
+		want := min(plen-got, budget)
+		nl, cur := 0, c.rcur
+		for bytes := 0; bytes < want && nl < maxCMAIov; nl++ {
+			b := cur.Piece(dst, want-bytes)
+			c.lvecs[nl].Base = &b[0]
+			c.lvecs[nl].SetLen(len(b))
+			bytes += len(b)
+			cur.Advance(dst, len(b))
+		}
+		nr, ri, ro := 0, c.rri, c.rro
+		for bytes := 0; bytes < want && nr < maxCMAIov && ri < len(c.rrv); nr++ {
+			n := min(c.rrv[ri].Len-ro, want-bytes)
+			c.rvecs[nr] = unix.RemoteIovec{Base: c.rrv[ri].Base + uintptr(ro), Len: n}
+			bytes += n
+			if ro += n; ro == c.rrv[ri].Len {
+				ri, ro = ri+1, 0
+			}
+		}
+		// Syscall, not RawSyscall: the copy may fault pages in and take long.
+		k, _, errno := unix.Syscall6(unix.SYS_PROCESS_VM_READV, uintptr(c.peerSeg.pid),
+			uintptr(unsafe.Pointer(&c.lvecs[0])), uintptr(nl), uintptr(unsafe.Pointer(&c.rvecs[0])), uintptr(nr), 0)
+		clear(c.lvecs[:nl]) // do not pin the caller's buffers
+		if err := c.cmaErr(errno); err != nil || !c.rcma {
+			if !c.rcma {
+				op.Progress = hdrSize
+				c.rcur.Reset()
+			}
+			return false, err
+		}
+		if errno == unix.EINTR {
+			continue
+		}
+		if k == 0 {
+			return false, fault.New(fault.ErrPeerLost, c.peer, "shm: rank %d's buffer ended early (stream %d)", c.peer, c.stream)
+		}
+		n := int(k)
+		c.rcur.Advance(dst, n)
+		for m := n; m > 0; {
+			step := min(c.rrv[c.rri].Len-c.rro, m)
+			m -= step
+			if c.rro += step; c.rro == c.rrv[c.rri].Len {
+				c.rri, c.rro = c.rri+1, 0
+			}
+		}
+		got += n
+		budget -= n
+		op.Progress += n
+	}
+	c.rone[0] = nil
+	if got < plen {
+		return false, nil
+	}
+	if c.peerSeg.closed.Load() != 0 {
+		return false, c.t.goneErr(c.peerIdx, c.stream)
+	}
+	c.ack(ackDone)
+	c.rcmas++
+	c.recvd.Add(uint64(got))
+	op.N = got
+	return true, nil
 }
 
 // avail returns the bytes of the current fragment not consumed yet; when it
@@ -535,7 +793,7 @@ func (c *conn) header(op *transport.RecvOp) error {
 	if err := got.Decode(op.Wire[:]); err != nil {
 		return fault.Wrap(fault.ErrMismatch, c.peer, err, "shm: stream %d from rank %d", c.stream, c.peer)
 	}
-	if k := op.Wire[kindByte]; k > recCMA || op.Wire[kindByte+1] != 0 {
+	if k := op.Wire[kindByte]; k > recCMAVec || op.Wire[kindByte+1] != 0 {
 		return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: unknown record kind %d.%d", c.stream, c.peer, k, op.Wire[kindByte+1])
 	}
 	dst, err := op.Land(c.peer)

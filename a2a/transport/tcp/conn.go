@@ -41,6 +41,44 @@ type conn struct {
 	recvSide transport.RecvSide // which op owns the receive direction; sticky error
 	rdst     []byte             // payload destination, known once the header is in
 	riov     [2]unix.Iovec
+
+	// Vectored payloads (SendOp.Vec, RecvOp.DstVec): where the next byte
+	// is, and iovecs for the header and up to maxVecIov slices per call,
+	// made at the first such op.
+	scur, rcur transport.VecCursor
+	sviov      []unix.Iovec
+	rviov      []unix.Iovec
+}
+
+// maxVecIov bounds the slices of a vectored payload one sendmsg or readv
+// takes (besides maxIO bytes): rows of 2 KiB fill maxIO with 128.
+const maxVecIov = 256
+
+// Vectored reports that conn moves vectored payloads itself: one sendmsg or
+// readv with an iovec per slice, no staging copy.
+func (c *conn) Vectored() bool { return true }
+
+// fillIov points iov at the header bytes from p (if p is inside it) and then
+// at the payload slices of v from cur, at most maxIO payload bytes. It
+// returns the entries used.
+func fillIov(iov []unix.Iovec, wire *[hdrSize]byte, p int, v [][]byte, cur transport.VecCursor) int {
+	cnt := 0
+	if p < hdrSize {
+		iov[0].Base = &wire[p]
+		iov[0].SetLen(hdrSize - p)
+		cnt = 1
+	}
+	for bytes := 0; cnt < len(iov) && bytes < maxIO; cnt++ {
+		b := cur.Piece(v, maxIO-bytes)
+		if b == nil {
+			break
+		}
+		iov[cnt].Base = &b[0]
+		iov[cnt].SetLen(len(b))
+		bytes += len(b)
+		cur.Advance(v, len(b))
+	}
+	return cnt
 }
 
 // TrySend writes as much of op as the socket takes: the header and the payload
@@ -53,14 +91,57 @@ func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
 		return false, c.closedErr
 	}
 	defer c.guard.Release()
-	if _, ok, err := c.sendSide.Claim(op, c.peer, "tcp"); !ok {
+	fresh, ok, err := c.sendSide.Claim(op, c.peer, "tcp")
+	if !ok {
 		return false, err
 	}
-	done, err := c.send(op)
+	if op.Vec == nil {
+		done, err := c.send(op)
+		if c.sendSide.Finish(done, err) {
+			c.siov = [2]unix.Iovec{} // do not pin the caller's buffer
+		}
+		return done, err
+	}
+	if fresh {
+		c.scur.Reset()
+		if c.sviov == nil {
+			c.sviov = make([]unix.Iovec, 1+maxVecIov)
+		}
+	}
+	done, err := c.sendVec(op)
 	if c.sendSide.Finish(done, err) {
-		c.siov = [2]unix.Iovec{} // do not pin the caller's buffer
+		clear(c.sviov)
 	}
 	return done, err
+}
+
+// sendVec is send for a gather payload: the header and the slices from the
+// cursor go out in one sendmsg, up to maxIO payload bytes per call.
+func (c *conn) sendVec(op *transport.SendOp) (bool, error) {
+	total := hdrSize + int(op.Hdr.Len)
+	for op.Progress < total {
+		p := op.Progress
+		cnt := fillIov(c.sviov, &op.Wire, p, op.Vec, c.scur)
+		c.smsg.Iov = &c.sviov[0]
+		c.smsg.SetIovlen(cnt)
+		n, _, errno := unix.RawSyscall(unix.SYS_SENDMSG, uintptr(c.fd), uintptr(unsafe.Pointer(&c.smsg)), unix.MSG_NOSIGNAL)
+		switch errno {
+		case 0:
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false, nil
+		default:
+			return false, c.lost(errno, "send")
+		}
+		op.Progress += int(n)
+		c.scur.Advance(op.Vec, op.Progress-max(p, hdrSize))
+		c.sent.Add(uint64(n))
+		if op.Progress < total {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 func (c *conn) send(op *transport.SendOp) (bool, error) {
@@ -129,12 +210,54 @@ func (c *conn) TryRecv(op *transport.RecvOp) (bool, error) {
 	if fresh {
 		c.rdst = nil
 	}
-	done, err := c.recv(op)
+	if op.DstVec == nil {
+		done, err := c.recv(op)
+		if c.recvSide.Finish(done, err) {
+			c.rdst = nil
+			c.riov = [2]unix.Iovec{}
+		}
+		return done, err
+	}
+	if fresh {
+		c.rcur.Reset()
+		if c.rviov == nil {
+			c.rviov = make([]unix.Iovec, 1+maxVecIov)
+		}
+	}
+	done, err := c.recvVec(op)
 	if c.recvSide.Finish(done, err) {
-		c.rdst = nil
-		c.riov = [2]unix.Iovec{}
+		clear(c.rviov)
 	}
 	return done, err
+}
+
+// recvVec is recv for a scattered receive (exact length): one readv takes
+// the header and the payload's first slices, later ones the slices from the
+// cursor, up to maxIO payload bytes per call.
+func (c *conn) recvVec(op *transport.RecvOp) (bool, error) {
+	total := hdrSize + int(op.Want.Len)
+	for op.Progress < total {
+		p := op.Progress
+		cnt := fillIov(c.rviov, &op.Wire, p, op.DstVec, c.rcur)
+		n, err := c.readvIov(c.rviov[:cnt])
+		if n == 0 || err != nil {
+			return false, err
+		}
+		op.Progress += n
+		if op.Progress > hdrSize {
+			c.rcur.Advance(op.DstVec, op.Progress-max(p, hdrSize))
+		}
+		if p < hdrSize && op.Progress >= hdrSize {
+			if err := c.header(op); err != nil {
+				return false, err
+			}
+		}
+		if op.Progress >= hdrSize && op.Progress < total {
+			return false, nil
+		}
+	}
+	op.N = total - hdrSize
+	return true, nil
 }
 
 func (c *conn) recv(op *transport.RecvOp) (bool, error) {
@@ -196,10 +319,13 @@ func (c *conn) header(op *transport.RecvOp) error {
 
 // readv reads into the first cnt entries of c.riov. It returns 0 and no error
 // when the socket is empty.
-func (c *conn) readv(cnt int) (int, error) {
+func (c *conn) readv(cnt int) (int, error) { return c.readvIov(c.riov[:cnt]) }
+
+// readvIov reads into iov (at least one entry); see readv.
+func (c *conn) readvIov(iov []unix.Iovec) (int, error) {
 	for {
 		// RawSyscall: see send; readv on a non-blocking socket never sleeps.
-		n, _, errno := unix.RawSyscall(unix.SYS_READV, uintptr(c.fd), uintptr(unsafe.Pointer(&c.riov[0])), uintptr(cnt))
+		n, _, errno := unix.RawSyscall(unix.SYS_READV, uintptr(c.fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
 		switch errno {
 		case 0:
 			if n == 0 {
