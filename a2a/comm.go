@@ -103,6 +103,8 @@ type Comm struct {
 	matrix          []int
 	rowsOut, rowsIn []byte
 	rowCounts       []int
+	// AllToAllVSpans' scratch (spans.go), made at its first call.
+	spans *spanState
 	// evenHosts: every host runs as many ranks as the others, which staged
 	// needs; unevenOnce logs the fallback once.
 	evenHosts  bool

@@ -81,12 +81,19 @@ type engine struct {
 	// after their data: the one being stored, and by peer the ones loading.
 	sigOut []byte
 	sigIn  [][]byte
+	// Gathered and scattered buffers (engine_vec.go).
+	vec engineVec
 }
 
 // localCopy is a copy or reduce step still to do; it shrinks as chunks are done.
 type localCopy struct {
 	dst, src []byte
 	reduce   bool
+	// A copy from or to a gathered buffer: the slices, the cursors and the
+	// bytes left (engine_vec.go).
+	sv, dv [][]byte
+	sc, dc transport.VecCursor
+	left   int
 }
 
 // copyChunk bounds the local copying done between two passes over the
@@ -98,6 +105,7 @@ type activeOp struct {
 	into        []byte // RecvReduce: reduce the landed frame into this span
 	with        []byte // three-operand RecvReduce: into = with op landed (landed op with if landedFirst)
 	landedFirst bool
+	scatter     [][]byte // copy the landed staging here once the frame is in (engine_vec.go)
 	done        bool
 	peer        int
 	stream      int
@@ -209,12 +217,20 @@ func (e *engine) run(ctx context.Context, kind transport.OpKind, seq, aux uint64
 func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []algo.Step, bufs *opBuffers) error {
 	e.active = e.active[:0]
 	e.copies, e.copied = e.copies[:0], 0
+	e.vec.vecs, e.vec.stage = e.vec.vecs[:0], e.vec.stage[:0]
 	nSend, nRecv := 0, 0
 	oneSided := false
 	for i := range steps {
 		st := &steps[i]
 		switch st.Kind {
 		case algo.StepCopy:
+			if c, ok, err := e.localCopyOf(st, bufs); ok {
+				if err != nil {
+					return err
+				}
+				e.copies = append(e.copies, c)
+				continue
+			}
 			src, dst, err := bufs.srcDst(st)
 			if err != nil {
 				return err
@@ -240,21 +256,35 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 				h.Flags = transport.FlagLast
 			}
 			slot := st.Peer*e.streams + st.Stream
+			conn := e.tr.Conn(st.Peer, st.Stream)
 			if st.Kind == algo.StepSend {
-				data, err := bufs.span(st.Src)
-				if err != nil {
-					return err
-				}
 				h.Src = uint32(e.rank)
 				h.Round = e.sendFrames[slot]
 				e.sendFrames[slot]++
 				if nSend == len(e.sendOps) {
 					e.sendOps = append(e.sendOps, transport.SendOp{})
 				}
-				e.sendOps[nSend].Reset(h, data)
-				e.traffic.add(true, e.sameHost[st.Peer], len(data))
-				e.active = append(e.active, activeOp{send: true, peer: st.Peer, stream: st.Stream, idx: nSend, conn: e.tr.Conn(st.Peer, st.Stream)})
+				n, err := e.resetSend(&e.sendOps[nSend], h, bufs, st.Src, conn)
+				if err != nil {
+					return err
+				}
+				e.traffic.add(true, e.sameHost[st.Peer], n)
+				e.active = append(e.active, activeOp{send: true, peer: st.Peer, stream: st.Stream, idx: nSend, conn: conn})
 				nSend++
+			} else if st.Kind == algo.StepRecv && e.vectored(st.Dst.Buf) {
+				h.Src = uint32(st.Peer)
+				h.Round = e.recvFrames[slot]
+				e.recvFrames[slot]++
+				if nRecv == len(e.recvOps) {
+					e.recvOps = append(e.recvOps, transport.RecvOp{})
+				}
+				n, scatter, err := e.resetRecv(&e.recvOps[nRecv], h, bufs, st.Dst, conn)
+				if err != nil {
+					return err
+				}
+				e.traffic.add(false, e.sameHost[st.Peer], n)
+				e.active = append(e.active, activeOp{peer: st.Peer, stream: st.Stream, idx: nRecv, scatter: scatter, conn: conn})
+				nRecv++
 			} else {
 				landing := st.Dst
 				if st.Kind == algo.StepRecvReduce {
@@ -290,7 +320,7 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 				}
 				e.recvOps[nRecv].Reset(h, dst, false)
 				e.active = append(e.active, activeOp{peer: st.Peer, stream: st.Stream, idx: nRecv, into: into, with: with,
-					landedFirst: st.LandedFirst, conn: e.tr.Conn(st.Peer, st.Stream)})
+					landedFirst: st.LandedFirst, conn: conn})
 				nRecv++
 			}
 		case algo.StepStore, algo.StepLoad:
@@ -489,6 +519,10 @@ func (e *engine) progress(ctx context.Context) error {
 						return err
 					}
 				}
+				if a.scatter != nil {
+					var c transport.VecCursor
+					c.Scatter(a.scatter, e.recvOps[a.idx].Dst)
+				}
 				if a.into != nil {
 					// Reduce at once: the next round may forward this result,
 					// and the landed frame is still in cache.
@@ -601,6 +635,12 @@ func (e *engine) copySome() (bool, error) {
 		return false, nil
 	}
 	c := &e.copies[e.copied]
+	if c.sv != nil {
+		if copyVecSome(c) {
+			e.copied++
+		}
+		return true, nil
+	}
 	n := min(len(c.dst), copyChunk) // copyChunk is a multiple of every element size
 	if c.reduce {
 		if err := reduce.Reduce(e.dtype, e.op, c.dst[:n], c.src[:n]); err != nil {
