@@ -109,6 +109,12 @@ const (
 	// 7.8 vs 3.6 us, 1 MiB 140 vs 57 us. Below the crossover the syscall and
 	// the acknowledgment round trip cost more than the second copy.
 	DefaultZCopyThreshold = 8 << 10
+	// DefaultZCopyVecSlice is the default ZCopyVecSlice. process_vm_readv
+	// pins the sender's memory iovec by iovec: 512 KiB in 2 KiB rows read at
+	// 4-4.5 GB/s, in one iovec or 64 KiB ones at 7-13 GB/s (in-process
+	// microbenchmark on the 2-core EPYC VM), so rows of MoE size are
+	// cheaper as two ring copies.
+	DefaultZCopyVecSlice = 64 << 10
 	// DefaultSlotBytes is the payload capacity of one LL slot, so the
 	// largest message that may travel by LL. Measured with 2 processes
 	// exchanging a message each way (BenchmarkLLExchangeProcs, p50, LL vs a
@@ -160,6 +166,10 @@ type Config struct {
 	// kernel allows it: 0 means DefaultZCopyThreshold, a negative value
 	// disables CMA (in both directions, since the receiver decides).
 	ZCopyThreshold int
+	// ZCopyVecSlice is the smallest average slice of a gather-send
+	// (SendOp.Vec) that travels by CMA; shorter slices go through the ring,
+	// copied straight from them. 0 means DefaultZCopyVecSlice.
+	ZCopyVecSlice int
 	// Logger receives setup and peer events; nil discards them.
 	Logger *slog.Logger
 
@@ -232,6 +242,9 @@ func (c Config) normalize() (Config, error) {
 	}
 	if c.ZCopyThreshold == 0 {
 		c.ZCopyThreshold = DefaultZCopyThreshold
+	}
+	if c.ZCopyVecSlice <= 0 {
+		c.ZCopyVecSlice = DefaultZCopyVecSlice
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -217,7 +217,7 @@ func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
 		}
 		z := c.t.zthresh
 		n := op.PayloadLen()
-		c.scma = z > 0 && n >= z && c.tx.cmaOK.Load() != 0
+		c.scma = z > 0 && n >= z && c.tx.cmaOK.Load() != 0 && (op.Vec == nil || n >= c.t.zvec*len(op.Vec))
 		if c.scma {
 			op.Wire[kindByte] = recCMA
 			if op.Vec != nil {

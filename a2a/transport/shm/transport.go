@@ -34,6 +34,7 @@ type Transport struct {
 	me       int   // this rank's index in cfg.Local
 	localIdx []int // by world rank: index in cfg.Local, or -1
 	zthresh  int   // messages of at least this many bytes go by CMA; <= 0 never
+	zvec     int   // gather-sends go by CMA when their slices average this many bytes
 
 	path   string // own segment file
 	linked bool   // path still names the segment
@@ -117,6 +118,7 @@ func Open(ctx context.Context, cfg Config) (*Transport, error) {
 		pid:       os.Getpid(),
 		localIdx:  make([]int, cfg.Size),
 		zthresh:   cfg.ZCopyThreshold,
+		zvec:      cfg.ZCopyVecSlice,
 		segs:      make([]*segment, len(cfg.Local)),
 		dead:      make([]atomic.Bool, len(cfg.Local)),
 		conns:     make([]*conn, cfg.Size*cfg.Streams),
