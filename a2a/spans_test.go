@@ -136,8 +136,8 @@ func firstDiff(a, b []byte) int {
 // TestAllToAllVSpans checks the gather-send AllToAllV byte for byte over TCP
 // and shared memory at 2 to 5 ranks: random spans (empty and overlapping send
 // spans included) gathered from one buffer and scattered into another, small
-// messages (ring copies on shm) and large ones (CMA with iovec lists on both
-// sides, frames cut across spans, more slices than one call takes), several
+// messages and large ones (frames cut across spans; on shm, ring copies
+// straight from and to the spans, or CMA for long slices), several
 // calls on one group, by pairwise
 // and fullmesh.
 func TestAllToAllVSpans(t *testing.T) {

@@ -483,6 +483,8 @@ func (d *Dispatcher) handle() *Handle {
 		rowDelta:   make([]int, P),
 		a2aSend:    make([]int, P),
 		a2aRecv:    make([]int, P),
+		sendSpans:  make([][]a2a.Span, P),
+		recvSpans:  make([][]a2a.Span, P),
 	}
 	if d.shared {
 		h.descOut, h.descIn = make([]byte, descriptorBytes*P), make([]byte, descriptorBytes*P)

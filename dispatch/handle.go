@@ -88,16 +88,23 @@ type Handle struct {
 	// bytes of recv after this rank's own rows, and the whole send buffer.
 	a2aSend, a2aRecv []int
 	remoteRecv       int
-	matrix           []int  // CountsNATS: the traffic matrix
-	hdrOut, hdrIn    []byte // CountsInBand: per-(rank, local expert) row counts
-	rowsFrom         []int  // rowsFrom[src*nLocal+l]: rows from src for local expert l
-	expertRows       []int  // rows per local expert
-	segs             []Segment
-	slotOff          []int // offset of each (token, slot)'s output: send offset, selfOffset, or -1 if dropped
-	rowBase          []int // pack: byte offset of packed row 0 in rank j's block (send, or recv for this rank)
-	offs             []int // combine scratch: the kept slots of one token
-	ws               []float32
-	acc, tmp         []float32
+	// gather: the AllToAllV's rows go out of the token buffer itself
+	// (AllToAllVSpans; CountsInBand, whose blocks have no header):
+	// sendSpans[j] lists, in packed order, the token rows for rank j, and
+	// recvSpans[i] is rank i's block of recv. The send buffer then only
+	// receives the reverse exchange.
+	gather               bool
+	sendSpans, recvSpans [][]a2a.Span
+	matrix               []int  // CountsNATS: the traffic matrix
+	hdrOut, hdrIn        []byte // CountsInBand: per-(rank, local expert) row counts
+	rowsFrom             []int  // rowsFrom[src*nLocal+l]: rows from src for local expert l
+	expertRows           []int  // rows per local expert
+	segs                 []Segment
+	slotOff              []int // offset of each (token, slot)'s output: send offset, selfOffset, or -1 if dropped
+	rowBase              []int // pack: byte offset of packed row 0 in rank j's block (send, or recv for this rank)
+	offs                 []int // combine scratch: the kept slots of one token
+	ws                   []float32
+	acc, tmp             []float32
 
 	// Where combine reads the outputs of peer j's experts: the row for the
 	// slot at send offset off is rowSrc[j][off-rowDelta[j]:] (the send
@@ -289,10 +296,19 @@ func (h *Handle) runDispatch() error {
 		}
 	}
 	h.send = grow(h.send, sent)
+	h.gather = d.cfg.Counts == CountsInBand
 	for j := range P {
 		if !d.sharedWith[j] {
 			h.rowSrc[j] = h.send
 		}
+		n := 0
+		if h.gather && h.a2aSend[j] > 0 {
+			n = p.RankRows[j]
+		}
+		if cap(h.sendSpans[j]) < n {
+			h.sendSpans[j] = make([]a2a.Span, n)
+		}
+		h.sendSpans[j] = h.sendSpans[j][:n]
 	}
 	h.selfBytes = p.RankRows[me] * rb
 	if !d.shared {
@@ -378,7 +394,19 @@ func (h *Handle) runDispatch() error {
 		// For the peers that wrote into recv through shared memory, this
 		// call's message from them (every pair exchanges one in an
 		// AllToAllV, empty or not) also says that they finished.
-		if err := d.comm.AllToAllV(h.ctx, h.send, h.a2aSend, h.recv[h.selfBytes:h.selfBytes+h.remoteRecv], h.a2aRecv); err != nil {
+		var err error
+		if h.gather {
+			for i := range P {
+				h.recvSpans[i] = h.recvSpans[i][:0]
+				if h.a2aRecv[i] > 0 {
+					h.recvSpans[i] = append(h.recvSpans[i], a2a.Span{Off: h.recvDispl[i], Len: h.a2aRecv[i]})
+				}
+			}
+			err = d.comm.AllToAllVSpans(h.ctx, h.tokens, h.sendSpans, h.recv, h.recvSpans)
+		} else {
+			err = d.comm.AllToAllV(h.ctx, h.send, h.a2aSend, h.recv[h.selfBytes:h.selfBytes+h.remoteRecv], h.a2aRecv)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -437,7 +465,9 @@ const streamBytes = 1 << 20
 // pack copies every kept row once, walking the assignments in token order so
 // that each token row is read once for all its slots: rows for other ranks go
 // to their place in their block (after its CountsNATS header), rows for this
-// rank's experts to the front of the receive buffer. A block is in the send
+// rank's experts to the front of the receive buffer. Rows the AllToAllV sends
+// straight from the tokens (h.gather) are not copied: their place in the
+// send layout becomes a span of the tokens instead. A block is in the send
 // buffer, or with shared memory directly in the receiver's receive buffer:
 // byte pos of the send layout is rowSrc[j][pos-rowDelta[j]]. It records each
 // slot's send-layout offset for combine.
@@ -474,10 +504,15 @@ func (h *Handle) pack() {
 		j := owner[h.dec.Expert[a]]
 		pos := h.rowBase[j] + int(r)*rb
 		var dst []byte
-		if j == me {
+		switch {
+		case j == me:
 			dst = h.recv[pos : pos+rb]
 			h.slotOff[a] = selfOffset(pos)
-		} else {
+		case h.gather && !d.sharedWith[j]:
+			h.sendSpans[j][int(r)-p.RankStart[j]] = a2a.Span{Off: t * rb, Len: rb}
+			h.slotOff[a] = pos
+			continue
+		default:
 			dst = h.rowSrc[j][pos-h.rowDelta[j]:][:rb]
 			h.slotOff[a] = pos
 		}
