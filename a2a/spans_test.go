@@ -9,6 +9,9 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/a2a-moe/a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/transport/tcp"
 )
 
 // spanCase is one AllToAllVSpans workload that every rank can recompute: the
@@ -300,6 +303,55 @@ func TestAllToAllVSpansAllocatesNothing(t *testing.T) {
 			if perOp := (float64(after.Mallocs-before.Mallocs) - 64) / float64(n*iters); perOp > 0.1 {
 				t.Errorf("%.2f allocations per call per rank, want 0", perOp)
 			}
+		})
+	}
+}
+
+// plainProvider hides vectored I/O from its transport's Conns, as a
+// transport without it (verbs today) looks to the engine.
+type plainProvider struct{ transport.Provider }
+
+type plainEndpoint struct{ transport.Endpoint }
+
+type plainTransport struct{ transport.Transport }
+
+type plainConn struct{ transport.Conn }
+
+func (p plainProvider) Listen(ctx context.Context, self transport.Self) (transport.Endpoint, error) {
+	ep, err := p.Provider.Listen(ctx, self)
+	if err != nil {
+		return nil, err
+	}
+	return plainEndpoint{ep}, nil
+}
+
+func (e plainEndpoint) Connect(ctx context.Context, g transport.Group, peers []int) (transport.Transport, error) {
+	tr, err := e.Endpoint.Connect(ctx, g, peers)
+	if err != nil {
+		return nil, err
+	}
+	return plainTransport{tr}, nil
+}
+
+func (t plainTransport) Conn(peer, stream int) transport.Conn {
+	return plainConn{t.Transport.Conn(peer, stream)}
+}
+
+// TestAllToAllVSpansPacksForPlainTransports: over a transport whose Conns
+// do not move vectored payloads, the engine packs the gathered bytes into
+// staging and unpacks what lands, and every byte still arrives.
+func TestAllToAllVSpansPacksForPlainTransports(t *testing.T) {
+	url := startNATS(t)
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			comms := group(t, url, n, func(c *Config) {
+				c.Providers = []transport.Provider{plainProvider{tcp.Provider{}}}
+			})
+			if _, vec := comms[0].eng.tr.Conn(1, 0).(transport.VecConn); vec {
+				t.Fatal("the wrapped transport's Conns still move vectors")
+			}
+			runSpans(t, comms, spanCase{n: n, bufBytes: 1 << 20, maxSpan: 64 << 10, maxSpans: 40, seed: 6})
+			runSpans(t, comms, spanCase{n: n, bufBytes: 4 << 10, maxSpan: 300, maxSpans: 12, seed: 7})
 		})
 	}
 }
