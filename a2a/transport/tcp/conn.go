@@ -122,26 +122,42 @@ func (c *conn) sendVec(op *transport.SendOp) (bool, error) {
 	for op.Progress < total {
 		p := op.Progress
 		cnt := fillIov(c.sviov, &op.Wire, p, op.Vec, c.scur)
-		c.smsg.Iov = &c.sviov[0]
-		c.smsg.SetIovlen(cnt)
-		n, _, errno := unix.RawSyscall(unix.SYS_SENDMSG, uintptr(c.fd), uintptr(unsafe.Pointer(&c.smsg)), unix.MSG_NOSIGNAL)
-		switch errno {
-		case 0:
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return false, nil
-		default:
-			return false, c.lost(errno, "send")
+		n, blocked, err := c.sendmsg(&c.sviov[0], cnt)
+		if blocked || err != nil {
+			return false, err
 		}
-		op.Progress += int(n)
+		op.Progress += n
 		c.scur.Advance(op.Vec, op.Progress-max(p, hdrSize))
-		c.sent.Add(uint64(n))
 		if op.Progress < total {
 			return false, nil
 		}
 	}
 	return true, nil
+}
+
+// sendmsg sends the first cnt entries of iov and counts what went out;
+// blocked reports a full socket buffer (EAGAIN).
+func (c *conn) sendmsg(iov *unix.Iovec, cnt int) (n int, blocked bool, err error) {
+	c.smsg.Iov = iov
+	c.smsg.SetIovlen(cnt)
+	for {
+		// sendmsg rather than writev for MSG_NOSIGNAL: a dead peer must be an
+		// error, not a SIGPIPE.
+		// RawSyscall: on a non-blocking socket sendmsg never sleeps, and
+		// entering the scheduler's syscall state would let the runtime hand
+		// this P to another thread, waking a second core mid-operation.
+		sent, _, errno := unix.RawSyscall(unix.SYS_SENDMSG, uintptr(c.fd), uintptr(unsafe.Pointer(&c.smsg)), unix.MSG_NOSIGNAL)
+		switch errno {
+		case 0:
+			c.sent.Add(uint64(sent))
+			return int(sent), false, nil
+		case unix.EINTR:
+		case unix.EAGAIN:
+			return 0, true, nil
+		default:
+			return 0, false, c.lost(errno, "send")
+		}
+	}
 }
 
 func (c *conn) send(op *transport.SendOp) (bool, error) {
@@ -164,25 +180,11 @@ func (c *conn) send(op *transport.SendOp) (bool, error) {
 		if cnt == 2 {
 			c.siov[1].SetLen(min(len(op.Data), maxIO))
 		}
-		c.smsg.Iov = &c.siov[0]
-		c.smsg.SetIovlen(cnt)
-		// sendmsg rather than writev for MSG_NOSIGNAL: a dead peer must be an
-		// error, not a SIGPIPE.
-		// RawSyscall: on a non-blocking socket sendmsg never sleeps, and
-		// entering the scheduler's syscall state would let the runtime hand
-		// this P to another thread, waking a second core mid-operation.
-		n, _, errno := unix.RawSyscall(unix.SYS_SENDMSG, uintptr(c.fd), uintptr(unsafe.Pointer(&c.smsg)), unix.MSG_NOSIGNAL)
-		switch errno {
-		case 0:
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return false, nil
-		default:
-			return false, c.lost(errno, "send")
+		n, blocked, err := c.sendmsg(&c.siov[0], cnt)
+		if blocked || err != nil {
+			return false, err
 		}
-		op.Progress += int(n)
-		c.sent.Add(uint64(n))
+		op.Progress += n
 		if op.Progress < total {
 			return false, nil
 		}
