@@ -678,14 +678,7 @@ func (c *conn) cmaRecvVec(op *transport.RecvOp) (bool, error) {
 	if got < plen {
 		return false, nil
 	}
-	if c.peerSeg.closed.Load() != 0 {
-		return false, c.t.goneErr(c.peerIdx, c.stream)
-	}
-	c.ack(ackDone)
-	c.rcmas++
-	c.recvd.Add(uint64(got))
-	op.N = got
-	return true, nil
+	return c.cmaDone(op, got)
 }
 
 // avail returns the bytes of the current fragment not consumed yet; when it
@@ -747,6 +740,12 @@ func (c *conn) cmaRecv(op *transport.RecvOp) (bool, error) {
 	if got < len(c.rdst) {
 		return false, nil
 	}
+	return c.cmaDone(op, got)
+}
+
+// cmaDone completes a receive whose got bytes were all copied from the
+// sender's memory, and tells the sender.
+func (c *conn) cmaDone(op *transport.RecvOp, got int) (bool, error) {
 	// A sender that closed meanwhile gave its buffer back to its caller, who
 	// may have changed it while we copied.
 	if c.peerSeg.closed.Load() != 0 {
