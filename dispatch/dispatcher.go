@@ -617,9 +617,25 @@ func wrapInvalid(err error, what string) error {
 
 func alignUp(n, a int) int { return (n + a - 1) / a * a }
 
+// grow returns b resliced to n bytes, or new memory (contents lost) if b
+// is too small.
 func grow(b []byte, n int) []byte {
 	if cap(b) < n {
-		return make([]byte, n)
+		return largeBytes(n)
 	}
 	return b[:n]
+}
+
+// largeBytes allocates a buffer of the step (rows, outputs), advised to use
+// huge pages when it spans some. The exchanges copy between ranks of a host
+// with process_vm_readv, which pins every page it reads and walks every page
+// it writes: on 4 KiB pages that is much of a MoE step's CPU time (see
+// docs/PERFORMANCE.md, MoE step overhead). Heap memory rather than
+// a2a.AllocBuffer, so that a handle dropped without Release is still
+// collected; the advice stays with the address range, so heap memory reused
+// after the buffer is freed keeps it too (harmless: it is only advice).
+func largeBytes(n int) []byte {
+	b := make([]byte, n)
+	adviseHuge(b)
+	return b
 }

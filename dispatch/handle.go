@@ -198,7 +198,7 @@ func (h *Handle) growRecv(n, keep int) error {
 		return nil
 	}
 	if cap(h.recv) < n {
-		r := make([]byte, n)
+		r := largeBytes(n)
 		copy(r, h.recv[:keep])
 		h.recv = r
 	}
