@@ -629,6 +629,17 @@ func (qp *QP) Connect(ep Endpoint, psn uint32, remote Addr, opt ConnectOptions) 
 	return nil
 }
 
+// Reset moves the QP back to RESET from any state, dropping its posted work requests
+// (their completions may still be in the CQ): Init and Connect may follow again, as after
+// NewRCQP.
+func (qp *QP) Reset() error {
+	if err := cModifyQP(qp.pd.ctx.lib.fns, qp.q, qpModify{state: qpsReset}); err != nil {
+		return callError(fmt.Sprintf("ibv_modify_qp(QP %d, RESET)", qp.qpn), err)
+	}
+	qp.state = qpsReset
+	return nil
+}
+
 // SetError moves the QP to the error state: its outstanding work requests complete with
 // WCWRFlushErr, and the peer's next operations fail (retry exceeded).
 func (qp *QP) SetError() error {
