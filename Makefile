@@ -56,6 +56,7 @@ test-rdma: build
 	A2A_IBV_HEADERS=1 $(GO) test -count=1 -run 'Layout' ./a2a/transport/verbs/ibv
 	@mkdir -p $(BIN)/rdma-tests
 	$(GO) test -c -o $(BIN)/rdma-tests/ibv.test ./a2a/transport/verbs/ibv
+	$(GO) test -c -o $(BIN)/rdma-tests/verbs.test ./a2a/transport/verbs
 	./scripts/rdma-lab.sh run -- scripts/rdma-tests.sh
 
 # What make test runs: the lab where its packages can be installed (root, as CI).

@@ -49,6 +49,7 @@ counters() {
 
 step "a2ad devices" a2ad devices --require
 step "verbs binding (a2a/transport/verbs/ibv)" gotest a2a/transport/verbs/ibv ibv.test -test.v
+step "verbs transport (a2a/transport/verbs)" gotest a2a/transport/verbs verbs.test -test.v
 step "rxe counters" counters
 
 if [ -n "$failed" ]; then

@@ -1,0 +1,259 @@
+package verbs
+
+import (
+	"encoding/binary"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/transport/verbs/ibv"
+)
+
+// llState is the LL window over RDMA (transport.Slots). Every rank
+// registers a window with, per source rank, two slots chosen by epoch
+// parity, and announces its address and rkey. A Store encodes the message
+// as shm does (8-byte words: 4 payload bytes and the epoch; a length word
+// len|tag|epoch) into a registered staging slot and RDMA WRITEs it WITH IMM
+// into its slot of the peer's window on stream 0's QP: the immediate wakes
+// a parked receiver, and RC ordering places the store before any frame the
+// peer sends after it. The device may place the words in any order; a Load
+// takes only words that carry the epoch, so a message is complete when
+// every word it announces does. Used under Transport.mu.
+type llState struct {
+	t         *Transport
+	slotBytes int
+	stride    int
+	win       []uint64 // this rank's window: (source rank*2+parity)*stride/8
+	out       []uint64 // staging: (target rank*2+parity)*stride/8
+	outAddr   uint64
+	outKey    uint32
+	remote    []llRemote // by peer
+	batch     bool
+}
+
+type llRemote struct {
+	addr uint64 // the peer's window base
+	key  uint32
+}
+
+// The length word's low half: the message length in the low lenBits, the
+// tag above it.
+const (
+	lenBits = 32 - transport.SlotTagBits
+	lenMask = 1<<lenBits - 1
+	lo32    = 0xffffffff
+)
+
+func words(b []byte) []uint64 {
+	if len(b) < 8 {
+		return nil
+	}
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(b)/8)
+}
+
+func (l *llState) init(t *Transport, remotes []remoteEndpoint) {
+	l.t = t
+	g := t.geo
+	if g.SlotBytes == 0 {
+		return
+	}
+	l.slotBytes, l.stride = g.SlotBytes, llStride(g.SlotBytes)
+	l.win = words(t.dev.window.mem[:g.Size*2*l.stride])
+	off := g.Size * g.Streams * ctlBytes
+	l.out = words(t.dev.ctl.mem[off : off+g.Size*2*l.stride])
+	l.outAddr, l.outKey = t.dev.ctl.mr.Addr()+uint64(off), t.dev.ctl.mr.LKey()
+	l.remote = make([]llRemote, g.Size)
+	for q, re := range remotes {
+		l.remote[q] = llRemote{re.WinAddr, re.WinKey}
+	}
+}
+
+// conn0 is the stream-0 conn to peer when peer has an LL slot here.
+func (l *llState) conn0(peer int) *conn {
+	t := l.t
+	if l.slotBytes == 0 || peer < 0 || peer >= t.size || l.remote[peer].key == 0 {
+		return nil
+	}
+	return t.conns[peer*t.streams]
+}
+
+// SlotBytes is the LL payload one Store to peer may carry: the slot size
+// for every peer this transport reaches, 0 when LL slots are off.
+func (t *Transport) SlotBytes(peer int) int {
+	if t.ll.conn0(peer) == nil {
+		return 0
+	}
+	return t.ll.slotBytes
+}
+
+// BeginBatch starts a batch of Stores and Loads (see transport.Slots): the
+// calls in it skip the guard against Close.
+func (t *Transport) BeginBatch() bool {
+	if !t.guard.Acquire() {
+		return false
+	}
+	t.ll.batch = true
+	return true
+}
+
+// EndBatch ends the batch BeginBatch started.
+func (t *Transport) EndBatch() {
+	t.ll.batch = false
+	t.guard.Release()
+}
+
+// Store writes data into this rank's slot of parity epoch&1 in peer's
+// window (see llState). It never blocks: the write is posted, not awaited.
+// Errors: fault.ErrClosed after Close, fault.ErrInvalidArgument for more
+// than SlotBytes(peer) bytes, a peer without a slot, a bad epoch or tag,
+// fault.ErrPeerLost when the peer is gone. Stats count the words written.
+func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error {
+	if !t.ll.batch {
+		if !t.guard.Acquire() {
+			return t.closedErr
+		}
+		defer t.guard.Release()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := &t.ll
+	c := l.conn0(peer)
+	switch {
+	case c == nil:
+		return fault.New(fault.ErrInvalidArgument, peer, "verbs: rank %d has no LL slot at rank %d", t.rank, peer)
+	case len(data) > l.slotBytes:
+		return fault.New(fault.ErrInvalidArgument, peer, "verbs: LL message of %d bytes to rank %d, slots hold %d", len(data), peer, l.slotBytes)
+	case epoch < transport.FirstEpoch:
+		return fault.New(fault.ErrInvalidArgument, peer, "verbs: LL epoch %d (epochs start at %d)", epoch, transport.FirstEpoch)
+	case tag >= 1<<transport.SlotTagBits:
+		return fault.New(fault.ErrInvalidArgument, peer, "verbs: LL tag %#x wider than %d bits", tag, transport.SlotTagBits)
+	case c.lost != nil:
+		return c.lost
+	}
+	slot := (peer*2 + int(epoch&1)) * l.stride / 8
+	nw := llWords(len(data))
+	w := l.out[slot : slot+1+nw]
+	hi := uint64(epoch) << 32
+	src := data
+	for k := 1; k <= nw; k++ {
+		var b [4]byte
+		copy(b[:], src)
+		w[k] = uint64(binary.LittleEndian.Uint32(b[:])) | hi
+		src = src[min(4, len(src)):]
+	}
+	w[0] = uint64(len(data)) | uint64(tag)<<lenBits | hi
+	// The send queue drains as the peer acknowledges; a full one (a
+	// stream busy with many chunks) empties within round trips.
+	for end := time.Now().Add(time.Second); c.sqFull(); {
+		if err := t.poll(); err != nil {
+			return err
+		}
+		if c.lost != nil {
+			return c.lost
+		}
+		if time.Now().After(end) {
+			return fault.New(fault.ErrPeerLost, peer, "verbs: the send queue to rank %d stays full", peer)
+		}
+	}
+	n := 8 * (1 + nw)
+	own := (t.rank*2 + int(epoch&1)) * l.stride
+	c.sge[0] = ibv.SGE{Addr: l.outAddr + uint64(slot*8), Length: uint32(n), LKey: l.outKey}
+	err := c.post(ibv.SendWR{ID: wrID(c.idx, wrLL, 0), Op: ibv.OpRDMAWriteWithImm, Flags: ibv.SendSignaled,
+		Imm: immLL | c.takeCredits(), RemoteAddr: l.remote[peer].addr + uint64(own), RKey: l.remote[peer].key}, c.sge[:1])
+	if err != nil {
+		return err
+	}
+	t.sent[peer].Add(uint64(n))
+	return nil
+}
+
+// Load takes what peer stored for epoch into dst (see transport.Slots and
+// llState). A load that cannot finish polls the completion queue and fails
+// with fault.ErrPeerLost once the peer is gone, and with fault.ErrMismatch
+// when a frame from peer waits on stream 0 while the message is still
+// incomplete: the peer stores before it sends on that QP, so a peer running
+// the same operation cannot be caught between the two.
+func (t *Transport) Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
+	if !t.ll.batch {
+		if !t.guard.Acquire() {
+			return false, t.closedErr
+		}
+		defer t.guard.Release()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := &t.ll
+	c := l.conn0(peer)
+	switch {
+	case c == nil:
+		return false, fault.New(fault.ErrInvalidArgument, peer, "verbs: rank %d has no LL slot at rank %d", t.rank, peer)
+	case !anyLen && len(dst) > l.slotBytes:
+		return false, fault.New(fault.ErrInvalidArgument, peer, "verbs: LL load of %d bytes from rank %d, slots hold %d", len(dst), peer, l.slotBytes)
+	case epoch < transport.FirstEpoch:
+		return false, fault.New(fault.ErrInvalidArgument, peer, "verbs: LL epoch %d (epochs start at %d)", epoch, transport.FirstEpoch)
+	}
+	slot := (peer*2 + int(epoch&1)) * l.stride / 8
+	w := l.win[slot : slot+l.stride/8]
+	done, err := l.take(peer, w, epoch, tag, dst, anyLen, st)
+	if done || err != nil {
+		return done, err
+	}
+	if err := t.poll(); err != nil {
+		return false, err
+	}
+	framed := c.rin != c.rhead
+	if done, err := l.take(peer, w, epoch, tag, dst, anyLen, st); done || err != nil {
+		return done, err
+	}
+	if c.lost != nil {
+		return false, c.lost
+	}
+	if framed {
+		return false, fault.New(fault.ErrMismatch, peer,
+			"verbs: rank %d sent a frame while this rank waits for its LL message (epoch %d): the ranks run different operations", peer, epoch)
+	}
+	return false, nil
+}
+
+// take copies the words of slot w that carry epoch into dst.
+func (l *llState) take(peer int, w []uint64, epoch, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
+	e := uint64(epoch)
+	if !st.Known {
+		lw := atomic.LoadUint64(&w[0])
+		if lw>>32 != e {
+			return false, nil
+		}
+		n, got := int(lw&lenMask), uint32(lw&lo32)>>lenBits
+		switch {
+		case got != tag:
+			return false, fault.New(fault.ErrMismatch, peer, "verbs: LL from rank %d tagged %#x, this rank expects %#x: the ranks run different operations", peer, got, tag)
+		case n > l.slotBytes:
+			return false, fault.New(fault.ErrMismatch, peer, "verbs: LL from rank %d: length word says %d bytes, slots hold %d", peer, n, l.slotBytes)
+		case !anyLen && n != len(dst):
+			return false, fault.New(fault.ErrMismatch, peer, "verbs: LL from rank %d: %d bytes, this rank expects %d", peer, n, len(dst))
+		case n > len(dst):
+			return false, fault.New(fault.ErrMismatch, peer, "verbs: LL from rank %d: %d bytes, buffer holds %d", peer, n, len(dst))
+		}
+		st.Len, st.Known = n, true
+	}
+	d := w[1:]
+	k := st.Words
+	for ; 4*k < st.Len; k++ {
+		v := atomic.LoadUint64(&d[k])
+		if v>>32 != e {
+			break
+		}
+		b := dst[4*k : min(st.Len, 4*k+4)]
+		for j := range b {
+			b[j] = byte(v >> (8 * j))
+		}
+	}
+	st.Words = k
+	if 4*k < st.Len {
+		return false, nil
+	}
+	l.t.recvd[peer].Add(uint64(8 * (1 + llWords(st.Len))))
+	return true, nil
+}
