@@ -6,6 +6,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // hugePage is the transparent huge page size on x86-64 and arm64 (4 KiB
@@ -19,7 +20,9 @@ const hugePage = 2 << 20
 // them). Large transfers gain: shared memory copies between processes with
 // process_vm_readv, which pins every page it reads, and 4 KiB pages make that
 // dominate (2 ranks, 1 MiB AllToAll: 170-177 us from AllocBuffer against
-// 203-228 us from the Go heap; Open MPI 191 us). Free it with FreeBuffer;
+// 203-228 us from the Go heap; Open MPI 191 us), and the verbs transport
+// sends from it without copying (it registers the mapping with the device
+// once; Go heap memory it must copy). Free it with FreeBuffer;
 // the garbage collector does not. Errors wrap ErrInvalidArgument.
 func AllocBuffer(n int) ([]byte, error) {
 	if n <= 0 || n > 1<<46 {
@@ -40,11 +43,15 @@ func AllocBuffer(n int) ([]byte, error) {
 	b := unsafe.Slice((*byte)(start), size)
 	// Only advice: without THP the buffer still works with base pages.
 	_ = unix.Madvise(b, unix.MADV_HUGEPAGE)
+	// RDMA may send from it without copying: the verbs transport registers
+	// it on first use.
+	transport.AddBuffer(b)
 	return b[:n:size], nil
 }
 
 // FreeBuffer releases a buffer from AllocBuffer (any reslicing that keeps
-// its start and capacity). Using the buffer afterwards faults. A slice that
+// its start and capacity), deregistering it from every RDMA device that
+// registered it. Using the buffer afterwards faults. A slice that
 // AllocBuffer did not return fails with ErrInvalidArgument.
 func FreeBuffer(b []byte) error {
 	if cap(b) == 0 {
@@ -54,6 +61,8 @@ func FreeBuffer(b []byte) error {
 	if uintptr(unsafe.Pointer(&all[0]))%hugePage != 0 || cap(b)%hugePage != 0 {
 		return fault.New(fault.ErrInvalidArgument, -1, "FreeBuffer: %d-byte slice at %p is not from AllocBuffer", cap(b), &all[0])
 	}
+	// Transports deregister it from their devices before it goes.
+	transport.RemoveBuffer(all)
 	if err := unix.MunmapPtr(unsafe.Pointer(&all[0]), uintptr(len(all))); err != nil {
 		return fault.Wrap(fault.ErrInvalidArgument, -1, err, "FreeBuffer")
 	}

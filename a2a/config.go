@@ -27,7 +27,7 @@ type Config struct {
 	Timeout       time.Duration // A2A_TIMEOUT    per-operation deadline when ctx has none, from when the op first waits (default 60s)
 	Listen        string        // A2A_LISTEN     data-plane listen address (default 127.0.0.1:0)
 	Host          string        // A2A_HOST       host identity; ranks with equal ones share memory (default HostIdentity())
-	Transport     string        // A2A_TRANSPORT  auto (each pair: the first provider that links it) | a provider's name: tcp, shm
+	Transport     string        // A2A_TRANSPORT  auto (each pair: the first provider that links it) | a provider's name: shm, verbs, tcp
 	Spin          time.Duration // A2A_SPIN       busy-poll time before yielding the core (0: 50us, or none when this host runs more ranks than cores; negative: none)
 	Yield         time.Duration // A2A_YIELD      sched_yield time before parking (default 1ms)
 	Links         string        // A2A_LINKS      link table: "" built-in | "probe" measured at join | path of `a2ad tune` output (rank 0's counts)

@@ -13,15 +13,19 @@ import (
 	"github.com/a2a-moe/a2a/a2a/transport"
 	"github.com/a2a-moe/a2a/a2a/transport/shm"
 	"github.com/a2a-moe/a2a/a2a/transport/tcp"
+	"github.com/a2a-moe/a2a/a2a/transport/verbs"
 )
 
 // DefaultProviders is the data planes a Comm tries, in order of preference:
-// shared memory between ranks of one host, then TCP. Every pair of ranks
+// shared memory between ranks of one host, RDMA verbs where both ranks have
+// a device (unavailable, and left out, where there is no libibverbs or no
+// active port), then TCP. Every pair of ranks
 // talks through the first provider both announced that reaches the other.
 // Ranks of one group must use the same list.
 func DefaultProviders(cfg Config) []transport.Provider {
 	return []transport.Provider{
 		shm.Provider{},
+		verbs.Provider{},
 		tcp.Provider{ListenAddr: cfg.Listen},
 	}
 }
