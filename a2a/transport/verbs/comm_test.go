@@ -1,0 +1,443 @@
+package verbs_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/a2atest"
+)
+
+// The Comm tests over verbs: ranks are processes (this test binary run
+// again as TestCommRank), joined through an embedded NATS server with
+// A2A_TRANSPORT=verbs semantics (Config.Transport "verbs"). They share the
+// lab's host, so their local ranks spread them over rxe0 and rxe1: ranks of
+// different parity talk across the veth pair.
+
+const childEnv = "A2A_VERBS_TEST_CHILD" // mode of a child rank: "ops" or "kill"
+
+func needLab(t *testing.T) {
+	t.Helper()
+	if os.Getenv("A2A_RDMA_LAB") != "1" {
+		t.Skip("needs RDMA devices: runs in the lab (make test-rdma sets A2A_RDMA_LAB=1)")
+	}
+}
+
+// child is one rank process, its stdout lines arriving on lines.
+type child struct {
+	cmd   *exec.Cmd
+	lines chan string
+	errb  bytes.Buffer
+	out   strings.Builder // the stdout lines await saw
+	done  chan error
+}
+
+func startRanks(t *testing.T, mode string, n int) []*child {
+	url := a2atest.StartNATS(t)
+	group := fmt.Sprintf("verbs-%s-%d", mode, os.Getpid())
+	kids := make([]*child, n)
+	for r := range n {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestCommRank$", "-test.count=1", "-test.timeout=120s")
+		cmd.Env = append(os.Environ(), childEnv+"="+mode, "A2A_NATS_URL="+url, "A2A_GROUP="+group,
+			"A2A_RANK="+strconv.Itoa(r), "A2A_WORLD_SIZE="+strconv.Itoa(n), "A2A_TRANSPORT=verbs", "A2A_SECRET=verbs-comm-test")
+		k := &child{cmd: cmd, lines: make(chan string, 64), done: make(chan error, 1)}
+		cmd.Stderr = &k.errb
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				k.lines <- sc.Text()
+			}
+			close(k.lines)
+			k.done <- cmd.Wait()
+		}()
+		t.Cleanup(func() { cmd.Process.Kill() })
+		kids[r] = k
+	}
+	return kids
+}
+
+// await waits for a line starting with prefix from k.
+func (k *child) await(t *testing.T, r int, prefix string, d time.Duration) string {
+	t.Helper()
+	timeout := time.After(d)
+	for {
+		select {
+		case line, ok := <-k.lines:
+			if !ok {
+				t.Fatalf("rank %d ended before %q: %v\n%s%s", r, prefix, <-k.done, k.out.String(), k.errb.String())
+			}
+			k.out.WriteString(line + "\n")
+			if strings.HasPrefix(line, prefix) {
+				return line
+			}
+		case <-timeout:
+			t.Fatalf("rank %d: no %q within %v\n%s", r, prefix, d, k.errb.String())
+		}
+	}
+}
+
+// TestCommOverVerbs runs the collectives between 3 rank processes over
+// verbs, every byte checked in the ranks, and finds no verbs object left
+// once they are gone.
+func TestCommOverVerbs(t *testing.T) {
+	needLab(t)
+	before := rdmaTotals(t)
+	kids := startRanks(t, "ops", 3)
+	t.Cleanup(func() {
+		if t.Failed() {
+			for r, k := range kids {
+				k.cmd.Process.Kill()
+				time.Sleep(100 * time.Millisecond)
+				t.Logf("rank %d's stderr:\n%s", r, k.errb.String())
+			}
+		}
+	})
+	for r, k := range kids {
+		line := k.await(t, r, "ok", 120*time.Second)
+		t.Logf("rank %d: %s", r, line)
+		if err := <-k.done; err != nil {
+			t.Fatalf("rank %d: %v\n%s", r, err, k.errb.String())
+		}
+	}
+	if after := rdmaTotals(t); after != before {
+		t.Errorf("verbs objects %v before, %v after the ranks exited", before, after)
+	}
+}
+
+// TestCommKilledRank kills one of 3 ranks with SIGKILL while they run
+// AllToAllV over verbs: the others fail with ErrPeerLost (typed), within
+// seconds, close, and hold no QP or MR afterwards; nothing is left once all
+// are gone.
+func TestCommKilledRank(t *testing.T) {
+	needLab(t)
+	before := rdmaTotals(t)
+	kids := startRanks(t, "kill", 3)
+	for r, k := range kids {
+		k.await(t, r, "running", 60*time.Second)
+	}
+	time.Sleep(300 * time.Millisecond)
+	killed := time.Now()
+	if err := kids[2].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for r, k := range kids[:2] {
+		line := k.await(t, r, "lost", 30*time.Second)
+		after := time.Since(killed)
+		t.Logf("rank %d, %v after the kill: %s", r, after, line)
+		// The control plane declares a silent rank lost after 1.5 s; the
+		// QPs to it fail after their retries (about 1 s). A loaded lab
+		// guest adds scheduling delay on top.
+		if after > 6*time.Second {
+			t.Errorf("rank %d noticed the kill after %v", r, after)
+		}
+		if err := <-k.done; err != nil {
+			t.Fatalf("rank %d: %v\n%s", r, err, k.errb.String())
+		}
+	}
+	<-kids[2].done
+	if after := rdmaTotals(t); after != before {
+		t.Errorf("verbs objects %v before, %v after the ranks exited", before, after)
+	}
+}
+
+// TestCommRank is one rank of the tests above; it runs only as their child.
+func TestCommRank(t *testing.T) {
+	mode := os.Getenv(childEnv)
+	if mode == "" {
+		t.Skip("a child rank of TestCommOverVerbs and TestCommKilledRank")
+	}
+	cfg, err := a2a.ConfigFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mode == "ops" {
+		// A loaded lab guest can stall a rank for a second; the kill test
+		// keeps the defaults, which it is about.
+		cfg.PeerTimeout = 5 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c, err := a2a.Join(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.TransportName() != "verbs" {
+		t.Fatalf("transport %q, want verbs", c.TransportName())
+	}
+	switch mode {
+	case "ops":
+		rankOps(ctx, t, c)
+	case "kill":
+		rankUntilLost(ctx, t, c)
+	}
+	if err := c.Close(); err != nil && mode == "ops" {
+		t.Fatal(err)
+	}
+	if n := ownVerbsObjects(t); n != 0 {
+		t.Fatalf("%d QPs and MRs of this process left after Close", n)
+	}
+	fmt.Println("ok", mode)
+}
+
+// block is the deterministic content rank src sends rank dst in round k.
+func block(src, dst, k, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(src*31 + dst*7 + k*3 + i + i>>8)
+	}
+	return b
+}
+
+func rankOps(ctx context.Context, t *testing.T, c *a2a.Comm) {
+	me, p := c.Rank(), c.Size()
+	for q := range p {
+		if q != me && c.PeerTransport(q) != "verbs" {
+			t.Fatalf("rank %d: pair with %d on %q", me, q, c.PeerTransport(q))
+		}
+	}
+	// AllToAllV: uneven blocks from empty to several 512 KiB frames, from
+	// the Go heap (bounce buffers) and from AllocBuffer (zero-copy).
+	size := func(src, dst, k int) int {
+		if (src+dst+k)%3 == 0 {
+			return 700<<10 + src*10 + dst
+		}
+		return (src*37 + dst*11 + k*5) % 9 * 1000
+	}
+	for k, alloc := range []bool{false, true, false, true} {
+		sc, rc := make([]int, p), make([]int, p)
+		var sb, rb []byte
+		for q := range p {
+			sc[q], rc[q] = size(me, q, k), size(q, me, k)
+			sb = append(sb, block(me, q, k, sc[q])...)
+		}
+		for q := range p {
+			rb = append(rb, make([]byte, rc[q])...)
+		}
+		if alloc {
+			sb, rb = allocCopy(t, sb), allocCopy(t, rb)
+		}
+		fmt.Fprintln(os.Stderr, "AllToAllV round", k)
+		if err := c.AllToAllV(ctx, sb, sc, rb, rc); err != nil {
+			t.Fatalf("AllToAllV round %d: %v", k, err)
+		}
+		off := 0
+		for q := range p {
+			if !bytes.Equal(rb[off:off+rc[q]], block(q, me, k, rc[q])) {
+				t.Fatalf("AllToAllV round %d (AllocBuffer %v): block from rank %d wrong", k, alloc, q)
+			}
+			off += rc[q]
+		}
+	}
+
+	// AllReduce of floats small (recursive doubling) and large (ring,
+	// segmented), AllGather, ReduceScatter, Broadcast, Reduce, Gather,
+	// Scatter, Barrier, Send/Recv.
+	for _, n := range []int{8, 300 << 10} {
+		in, out := make([]byte, 4*n), make([]byte, 4*n)
+		for i := range n {
+			binary.LittleEndian.PutUint32(in[4*i:], math.Float32bits(float32(me*1000+i%997)))
+		}
+		fmt.Fprintln(os.Stderr, "AllReduce")
+		if err := c.AllReduce(ctx, in, out, a2a.Float32, a2a.Sum); err != nil {
+			t.Fatalf("AllReduce %d: %v", n, err)
+		}
+		for i := range n {
+			want := float32(p*(p-1)/2*1000 + p*(i%997))
+			if got := math.Float32frombits(binary.LittleEndian.Uint32(out[4*i:])); got != want {
+				t.Fatalf("AllReduce %d: element %d is %v, want %v", n, i, got, want)
+			}
+		}
+	}
+	const part = 100<<10 + 3
+	all := make([]byte, p*part)
+	fmt.Fprintln(os.Stderr, "AllGather")
+	if err := c.AllGather(ctx, block(me, 0, 9, part), all); err != nil {
+		t.Fatal(err)
+	}
+	for q := range p {
+		if !bytes.Equal(all[q*part:(q+1)*part], block(q, 0, 9, part)) {
+			t.Fatalf("AllGather: part of rank %d wrong", q)
+		}
+	}
+	rs := make([]byte, 4*1024)
+	in := make([]byte, 4*1024*p)
+	for i := range 1024 * p {
+		binary.LittleEndian.PutUint32(in[4*i:], uint32(i+me))
+	}
+	fmt.Fprintln(os.Stderr, "ReduceScatter")
+	if err := c.ReduceScatter(ctx, in, rs, a2a.Int32, a2a.Sum); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1024 {
+		if got, want := binary.LittleEndian.Uint32(rs[4*i:]), uint32(p*(me*1024+i)+p*(p-1)/2); got != want {
+			t.Fatalf("ReduceScatter: element %d is %d, want %d", i, got, want)
+		}
+	}
+	bc := make([]byte, 600<<10)
+	if me == 1 {
+		copy(bc, block(1, 1, 10, len(bc)))
+	}
+	fmt.Fprintln(os.Stderr, "Broadcast")
+	if err := c.Broadcast(ctx, bc, 1); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(bc, block(1, 1, 10, len(bc))) {
+		t.Fatal("Broadcast: data wrong")
+	}
+	red := make([]byte, 8)
+	one := make([]byte, 8)
+	binary.LittleEndian.PutUint64(one, uint64(me+1))
+	fmt.Fprintln(os.Stderr, "Reduce")
+	if err := c.Reduce(ctx, one, red, a2a.Int64, a2a.Prod, 2); err != nil {
+		t.Fatal(err)
+	}
+	if want := uint64(1); me == 2 {
+		for q := range p {
+			want *= uint64(q + 1)
+		}
+		if got := binary.LittleEndian.Uint64(red); got != want {
+			t.Fatalf("Reduce: %d, want %d", got, want)
+		}
+	}
+	g := make([]byte, p*5000)
+	fmt.Fprintln(os.Stderr, "Gather")
+	if err := c.Gather(ctx, block(me, 0, 11, 5000), g, 0); err != nil {
+		t.Fatal(err)
+	}
+	sc := make([]byte, 5000)
+	fmt.Fprintln(os.Stderr, "Scatter")
+	if err := c.Scatter(ctx, g, sc, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(sc, block(me, 0, 11, 5000)) {
+		t.Fatal("Gather then Scatter: data wrong")
+	}
+	fmt.Fprintln(os.Stderr, "Barrier")
+	if err := c.Barrier(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Point-to-point around the ring: rank 0 sends first, the others pass
+	// on what they receive (a Comm runs one operation at a time).
+	fmt.Fprintln(os.Stderr, "Send/Recv")
+	msg := block(me, (me+1)%p, 12, 70<<10)
+	got := make([]byte, len(msg))
+	if me == 0 {
+		if err := c.Send(ctx, msg, 1, 7); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Recv(ctx, got, (me+p-1)%p, 7); err != nil {
+		t.Fatal(err)
+	}
+	if me != 0 {
+		if err := c.Send(ctx, msg, (me+1)%p, 7); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(got, block((me+p-1)%p, me, 12, len(got))) {
+		t.Fatal("Send/Recv: data wrong")
+	}
+	st := c.Stats()
+	for q := range p {
+		if q != me && (st.BytesSent[q] < 700<<10 || st.BytesReceived[q] < 700<<10) {
+			t.Fatalf("stats to rank %d: %d sent, %d received", q, st.BytesSent[q], st.BytesReceived[q])
+		}
+	}
+}
+
+// allocCopy copies b into AllocBuffer memory, freed at the end of the test.
+func allocCopy(t *testing.T, b []byte) []byte {
+	if len(b) == 0 {
+		return b
+	}
+	m, err := a2a.AllocBuffer(len(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a2a.FreeBuffer(m) })
+	copy(m, b)
+	return m
+}
+
+// rankUntilLost runs AllToAllV until it fails, which must be ErrPeerLost.
+func rankUntilLost(ctx context.Context, t *testing.T, c *a2a.Comm) {
+	p := c.Size()
+	counts := make([]int, p)
+	for q := range counts {
+		counts[q] = 4096
+	}
+	send, recv := make([]byte, 4096*p), make([]byte, 4096*p)
+	fmt.Println("running")
+	for {
+		if err := c.AllToAllV(ctx, send, counts, recv, counts); err != nil {
+			if !errors.Is(err, a2a.ErrPeerLost) {
+				t.Fatalf("AllToAllV: %v, want ErrPeerLost", err)
+			}
+			fmt.Println("lost:", err)
+			return
+		}
+	}
+}
+
+// rdmaTotals is the number of QPs, MRs, CQs, PDs and contexts on every
+// device (`rdma resource show`).
+func rdmaTotals(t *testing.T) [5]int {
+	t.Helper()
+	out, err := exec.Command("rdma", "-j", "resource", "show").Output()
+	if err != nil {
+		t.Fatalf("rdma -j resource show: %v", err)
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal(out, &rows); err != nil {
+		t.Fatalf("rdma resource: %v: %s", err, out)
+	}
+	var n [5]int
+	for _, r := range rows {
+		for i, k := range []string{"qp", "mr", "cq", "pd", "ctx"} {
+			v, _ := r[k].(float64)
+			n[i] += int(v)
+		}
+	}
+	return n
+}
+
+// ownVerbsObjects counts the QPs and MRs this process holds.
+func ownVerbsObjects(t *testing.T) int {
+	n := 0
+	for _, kind := range []string{"qp", "mr"} {
+		out, err := exec.Command("rdma", "-j", "resource", "show", kind).Output()
+		if err != nil {
+			t.Fatalf("rdma resource show %s: %v", kind, err)
+		}
+		var rows []map[string]any
+		if err := json.Unmarshal(out, &rows); err != nil {
+			t.Fatalf("rdma resource show %s: %v: %s", kind, err, out)
+		}
+		for _, r := range rows {
+			if pid, _ := r["pid"].(float64); int(pid) == os.Getpid() {
+				n++
+			}
+		}
+	}
+	return n
+}
