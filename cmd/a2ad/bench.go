@@ -70,7 +70,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.window, "window", 0, fmt.Sprintf("fullmesh peers in flight (default: A2A_WINDOW or %d)", algo.DefaultWindow))
 	fs.BoolVar(&f.worker, "worker", false, "internal: run as one rank of the benchmark")
 	fs.StringVar(&f.counts, "counts", "known", "alltoallv receive counts: known (given) | matrix (AllToAllVMatrix with the global matrix: staged/skew-aware choice) | nats (ExchangeCountsMatrix each call) | inband (AllToAllVInBand)")
-	fs.StringVar(&f.trans, "transport", "", "data plane: auto (shm on one host, tcp to others) | tcp | shm (default: A2A_TRANSPORT or auto)")
+	fs.StringVar(&f.trans, "transport", "", "data plane: auto (shm on one host, verbs to others where both have an RDMA port, else tcp) | shm | verbs | tcp (default: A2A_TRANSPORT or auto)")
 	fs.StringVar(&f.timing, "timing", "barrier", "barrier: per-rank time after a barrier, slowest rank (as the MPI harness) | span: last rank's start to last rank's end (ranks must share a clock: one machine, e.g. the test bed), which leaves out the barrier's exit skew")
 	fs.StringVar(&f.alloc, "alloc", "huge", "send and receive buffers: huge (a2a.AllocBuffer: 2 MiB aligned, transparent huge pages) | heap (make)")
 	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (unless oversubscribed) | none")
@@ -80,7 +80,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 // --transport (A2A_TRANSPORT).
 var (
 	benchAlgos      = []string{"auto", "pairwise", "fullmesh", "staged", "skew", "ll"}
-	benchTransports = []string{"auto", "tcp", "shm"}
+	benchTransports = []string{"auto", "shm", "verbs", "tcp"}
 )
 
 // benchHelp closes `a2ad bench -h`.

@@ -41,7 +41,7 @@ func TestHelp(t *testing.T) {
 		{"bench", []string{
 			"alltoallv | alltoall | allreduce | reducescatter | allgather | broadcast | reduce | gather | scatter | barrier",
 			"auto | pairwise | fullmesh | staged | skew | ll",   // algorithms
-			"auto (shm on one host, tcp to others) | tcp | shm", // transports
+			"auto (shm on one host, verbs to others where both have an RDMA port, else tcp) | shm | verbs | tcp", // transports
 			"uniform | zipf:S | lognormal:SIGMA | hot:F",
 			"float32 | float64 | bfloat16 | float16 | int32 | int64 | uint8", // dtypes
 			"sum | prod | max | min | avg",                                   // redops
@@ -106,7 +106,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"bench", "--op", "foo"}, `a2ad bench: unknown --op "foo": valid ops are ` + strings.Join(benchOpNames, ", ") + "\n" +
 			`Run "a2ad bench -h" for its flags and their valid values.`},
 		{[]string{"bench", "--algo", "bogus"}, "auto, pairwise, fullmesh, staged, skew, ll"},
-		{[]string{"bench", "--transport", "carrier-pigeon"}, "auto, tcp, shm"},
+		{[]string{"bench", "--transport", "carrier-pigeon"}, "auto, shm, verbs, tcp"},
 		{[]string{"bench", "--no-such-flag"}, "a2ad bench: flag provided but not defined: -no-such-flag\n"},
 		{[]string{"plan", "--algo", "bogus"}, "pairwise, fullmesh, skew, staged or ll"},
 	} {
