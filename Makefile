@@ -57,6 +57,7 @@ test-rdma: build
 	@mkdir -p $(BIN)/rdma-tests
 	$(GO) test -c -o $(BIN)/rdma-tests/ibv.test ./a2a/transport/verbs/ibv
 	$(GO) test -c -o $(BIN)/rdma-tests/verbs.test ./a2a/transport/verbs
+	$(GO) build -o $(BIN)/rdma-tests/a2acheck ./internal/cmd/a2acheck
 	./scripts/rdma-lab.sh run -- scripts/rdma-tests.sh
 
 # What make test runs: the lab where its packages can be installed (root, as CI).

@@ -31,6 +31,14 @@ gotest() {
 	(cd "$root/$dir" && exec "$root/bin/rdma-tests/$bin" -test.count=1 -test.timeout=300s "$@")
 }
 
+# collectives runs every collective of a2ad bench with --check: small and multi-frame sizes.
+collectives() {
+	for op in alltoall allreduce reducescatter allgather broadcast reduce gather scatter barrier; do
+		a2ad bench -n 4 --transport verbs --op "$op" --check --sizes 8,300K --iters 2 --warmup 1 --budget 1s ||
+			{ echo "bench --op $op failed"; return 1; }
+	done
+}
+
 counters() {
 	echo "=== rxe counters (packets) and veth bytes"
 	total=0
@@ -50,6 +58,13 @@ counters() {
 step "a2ad devices" a2ad devices --require
 step "verbs binding (a2a/transport/verbs/ibv)" gotest a2a/transport/verbs/ibv ibv.test -test.v
 step "verbs transport (a2a/transport/verbs)" gotest a2a/transport/verbs verbs.test -test.v
+# Ranks as processes under a2ad, four of them spread over rxe0 and rxe1 by local rank, with
+# every pair forced onto verbs (Join fails if verbs cannot serve a pair).
+step "verified AllToAllV over verbs (a2ad run -n 4 a2acheck)" \
+	env A2A_TRANSPORT=verbs a2ad run -n 4 -- bin/rdma-tests/a2acheck --rounds 3 --big 1048576
+step "collectives over verbs (a2ad bench -n 4 --check)" collectives
+step "MoE demo over verbs (a2ad run -n 4 moe --worker)" \
+	env A2A_TRANSPORT=verbs a2ad run -n 4 -- moe --worker --steps 3 --rows alltoallv
 step "rxe counters" counters
 
 if [ -n "$failed" ]; then

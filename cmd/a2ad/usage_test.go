@@ -40,7 +40,7 @@ func TestHelp(t *testing.T) {
 		{"run", []string{"-bind", "core", "none", "-world", "-rank-offset"}},
 		{"bench", []string{
 			"alltoallv | alltoall | allreduce | reducescatter | allgather | broadcast | reduce | gather | scatter | barrier",
-			"auto | pairwise | fullmesh | staged | skew | ll",   // algorithms
+			"auto | pairwise | fullmesh | staged | skew | ll",                                                    // algorithms
 			"auto (shm on one host, verbs to others where both have an RDMA port, else tcp) | shm | verbs | tcp", // transports
 			"uniform | zipf:S | lognormal:SIGMA | hot:F",
 			"float32 | float64 | bfloat16 | float16 | int32 | int64 | uint8", // dtypes
