@@ -20,6 +20,7 @@ NEEDS_RDMA_LAB=(
   "kmod kmod"
   "cpio cpio"
   "xz xz-utils"
+  "ib_write_bw perftest"      # the benchmark's reference (ib_write_bw, ib_write_lat) in the guest
 )
 if [ "${1:-}" = rdma-lab ]; then
   NEEDS=("${NEEDS_RDMA_LAB[@]}")

@@ -22,7 +22,8 @@
 #
 # A dynamically linked cgo binary built in the checkout with a plain `go build` runs there:
 # the initramfs carries glibc, libibverbs (dlopen'ed by a2a's verbs binding), the rxe
-# provider with /etc/libibverbs.d/rxe.driver, libnl, iproute2's ip and rdma, ibv_devinfo.
+# provider with /etc/libibverbs.d/rxe.driver, libnl, iproute2's ip and rdma, ibv_devinfo,
+# perftest's ib_write_bw and ib_write_lat.
 #
 # Cache (A2A_LAB_CACHE; default /var/cache/a2a-rdma-lab for root, else
 # ${XDG_CACHE_HOME:-~/.cache}/a2a-rdma-lab): the kernel package unpacked and depmod'ed, and
@@ -197,6 +198,8 @@ lab_files() {
 	for f in /usr/bin/rdma /sbin/rdma /usr/sbin/rdma; do [ -x "$f" ] && { echo "$f /usr/bin/rdma"; break; }; done
 	echo "/usr/bin/ibv_devinfo /usr/bin/ibv_devinfo"
 	echo "/usr/bin/ibv_devices /usr/bin/ibv_devices"
+	echo "/usr/bin/ib_write_bw /usr/bin/ib_write_bw"
+	echo "/usr/bin/ib_write_lat /usr/bin/ib_write_lat"
 	echo "/etc/libibverbs.d/rxe.driver /etc/libibverbs.d/rxe.driver"
 	# dlopen'ed by the verbs binding and by libibverbs: ldd of a Go binary does not list them
 	for f in /usr/lib/x86_64-linux-gnu/libibverbs.so.1 /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so; do
@@ -208,7 +211,7 @@ lab_files() {
 		[ -e "$f" ] && echo "$(readlink -f "$f") $f"
 	done
 	# every library ldd lists for the above
-	{ ldd /usr/bin/ip /usr/bin/rdma /usr/bin/ibv_devinfo /usr/bin/ibv_devices \
+	{ ldd /usr/bin/ip /usr/bin/rdma /usr/bin/ibv_devinfo /usr/bin/ibv_devices /usr/bin/ib_write_bw /usr/bin/ib_write_lat \
 		/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so 2>/dev/null || true; } |
 		awk '/^\t/ { for (i = 1; i <= NF; i++) if ($i ~ /^\//) print $i }' | sort -u | while read -r f; do echo "$(readlink -f "$f") $f"; done
 }

@@ -163,7 +163,7 @@ func TestWakeAndClose(t *testing.T) {
 
 // mapBuffer maps n bytes and records them as an AllocBuffer mapping would
 // be, until cleanup, which releases them as FreeBuffer does.
-func mapBuffer(t *testing.T, n int) []byte {
+func mapBuffer(t testing.TB, n int) []byte {
 	mem, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		t.Fatal(err)
