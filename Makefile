@@ -7,7 +7,7 @@ RACE_PKGS := ./a2a/... ./internal/... ./routing/... ./dispatch/... ./examples/..
 PKGS      := ./...
 
 .PHONY: all build demo test deps fmt-check vet unit bench bench-go bench-a2ad compare clean test-hosts test-hosts-if-root
-.PHONY: test-rdma test-rdma-if-root soak soak-short test-link-cut test-link-cut-if-root
+.PHONY: test-rdma test-rdma-if-root bench-rdma soak soak-short test-link-cut test-link-cut-if-root
 
 all: build
 
@@ -59,6 +59,13 @@ test-rdma: build
 	$(GO) test -c -o $(BIN)/rdma-tests/verbs.test ./a2a/transport/verbs
 	$(GO) build -o $(BIN)/rdma-tests/a2acheck ./internal/cmd/a2acheck
 	./scripts/rdma-lab.sh run -- scripts/rdma-tests.sh
+
+# The verbs benchmark against perftest and TCP in the lab (docs/RDMA-LAB.md; not part of make test).
+bench-rdma: build
+	./scripts/rdma-lab.sh setup
+	@mkdir -p $(BIN)/rdma-tests
+	$(GO) test -c -o $(BIN)/rdma-tests/verbs.test ./a2a/transport/verbs
+	./scripts/rdma-lab.sh run -- scripts/rdma-bench.sh
 
 # What make test runs: the lab where its packages can be installed (root, as CI).
 test-rdma-if-root:
