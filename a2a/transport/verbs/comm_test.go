@@ -45,14 +45,20 @@ type child struct {
 	done  chan error
 }
 
-func startRanks(t *testing.T, mode string, n int) []*child {
+// startRanks starts n ranks in mode; env adds variables by rank (nil: none).
+func startRanks(t *testing.T, mode string, n int, env func(r int) []string) []*child {
 	url := a2atest.StartNATS(t)
 	group := fmt.Sprintf("verbs-%s-%d", mode, os.Getpid())
 	kids := make([]*child, n)
 	for r := range n {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestCommRank$", "-test.count=1", "-test.timeout=120s")
 		cmd.Env = append(os.Environ(), childEnv+"="+mode, "A2A_NATS_URL="+url, "A2A_GROUP="+group,
-			"A2A_RANK="+strconv.Itoa(r), "A2A_WORLD_SIZE="+strconv.Itoa(n), "A2A_TRANSPORT=verbs", "A2A_SECRET=verbs-comm-test")
+			"A2A_RANK="+strconv.Itoa(r), "A2A_WORLD_SIZE="+strconv.Itoa(n), "A2A_SECRET=verbs-comm-test")
+		if env != nil {
+			cmd.Env = append(cmd.Env, env(r)...)
+		} else {
+			cmd.Env = append(cmd.Env, "A2A_TRANSPORT=verbs")
+		}
 		k := &child{cmd: cmd, lines: make(chan string, 64), done: make(chan error, 1)}
 		cmd.Stderr = &k.errb
 		out, err := cmd.StdoutPipe()
@@ -102,7 +108,7 @@ func (k *child) await(t *testing.T, r int, prefix string, d time.Duration) strin
 func TestCommOverVerbs(t *testing.T) {
 	needLab(t)
 	before := rdmaTotals(t)
-	kids := startRanks(t, "ops", 3)
+	kids := startRanks(t, "ops", 3, nil)
 	t.Cleanup(func() {
 		if t.Failed() {
 			for r, k := range kids {
@@ -124,6 +130,24 @@ func TestCommOverVerbs(t *testing.T) {
 	}
 }
 
+// TestCommMixed runs the same collectives on 4 ranks posing as two hosts of
+// two (A2A_HOST) under auto selection: shared memory inside a host, verbs
+// between them, composed by transport.Mixed, whose parking takes turns
+// between shm's futex and verbs' completion channel.
+func TestCommMixed(t *testing.T) {
+	needLab(t)
+	kids := startRanks(t, "mixed", 4, func(r int) []string {
+		return []string{"A2A_HOST=lab-host-" + strconv.Itoa(r/2), "A2A_TRANSPORT=auto"}
+	})
+	for r, k := range kids {
+		line := k.await(t, r, "ok", 120*time.Second)
+		t.Logf("rank %d: %s", r, line)
+		if err := <-k.done; err != nil {
+			t.Fatalf("rank %d: %v\n%s", r, err, k.errb.String())
+		}
+	}
+}
+
 // TestCommKilledRank kills one of 3 ranks with SIGKILL while they run
 // AllToAllV over verbs: the others fail with ErrPeerLost (typed), within
 // seconds, close, and hold no QP or MR afterwards; nothing is left once all
@@ -131,7 +155,7 @@ func TestCommOverVerbs(t *testing.T) {
 func TestCommKilledRank(t *testing.T) {
 	needLab(t)
 	before := rdmaTotals(t)
-	kids := startRanks(t, "kill", 3)
+	kids := startRanks(t, "kill", 3, nil)
 	for r, k := range kids {
 		k.await(t, r, "running", 60*time.Second)
 	}
@@ -164,13 +188,13 @@ func TestCommKilledRank(t *testing.T) {
 func TestCommRank(t *testing.T) {
 	mode := os.Getenv(childEnv)
 	if mode == "" {
-		t.Skip("a child rank of TestCommOverVerbs and TestCommKilledRank")
+		t.Skip("a child rank of TestCommOverVerbs, TestCommMixed and TestCommKilledRank")
 	}
 	cfg, err := a2a.ConfigFromEnv()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if mode == "ops" {
+	if mode != "kill" {
 		// A loaded lab guest can stall a rank for a second; the kill test
 		// keeps the defaults, which it is about.
 		cfg.PeerTimeout = 5 * time.Second
@@ -181,16 +205,17 @@ func TestCommRank(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.TransportName() != "verbs" {
-		t.Fatalf("transport %q, want verbs", c.TransportName())
+	want := map[string]string{"ops": "verbs", "kill": "verbs", "mixed": "shm+verbs"}[mode]
+	if c.TransportName() != want {
+		t.Fatalf("transport %q, want %s", c.TransportName(), want)
 	}
 	switch mode {
-	case "ops":
+	case "ops", "mixed":
 		rankOps(ctx, t, c)
 	case "kill":
 		rankUntilLost(ctx, t, c)
 	}
-	if err := c.Close(); err != nil && mode == "ops" {
+	if err := c.Close(); err != nil && mode != "kill" {
 		t.Fatal(err)
 	}
 	if n := ownVerbsObjects(t); n != 0 {
@@ -211,8 +236,12 @@ func block(src, dst, k, n int) []byte {
 func rankOps(ctx context.Context, t *testing.T, c *a2a.Comm) {
 	me, p := c.Rank(), c.Size()
 	for q := range p {
-		if q != me && c.PeerTransport(q) != "verbs" {
-			t.Fatalf("rank %d: pair with %d on %q", me, q, c.PeerTransport(q))
+		want := "verbs"
+		if c.Host(q) == c.Host(me) && c.TransportName() != "verbs" {
+			want = "shm"
+		}
+		if q != me && c.PeerTransport(q) != want {
+			t.Fatalf("rank %d: pair with %d on %q, want %s", me, q, c.PeerTransport(q), want)
 		}
 	}
 	// AllToAllV: uneven blocks from empty to several 512 KiB frames, from
