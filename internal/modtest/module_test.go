@@ -3,11 +3,14 @@
 package modtest
 
 import (
+	"context"
+	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // userProgram is what a newcomer writes after `go get`: an AllToAllV
@@ -17,6 +20,7 @@ const userProgram = `package main
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/dispatch"
@@ -24,6 +28,8 @@ import (
 	"github.com/a2a-moe/a2a/routing"
 )
 
+// Every rank sends rank j a block of j+1 bytes of value 16*rank+j, learns
+// what it gets with ExchangeCounts, and checks every byte.
 func main() {
 	cfg, err := a2a.ConfigFromEnv()
 	if err != nil {
@@ -35,30 +41,45 @@ func main() {
 		panic(err)
 	}
 	defer c.Close()
-	send := make([]byte, 4*c.Size())
-	counts := make([]int, c.Size())
-	for i := range counts {
-		counts[i] = 4
+	me, n := c.Rank(), c.Size()
+	counts := make([]int, n)
+	var send []byte
+	for j := range n {
+		counts[j] = j + 1
+		for range j + 1 {
+			send = append(send, byte(16*me+j))
+		}
 	}
 	recvCounts, err := c.ExchangeCounts(ctx, counts)
 	if err != nil {
 		panic(err)
 	}
-	recv := make([]byte, 4*c.Size())
+	recv := make([]byte, n*(me+1))
 	if err := c.AllToAllV(ctx, send, counts, recv, recvCounts); err != nil {
 		panic(err)
+	}
+	for i, b := range recv {
+		if src := i / (me + 1); recvCounts[src] != me+1 || b != byte(16*src+me) {
+			fmt.Printf("rank %d: byte %d from rank %d is %d, want %d\n", me, i, src, b, 16*src+me)
+			os.Exit(1)
+		}
 	}
 	_ = dispatch.Config{}
 	_ = routing.Contiguous
 	_ = metrics.Options{}
-	fmt.Println(c.Rank(), recv[0])
+	fmt.Printf("rank %d of %d verified over %s\n", me, n, c.TransportName())
 }
 `
+
+// newcomerOut, when set, is where the test leaves the newcomer's binary:
+// make test-rdma runs it in the RDMA lab under a2ad run over verbs.
+var newcomerOut = flag.String("newcomer-out", "", "copy the built user program here")
 
 // TestBuildOutsideTheRepository makes a module of its own that requires
 // github.com/a2a-moe/a2a, replaced by this checkout since the module is not
 // published, lets the go command fill in its requirements (-mod=mod, with
-// the module cache only: GOPROXY=off), and builds and vets it.
+// the module cache only: GOPROXY=off), builds and vets it, and runs it as 3
+// ranks under a2ad run: each verifies every byte of an AllToAllV.
 func TestBuildOutsideTheRepository(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
@@ -93,7 +114,25 @@ func TestBuildOutsideTheRepository(t *testing.T) {
 	if !strings.Contains(string(mod), "github.com/nats-io/nats.go") {
 		t.Errorf("go mod tidy did not record a2a's requirements:\n%s", mod)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "newcomer")); err != nil {
-		t.Error(err)
+	prog := filepath.Join(dir, "newcomer")
+	a2ad := filepath.Join(dir, "a2ad")
+	if out, err := exec.Command("go", "build", "-o", a2ad, filepath.Join(root, "cmd", "a2ad")).CombinedOutput(); err != nil {
+		t.Fatalf("building a2ad: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	run := exec.CommandContext(ctx, a2ad, "run", "-n", "3", "--", prog)
+	out, err := run.CombinedOutput()
+	if err != nil || strings.Count(string(out), " verified over ") != 3 {
+		t.Fatalf("a2ad run -n 3 -- newcomer: %v\n%s", err, out)
+	}
+	if *newcomerOut != "" {
+		data, err := os.ReadFile(prog)
+		if err == nil {
+			err = os.WriteFile(*newcomerOut, data, 0o755)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 }
