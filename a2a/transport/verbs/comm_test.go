@@ -470,3 +470,42 @@ func ownVerbsObjects(t *testing.T) int {
 	}
 	return n
 }
+
+// TestCommJoinCloseCycles: 100 cycles of Join, a verified AllToAll and Close
+// of two in-process ranks forced onto verbs (one on each device) leave no
+// queue pair, memory region, completion queue or protection domain behind.
+func TestCommJoinCloseCycles(t *testing.T) {
+	needLab(t)
+	url := a2atest.StartNATS(t)
+	before := rdmaTotals(t)
+	start := time.Now()
+	const cycles = 100
+	for i := range cycles {
+		comms := a2atest.Group(t, url, 2, func(c *a2a.Config) { c.Transport = "verbs" })
+		errs := make(chan error, len(comms))
+		for _, c := range comms {
+			go func() {
+				send, recv := []byte{byte(c.Rank()), byte(c.Rank())}, make([]byte, 2)
+				err := c.AllToAll(context.Background(), send, recv)
+				if err == nil && (recv[0] != 0 || recv[1] != 1) {
+					err = fmt.Errorf("rank %d got %v, want [0 1]", c.Rank(), recv)
+				}
+				errs <- err
+			}()
+		}
+		for range comms {
+			if err := <-errs; err != nil {
+				t.Fatalf("cycle %d: %v", i, err)
+			}
+		}
+		for _, c := range comms {
+			if err := c.Close(); err != nil {
+				t.Fatalf("cycle %d: Close: %v", i, err)
+			}
+		}
+	}
+	t.Logf("%v per Join, AllToAll and Close", time.Since(start)/cycles)
+	if after := rdmaTotals(t); after != before {
+		t.Errorf("verbs objects (qp, mr, cq, pd, ctx) %v before, %v after %d cycles", before, after, cycles)
+	}
+}
