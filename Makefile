@@ -58,6 +58,7 @@ test-rdma: build
 	$(GO) test -c -o $(BIN)/rdma-tests/ibv.test ./a2a/transport/verbs/ibv
 	$(GO) test -c -o $(BIN)/rdma-tests/verbs.test ./a2a/transport/verbs
 	$(GO) build -o $(BIN)/rdma-tests/a2acheck ./internal/cmd/a2acheck
+	$(GO) test -count=1 -run TestBuildOutsideTheRepository ./internal/modtest -args -newcomer-out $(abspath $(BIN))/rdma-tests/newcomer
 	./scripts/rdma-lab.sh run -- scripts/rdma-tests.sh
 
 # The verbs benchmark against perftest and TCP in the lab (docs/RDMA-LAB.md; not part of make test).

@@ -62,6 +62,10 @@ step "verbs transport (a2a/transport/verbs)" gotest a2a/transport/verbs verbs.te
 # every pair forced onto verbs (Join fails if verbs cannot serve a pair).
 step "verified AllToAllV over verbs (a2ad run -n 4 a2acheck)" \
 	env A2A_TRANSPORT=verbs a2ad run -n 4 -- bin/rdma-tests/a2acheck --rounds 3 --big 1048576
+# A newcomer's own program: a module outside this repository, built with go build
+# (internal/modtest leaves it in bin/rdma-tests/newcomer), each rank checking every byte.
+step "a newcomer's AllToAllV program over verbs (a2ad run -n 4 newcomer)" \
+	env A2A_TRANSPORT=verbs a2ad run -n 4 -- bin/rdma-tests/newcomer
 step "collectives over verbs (a2ad bench -n 4 --check)" collectives
 step "MoE demo over verbs (a2ad run -n 4 moe --worker)" \
 	env A2A_TRANSPORT=verbs a2ad run -n 4 -- moe --worker --steps 3 --rows alltoallv
