@@ -193,13 +193,13 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 	if a == algo.AlgoStaged {
 		err = algo.PlanStaged(&c.sched, algo.StagedArgs{Rank: c.rank, World: c.size, Matrix: matrix, Hosts: c.hosts, Streams: c.cfg.Streams})
 	}
-	args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts, Streams: c.cfg.Streams, Window: c.cfg.Window}
 	sched, allLL := &c.sched, false
 	if err == nil && (a == algo.AlgoPairwise || a == algo.AlgoFullmesh || a == algo.AlgoLL) {
 		// These plans depend on the counts and the Comm's settings only.
-		args.LLCutoff = c.llCut
 		entry, planned := (*cachedPlan)(nil), false
 		if sched, entry, planned = c.plans.lookup("alltoallv", a, sendCounts, recvCounts); !planned {
+			args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts,
+				Streams: c.cfg.Streams, Window: c.cfg.Window, LLCutoff: c.llCut}
 			switch a {
 			case algo.AlgoPairwise:
 				err = algo.PlanPairwise(sched, args)

@@ -81,8 +81,10 @@ type Comm struct {
 	collBusy atomic.Bool
 	seq      uint64        // op sequence of the last collective begun (even)
 	okSeq    atomic.Uint64 // op sequence of the last collective completed
-	statMu   sync.Mutex    // guards lastAlgo and the reporter's tally
-	lastAlgo algo.Algo
+	statMu   sync.Mutex    // guards the reporter's tally
+	// lastAlgo is the algo.Algo of the last collective: atomic, and
+	// written only when it changes, so a steady loop of calls costs a load.
+	lastAlgo atomic.Uint32
 	llCut    []int // LL cutoff by peer, nil without LL
 	// llBarrier: every peer has an LL slot, so Barrier is one LL round
 	// instead of log2(p) dissemination rounds.
@@ -527,16 +529,14 @@ func (c *Comm) Epoch() uint32 { return c.member.Epoch() }
 
 // LastAlgo names the algorithm the last collective ran.
 func (c *Comm) LastAlgo() string {
-	c.statMu.Lock()
-	defer c.statMu.Unlock()
-	return c.lastAlgo.String()
+	return algo.Algo(c.lastAlgo.Load()).String()
 }
 
 // setLastAlgo records the algorithm of the collective that just ran.
 func (c *Comm) setLastAlgo(a algo.Algo) {
-	c.statMu.Lock()
-	c.lastAlgo = a
-	c.statMu.Unlock()
+	if algo.Algo(c.lastAlgo.Load()) != a {
+		c.lastAlgo.Store(uint32(a))
+	}
 }
 
 // Err returns the reason the communicator was aborted (or a peer left, or

@@ -105,6 +105,7 @@ const planCacheSize = 4
 type planCache struct {
 	entries [planCacheSize]cachedPlan
 	next    int // the entry the next miss replaces
+	hit     int // the entry the last lookup returned, looked at first
 }
 
 type cachedPlan struct {
@@ -121,17 +122,26 @@ type cachedPlan struct {
 // plan into, keyed to these inputs; the caller must call forget if planning
 // fails.
 func (p *planCache) lookup(op string, a algo.Algo, send, recv []int) (*algo.Schedule, *cachedPlan, bool) {
+	if e := &p.entries[p.hit]; e.matches(op, a, send, recv) {
+		return &e.sched, e, true // a loop of one shape hits here
+	}
 	for i := range p.entries {
-		e := &p.entries[i]
-		if e.valid && e.algo == a && e.op == op && slices.Equal(e.send, send) && slices.Equal(e.recv, recv) {
+		if e := &p.entries[i]; e.matches(op, a, send, recv) {
+			p.hit = i
 			return &e.sched, e, true
 		}
 	}
+	p.hit = p.next
 	e := &p.entries[p.next]
 	p.next = (p.next + 1) % len(p.entries)
 	e.valid, e.op, e.algo = true, op, a
 	e.send, e.recv = append(e.send[:0], send...), append(e.recv[:0], recv...)
 	return &e.sched, e, false
+}
+
+// matches reports whether e holds the plan of op with algorithm a and these counts.
+func (e *cachedPlan) matches(op string, a algo.Algo, send, recv []int) bool {
+	return e.valid && e.algo == a && e.op == op && slices.Equal(e.send, send) && slices.Equal(e.recv, recv)
 }
 
 // forget drops an entry whose planning failed.

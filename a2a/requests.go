@@ -333,6 +333,17 @@ func (q *progressQueue) sleep(ctx context.Context, ready func() bool) error {
 // and returns the last ticket posted before: those requests precede the
 // collective.
 func (q *progressQueue) acquireForCollective(ctx context.Context, locked func()) (uint64, error) {
+	// Nobody drives (the common case): take the role without announcing
+	// the wait, two atomic adds fewer per collective.
+	q.mu.Lock()
+	if !q.driving {
+		q.driving = true
+		t := q.tickets
+		locked()
+		q.mu.Unlock()
+		return t, nil
+	}
+	q.mu.Unlock()
 	q.collWant.Add(1)
 	defer q.collWant.Add(-1)
 	for {

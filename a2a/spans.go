@@ -146,7 +146,7 @@ func (c *Comm) spansRun(ctx context.Context, seq uint64) (algo.Algo, error) {
 			return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", a)
 		}
 	}
-	c.lastAlgo = a
+	c.setLastAlgo(a)
 	c.eng.vec.maps[algo.BufSend], c.eng.vec.maps[algo.BufRecv] = &st.send, &st.recv
 	err := c.eng.run(ctx, transport.OpAllToAllV, seq, 0, sched, &c.bufs)
 	c.eng.vec.maps[algo.BufSend], c.eng.vec.maps[algo.BufRecv] = nil, nil
