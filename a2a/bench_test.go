@@ -173,3 +173,35 @@ func TestCollectiveAllocations(t *testing.T) {
 		t.Errorf("%.2f allocations per collective, want 0", perOp)
 	}
 }
+
+// BenchmarkCallOverhead measures the fixed cost of a collective call on a
+// single-rank group: begin and end, validation, the plan cache, the engine's
+// run over a schedule that only copies. No peer is waited for, so it shows
+// the per-call bookkeeping that every small collective pays on top of its
+// messages, steadier than a multi-rank figure on a loaded machine.
+func BenchmarkCallOverhead(b *testing.B) {
+	url := startNATS(b)
+	comms := group(b, url, 1, nil)
+	c, ctx := comms[0], context.Background()
+	send, recv := make([]byte, 8), make([]byte, 8)
+	counts := []int{8}
+	ops := []struct {
+		name string
+		call func() error
+	}{
+		{"alltoallv", func() error { return c.AllToAllV(ctx, send, counts, recv, counts) }},
+		{"alltoall", func() error { return c.AllToAll(ctx, send, recv) }},
+		{"allreduce", func() error { return c.AllReduce(ctx, send, recv, Float32, Sum) }},
+		{"barrier", func() error { return c.Barrier(ctx) }},
+	}
+	for _, op := range ops {
+		b.Run(op.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := op.call(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
