@@ -41,6 +41,8 @@ type engine struct {
 	sendOps []transport.SendOp
 	recvOps []transport.RecvOp
 	active  []activeOp
+	lls     []llLoad // the round's loads from slots; lls[:llLeft] are pending
+	llLeft  int
 	copies  []localCopy // copies of the current round, done while the network is idle
 	copied  int         // copies[:copied] are done
 	scratch []byte      // BufScratch, grown to the largest ScratchBytes seen
@@ -112,17 +114,28 @@ type activeOp struct {
 	idx         int
 	conn        transport.Conn
 
-	// LL loads: slot is set when the message comes one-sided (else it is
-	// the frame recvOps[idx]); load is its progress; announce is set when
-	// the message is the announcement of a count-byte block. sigDst, when
-	// set, is where the data goes once the signature after it in dst
-	// checked out.
-	slot     bool
+	// An LL message that travels as a frame (recvOps[idx]): announce is
+	// set when it is the announcement of a count-byte block, landing in dst.
 	dst      []byte
-	sigDst   []byte
-	load     transport.SlotLoad
 	announce bool
 	count    int
+}
+
+// llLoad is an LL message awaited in a peer's slot. These sit in a list of
+// their own (engine.lls), polled ahead of the frames with none of a frame's
+// bookkeeping: a round of LL messages only (a small AllToAllV, Barrier, a
+// small AllReduce) runs without touching activeOp.
+type llLoad struct {
+	peer  int
+	slots transport.Slots // the part of the window that reaches peer
+	// dst receives the message; sigDst, when set, is where the data goes
+	// once the signature after it in dst checked out; announce is set when
+	// the message is the announcement of a count-byte block.
+	dst      []byte
+	sigDst   []byte
+	announce bool
+	count    int
+	load     transport.SlotLoad
 }
 
 // newEngine makes the engine of rank of size ranks on tr; hosts gives every
@@ -169,11 +182,17 @@ func (e *engine) slotBytes(peer int) int { return e.slotRoom[peer] }
 type opBuffers [3][]byte
 
 func (b *opBuffers) span(s algo.Span) ([]byte, error) {
-	buf := b[s.Buf]
-	if s.Off < 0 || s.Len < 0 || s.End() > len(buf) {
-		return nil, fault.New(fault.ErrInvalidArgument, -1, "schedule addresses %s[%d:%d] of a %d-byte buffer", s.Buf, s.Off, s.End(), len(buf))
+	// Unsigned compares: also false for a negative offset or length.
+	if buf := b[s.Buf]; uint(s.Off) <= uint(len(buf)) && uint(s.Len) <= uint(len(buf)-s.Off) {
+		return buf[s.Off : s.Off+s.Len], nil
 	}
-	return buf[s.Off:s.End()], nil
+	return nil, b.spanError(s)
+}
+
+// spanError is span's error, apart so that span inlines: every step of
+// every operation resolves its spans.
+func (b *opBuffers) spanError(s algo.Span) error {
+	return fault.New(fault.ErrInvalidArgument, -1, "schedule addresses %s[%d:%d] of a %d-byte buffer", s.Buf, s.Off, s.End(), len(b[s.Buf]))
 }
 
 // srcDst resolves a local step's source and destination spans.
@@ -215,7 +234,7 @@ func (e *engine) run(ctx context.Context, kind transport.OpKind, seq, aux uint64
 
 // post turns the steps of one round into transport operations; copies happen at once.
 func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []algo.Step, bufs *opBuffers) error {
-	e.active = e.active[:0]
+	e.active, e.lls, e.llLeft = e.active[:0], e.lls[:0], 0
 	e.copies, e.copied = e.copies[:0], 0
 	e.vec.vecs, e.vec.stage = e.vec.vecs[:0], e.vec.stage[:0]
 	nSend, nRecv := 0, 0
@@ -224,7 +243,8 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 		st := &steps[i]
 		switch st.Kind {
 		case algo.StepCopy:
-			if c, ok, err := e.localCopyOf(st, bufs); ok {
+			if e.vectored(st.Src.Buf) || e.vectored(st.Dst.Buf) {
+				c, _, err := e.localCopyOf(st, bufs)
 				if err != nil {
 					return err
 				}
@@ -236,7 +256,7 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 				return err
 			}
 			if len(dst) > 0 && &dst[0] != &src[0] { // in-place collectives copy a buffer onto itself
-				e.copies = append(e.copies, localCopy{dst: dst, src: src})
+				e.addCopy(dst, src, false)
 			}
 		case algo.StepReduce:
 			src, dst, err := bufs.srcDst(st)
@@ -246,7 +266,7 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 			if len(dst) != len(src) {
 				return fault.New(fault.ErrInvalidArgument, -1, "schedule reduces %d bytes into %d", len(src), len(dst))
 			}
-			e.copies = append(e.copies, localCopy{dst: dst, src: src, reduce: true})
+			e.addCopy(dst, src, true)
 		case algo.StepSend, algo.StepRecv, algo.StepRecvReduce:
 			if st.Peer < 0 || st.Peer >= e.size || st.Peer == e.rank || st.Stream < 0 || st.Stream >= e.streams {
 				return fault.New(fault.ErrInvalidArgument, st.Peer, "schedule step %s to peer %d stream %d", st.Kind, st.Peer, st.Stream)
@@ -363,6 +383,21 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 	return nil
 }
 
+// addCopy adds a plain copy (or reduction) of src into dst to the round.
+// Field by field into the slice: appending a composite literal copies the
+// whole struct, gathered-buffer fields included, with write barriers.
+func (e *engine) addCopy(dst, src []byte, reduce bool) {
+	n := len(e.copies)
+	if n == cap(e.copies) {
+		e.copies = append(e.copies, localCopy{})
+	} else {
+		e.copies = e.copies[:n+1]
+		e.copies[n] = localCopy{}
+	}
+	c := &e.copies[n]
+	c.dst, c.src, c.reduce = dst, src, reduce
+}
+
 // llHeader is the header of an LL message that travels as a frame: one per
 // pair and op, on stream 0, with the LL algorithm id whatever the schedule's
 // algorithm, so a peer expecting a data frame instead detects it.
@@ -425,9 +460,17 @@ func (e *engine) postLoad(kind transport.OpKind, seq uint64, st *algo.Step, bufs
 		dst = e.countIn[8*st.Peer : 8*st.Peer+8]
 	}
 	e.traffic.add(false, e.sameHost[st.Peer], len(dst))
-	a := activeOp{peer: st.Peer, dst: dst, announce: st.CountOnly, count: st.Dst.Len}
 	if e.slotBytes(st.Peer) > 0 {
-		a.slot = true
+		// Field by field into the list, as addCopy.
+		n := len(e.lls)
+		if n == cap(e.lls) {
+			e.lls = append(e.lls, llLoad{})
+		} else {
+			e.lls = e.lls[:n+1]
+			e.lls[n] = llLoad{}
+		}
+		l := &e.lls[n]
+		l.peer, l.slots, l.dst, l.announce, l.count = st.Peer, e.slotOf[st.Peer], dst, st.CountOnly, st.Dst.Len
 		if e.aux != 0 { // the message ends with the signature (postStore)
 			if e.sigIn == nil {
 				e.sigIn = make([][]byte, e.size)
@@ -435,38 +478,91 @@ func (e *engine) postLoad(kind transport.OpKind, seq uint64, st *algo.Step, bufs
 			if cap(e.sigIn[st.Peer]) < len(dst)+8 {
 				e.sigIn[st.Peer] = make([]byte, len(dst)+8)
 			}
-			a.dst, a.sigDst = e.sigIn[st.Peer][:len(dst)+8], dst
+			l.dst, l.sigDst = e.sigIn[st.Peer][:len(dst)+8], dst
 		}
-	} else {
-		if nRecv == len(e.recvOps) {
-			e.recvOps = append(e.recvOps, transport.RecvOp{})
-		}
-		e.recvOps[nRecv].Reset(e.llHeader(kind, seq, st.Peer, st.Peer, false), dst, false)
-		a.idx, a.conn = nRecv, e.tr.Conn(st.Peer, 0)
-		nRecv++
+		e.llLeft = len(e.lls)
+		return nRecv, nil
 	}
-	e.active = append(e.active, a)
-	return nRecv, nil
+	if nRecv == len(e.recvOps) {
+		e.recvOps = append(e.recvOps, transport.RecvOp{})
+	}
+	e.recvOps[nRecv].Reset(e.llHeader(kind, seq, st.Peer, st.Peer, false), dst, false)
+	e.active = append(e.active, activeOp{peer: st.Peer, dst: dst, announce: st.CountOnly, count: st.Dst.Len, idx: nRecv, conn: e.tr.Conn(st.Peer, 0)})
+	return nRecv + 1, nil
 }
 
 // checkSignature verifies the collective signature after the data of a
 // one-sided message and moves the data to its destination.
-func (e *engine) checkSignature(a *activeOp) error {
-	n := len(a.sigDst)
-	if got := binary.LittleEndian.Uint64(a.dst[n:]); got != e.aux {
-		return fault.New(fault.ErrMismatch, a.peer, "collective mismatch: rank %d runs signature %#x, this rank %#x (root, operator, type or size differ)", a.peer, got, e.aux)
+func (e *engine) checkSignature(l *llLoad) error {
+	n := len(l.sigDst)
+	if got := binary.LittleEndian.Uint64(l.dst[n:]); got != e.aux {
+		return fault.New(fault.ErrMismatch, l.peer, "collective mismatch: rank %d runs signature %#x, this rank %#x (root, operator, type or size differ)", l.peer, got, e.aux)
 	}
-	copy(a.sigDst, a.dst[:n])
+	copy(l.sigDst, l.dst[:n])
 	return nil
 }
 
-// checkCount verifies an LL length announcement against the block length
-// this rank expects from the peer.
-func (e *engine) checkCount(a *activeOp) error {
-	if got := binary.LittleEndian.Uint64(a.dst); got != uint64(a.count) {
-		return fault.New(fault.ErrMismatch, a.peer, "rank %d sends %d bytes, this rank expects %d", a.peer, got, a.count)
+// checkCount verifies an LL length announcement from peer, landed in
+// announced, against the block length this rank expects.
+func checkCount(peer int, announced []byte, count int) error {
+	if got := binary.LittleEndian.Uint64(announced); got != uint64(count) {
+		return fault.New(fault.ErrMismatch, peer, "rank %d sends %d bytes, this rank expects %d", peer, got, count)
 	}
 	return nil
+}
+
+// pollLL polls the round's pending loads from slots once. It reports
+// whether any made progress, and drops the finished ones from lls[:llLeft].
+func (e *engine) pollLL(waited bool) (moved bool, err error) {
+	for i := 0; i < e.llLeft; {
+		l := &e.lls[i]
+		before := l.load.Words
+		if l.load.Known {
+			before++
+		}
+		done, err := l.slots.Load(l.peer, e.llEpoch, e.llTag, l.dst, false, &l.load)
+		if err != nil {
+			return moved, e.peerError(l.peer, err)
+		}
+		if !done {
+			after := l.load.Words
+			if l.load.Known {
+				after++
+			}
+			moved = moved || after != before
+			i++
+			continue
+		}
+		moved = true
+		if l.announce {
+			if err := checkCount(l.peer, l.dst, l.count); err != nil {
+				return moved, err
+			}
+		}
+		if l.sigDst != nil {
+			if err := e.checkSignature(l); err != nil {
+				return moved, err
+			}
+		}
+		e.arrived(l.peer, waited)
+		// Done: swap it past the pending ones.
+		e.llLeft--
+		e.lls[i], e.lls[e.llLeft] = e.lls[e.llLeft], e.lls[i]
+	}
+	return moved, nil
+}
+
+// arrived attributes the wait to peer, whose data just arrived.
+func (e *engine) arrived(peer int, waited bool) {
+	// Arrivals come in time order; without a wait since the last clock
+	// read this one adds no waiting time.
+	w := e.lastWait
+	if waited && !e.opStart.IsZero() {
+		w = time.Since(e.opStart)
+	}
+	if w >= e.lastWait {
+		e.lastPeer, e.lastWait = peer, w
+	}
 }
 
 // progress drives the posted operations to completion.
@@ -475,7 +571,11 @@ func (e *engine) progress(ctx context.Context) error {
 	waited := false // the engine has waited in this call: arrivals need a clock read
 	quiet := 0      // polls left before the spinning loop reads the clock again
 	for {
-		pending, moved := 0, false
+		moved, err := e.pollLL(waited)
+		if err != nil {
+			return err
+		}
+		pending := e.llLeft
 		for i := range e.active {
 			a := &e.active[i]
 			if a.done {
@@ -484,17 +584,7 @@ func (e *engine) progress(ctx context.Context) error {
 			var done bool
 			var err error
 			var before, after int
-			if a.slot {
-				before = a.load.Words
-				if a.load.Known {
-					before++
-				}
-				done, err = e.slotOf[a.peer].Load(a.peer, e.llEpoch, e.llTag, a.dst, false, &a.load)
-				after = a.load.Words
-				if a.load.Known {
-					after++
-				}
-			} else if a.send {
+			if a.send {
 				op := &e.sendOps[a.idx]
 				before = op.Progress
 				done, err = a.conn.TrySend(op)
@@ -511,12 +601,7 @@ func (e *engine) progress(ctx context.Context) error {
 			if done {
 				a.done, moved = true, true
 				if a.announce {
-					if err := e.checkCount(a); err != nil {
-						return err
-					}
-				}
-				if a.sigDst != nil {
-					if err := e.checkSignature(a); err != nil {
+					if err := checkCount(a.peer, a.dst, a.count); err != nil {
 						return err
 					}
 				}
@@ -542,15 +627,7 @@ func (e *engine) progress(ctx context.Context) error {
 					}
 				}
 				if !a.send {
-					// Arrivals come in time order; without a wait since the
-					// last clock read this one adds no waiting time.
-					w := e.lastWait
-					if waited && !e.opStart.IsZero() {
-						w = time.Since(e.opStart)
-					}
-					if w >= e.lastWait {
-						e.lastPeer, e.lastWait = a.peer, w
-					}
+					e.arrived(a.peer, waited)
 				}
 				continue
 			}
