@@ -114,6 +114,7 @@ type Comm struct {
 
 	sendSeq, recvSeq []uint64      // point-to-point sequence numbers by peer
 	ringCheck        algo.Schedule // rooted collectives' agreement round
+	allReducePlan    allReducePlan // the last AllReduce's plan (planner.go)
 	hosts            []int         // host ordinal of every rank (same on all ranks)
 	numHosts         int
 

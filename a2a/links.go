@@ -100,6 +100,7 @@ func (c *Comm) agreeLinks(ctx context.Context) error {
 		}
 	}
 	c.links = decodeLinks(table)
+	c.allReducePlan.valid = false // the choice reads the links
 	return nil
 }
 

@@ -13,6 +13,16 @@ import (
 // ranks share (world, sizes every rank passes identically, hosts, config), so
 // the ranks agree without a round.
 func (c *Comm) planCollective(k *coll, a *algo.CollArgs) (algo.Algo, *algo.Schedule, error) {
+	if k.name == "allreduce" {
+		p := &c.allReducePlan
+		key := allReduceKey{bytes: a.Bytes, dtype: a.DType, op: a.Op, inPlace: a.InPlace, segmented: k.segmented}
+		if p.valid && p.key == key {
+			return p.algo, &p.sched, nil
+		}
+		choice, err := c.planInto(&p.sched, k, a)
+		p.valid, p.key, p.algo = err == nil, key, choice
+		return choice, &p.sched, err
+	}
 	if k.name == "barrier" {
 		s, entry, planned := c.plans.lookup(k.name, algo.AlgoAuto, nil, nil)
 		if !planned {
@@ -75,6 +85,25 @@ func (c *Comm) planInto(s *algo.Schedule, k *coll, a *algo.CollArgs) (algo.Algo,
 		return algo.AlgoDissemination, algo.PlanBarrierDissemination(s, *a)
 	}
 	return algo.AlgoAuto, fault.New(fault.ErrInvalidArgument, c.rank, "no planner for %s", k.name)
+}
+
+// allReducePlan keeps the plan of the last AllReduce: a training loop or a
+// benchmark reduces one size over and over, and at 8 bytes planning was a
+// third of the call's own cost. Apart from planCache, whose few entries
+// belong to the AllToAllV shapes of a MoE step.
+type allReducePlan struct {
+	valid bool
+	key   allReduceKey
+	algo  algo.Algo
+	sched algo.Schedule
+}
+
+// allReduceKey is what an AllReduce plan depends on besides the Comm's
+// fixed settings (rank, world, streams, hosts, links, LL limits).
+type allReduceKey struct {
+	bytes              int
+	dtype, op          uint8
+	inPlace, segmented bool
 }
 
 // parseAllReduceAlgo validates A2A_ALGO_ALLREDUCE.
