@@ -30,7 +30,8 @@ type OpEvent struct {
 	// LastPeer is the peer whose data arrived last and LastWait how long after
 	// the start it arrived: the rank this one waited on most (-1 if none).
 	// LastWait is 0 when every peer's data was already there when the rank
-	// first looked (the clock is only read once a rank has to wait).
+	// first looked, or came within its first few polls (the clock is only
+	// read once a rank has to wait longer).
 	LastPeer int
 	LastWait time.Duration
 }
