@@ -569,14 +569,18 @@ func (e *engine) arrived(peer int, waited bool) {
 func (e *engine) progress(ctx context.Context) error {
 	var idleStart time.Time
 	waited := false // the engine has waited in this call: arrivals need a clock read
-	quiet := 0      // polls left before the spinning loop reads the clock again
+	// Idle passes before the first clock read, after the start and after
+	// each progress. A rank that spins polls a while: small messages are
+	// often a poll or two away, and a clock read between those polls
+	// delays seeing them. Arrivals meanwhile add no waiting time to the
+	// attribution. A crowded rank (no spin) reads the clock and yields
+	// at once: yielding first, without the checks, doubled a 4-rank 8 B
+	// AllToAll on 2 cores (5.5 -> 10.5 us).
+	clockFree := 0
 	if e.spin > 0 {
-		// A rank that spins polls a while before its first clock read:
-		// small messages are often a poll or two away, and a clock read
-		// between those polls delays seeing them. Arrivals meanwhile add
-		// no waiting time to the attribution (under a microsecond).
-		quiet = spinPolls
+		clockFree = spinPolls
 	}
+	quiet := clockFree // idle passes left before the next clock read
 	for {
 		moved, err := e.pollLL(waited)
 		if err != nil {
@@ -659,13 +663,13 @@ func (e *engine) progress(ctx context.Context) error {
 			return err
 		}
 		if moved || did {
-			idleStart, quiet = time.Time{}, 0
+			idleStart, quiet = time.Time{}, clockFree
 			continue
 		}
 		if quiet > 0 {
-			// Spinning: poll again without reading the clock, which costs
-			// as much as a pass over the operations and delays the pass
-			// that sees the data arrive.
+			// Poll again without reading the clock, which costs as much as
+			// a pass over the operations and delays the pass that sees the
+			// data arrive.
 			quiet--
 			continue
 		}
