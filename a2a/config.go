@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/a2a/transport"
 )
@@ -194,8 +195,15 @@ func (cfg Config) withDefaults() (Config, error) {
 	if _, err := cfg.providers(); err != nil {
 		return cfg, err
 	}
-	if _, err := parseAlgo(cfg.Algo); err != nil {
+	a, err := parseAlgo(cfg.Algo)
+	if err != nil {
 		return cfg, err
+	}
+	if a == algo.AlgoAuto {
+		// "auto" (A2A_ALGO=auto, a2ad bench --algo auto) is the automatic
+		// choice, as "" is: the matrix-aware choice and the LL cutoffs test
+		// for "".
+		cfg.Algo = ""
 	}
 	if _, err := parseAllReduceAlgo(cfg.AlgoAllReduce); err != nil {
 		return cfg, err

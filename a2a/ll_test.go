@@ -179,3 +179,20 @@ func TestSetAlgo(t *testing.T) {
 		t.Errorf("SetAlgo(bogus): %v, want ErrInvalidArgument", err)
 	}
 }
+
+// TestAlgoAutoIsDefault: Config.Algo "auto" is the automatic choice, the
+// same as "": small blocks go LL over shm (forced algorithms turn LL off).
+func TestAlgoAutoIsDefault(t *testing.T) {
+	url := startNATS(t)
+	comms := group(t, url, 3, func(c *Config) { c.Algo = "auto" })
+	small := make([]int, 9)
+	for k := range small {
+		small[k] = 24
+	}
+	exchange(t, comms, small, false)
+	for _, c := range comms {
+		if got := c.LastAlgo(); got != "ll" || c.Config().Algo != "" {
+			t.Errorf("rank %d: Algo \"auto\" ran %s, config %q; want ll, as \"\" does", c.Rank(), got, c.Config().Algo)
+		}
+	}
+}
