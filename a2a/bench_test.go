@@ -108,7 +108,7 @@ func TestSteadyStateAllocations(t *testing.T) {
 	url := startNATS(t)
 	// Slow heartbeats: their messages are the control plane's allocations,
 	// which the process-wide counter would otherwise charge to the data plane.
-	comms := group(t, url, 3, func(c *Config) { c.HeartbeatInterval, c.PeerTimeout = 10*time.Second, 30*time.Second })
+	comms := group(t, url, 3, func(c *Config) { c.HeartbeatInterval, c.PeerTimeout, c.Report = 10*time.Second, 30*time.Second, -1 })
 	counts := []int{4096, 100, 0}
 	run := func(iters int) {
 		mustAll(t, onAll(comms, func(c *Comm) error {
@@ -149,7 +149,7 @@ func mustAllB(b *testing.B, errs []error) {
 // allocate nothing either.
 func TestCollectiveAllocations(t *testing.T) {
 	url := startNATS(t)
-	comms := group(t, url, 2, func(c *Config) { c.HeartbeatInterval, c.PeerTimeout = 10*time.Second, 30*time.Second })
+	comms := group(t, url, 2, func(c *Config) { c.HeartbeatInterval, c.PeerTimeout, c.Report = 10*time.Second, 30*time.Second, -1 })
 	run := func(iters int) {
 		mustAll(t, onAll(comms, func(c *Comm) error {
 			s, r := make([]byte, 4096), make([]byte, 4096)

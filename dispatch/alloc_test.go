@@ -19,7 +19,7 @@ import (
 func TestSteadyStateAllocations(t *testing.T) {
 	const ranks = 3
 	url := startNATS(t)
-	comms := group(t, url, ranks, func(c *a2a.Config) { c.HeartbeatInterval, c.PeerTimeout = 10*time.Second, 30*time.Second })
+	comms := group(t, url, ranks, func(c *a2a.Config) { c.HeartbeatInterval, c.PeerTimeout, c.Report = 10*time.Second, 30*time.Second, -1 })
 	l := layer{experts: 6, k: 2, hidden: 16, tokens: 64, dtype: reduce.BFloat16, capacity: 1.25, skew: 1, seed: 5}
 	ds := newDispatchers(t, comms, Config{Experts: 6, K: 2, Hidden: 16, DType: reduce.BFloat16, CapacityFactor: 1.25, Logger: discard})
 	// Inputs for two alternating steps, made before measuring.
