@@ -16,6 +16,7 @@ package transport
 import (
 	"encoding/binary"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
@@ -265,6 +266,19 @@ type Stats struct {
 	BytesSent     []uint64 // by peer rank
 	BytesReceived []uint64 // by peer rank
 	Rejected      uint64   // connections refused (bad hello, wrong secret, strangers)
+}
+
+// CounterStats is the Stats of a transport that counts bytes in one
+// counter per peer rank and direction.
+func CounterStats(sent, recvd []atomic.Uint64) Stats {
+	s := Stats{BytesSent: make([]uint64, len(sent)), BytesReceived: make([]uint64, len(recvd))}
+	for i := range sent {
+		s.BytesSent[i] = sent[i].Load()
+	}
+	for i := range recvd {
+		s.BytesReceived[i] = recvd[i].Load()
+	}
+	return s
 }
 
 // Transport connects one rank with all its peers.

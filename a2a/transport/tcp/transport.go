@@ -184,15 +184,8 @@ func (t *Transport) Wake() {
 // Stats returns the bytes moved per peer (frame headers included) and the
 // connections the listener refused.
 func (t *Transport) Stats() transport.Stats {
-	s := transport.Stats{
-		BytesSent:     make([]uint64, t.size),
-		BytesReceived: make([]uint64, t.size),
-		Rejected:      t.l.Rejected(),
-	}
-	for i := range t.size {
-		s.BytesSent[i] = t.sent[i].Load()
-		s.BytesReceived[i] = t.recvd[i].Load()
-	}
+	s := transport.CounterStats(t.sent, t.recvd)
+	s.Rejected = t.l.Rejected()
 	return s
 }
 

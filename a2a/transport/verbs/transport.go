@@ -419,12 +419,7 @@ func (t *Transport) Wake() {
 // Stats returns the bytes moved per peer: frame headers and payloads, LL
 // slots as the words stored.
 func (t *Transport) Stats() transport.Stats {
-	s := transport.Stats{BytesSent: make([]uint64, t.size), BytesReceived: make([]uint64, t.size)}
-	for i := range t.size {
-		s.BytesSent[i] = t.sent[i].Load()
-		s.BytesReceived[i] = t.recvd[i].Load()
-	}
-	return s
+	return transport.CounterStats(t.sent, t.recvd)
 }
 
 // Close tells every peer goodbye (so theirs fail at once with ErrPeerLost
