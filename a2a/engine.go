@@ -383,18 +383,25 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 	return nil
 }
 
-// addCopy adds a plain copy (or reduction) of src into dst to the round.
-// Field by field into the slice: appending a composite literal copies the
-// whole struct, gathered-buffer fields included, with write barriers.
-func (e *engine) addCopy(dst, src []byte, reduce bool) {
-	n := len(e.copies)
-	if n == cap(e.copies) {
-		e.copies = append(e.copies, localCopy{})
+// pushZero extends s by one zeroed element and returns it, to be filled
+// field by field: appending a composite literal copies the whole struct,
+// gathered-buffer fields included, with write barriers.
+func pushZero[T any](s []T) ([]T, *T) {
+	n := len(s)
+	if n == cap(s) {
+		var zero T
+		s = append(s, zero)
 	} else {
-		e.copies = e.copies[:n+1]
-		e.copies[n] = localCopy{}
+		s = s[:n+1]
+		clear(s[n:])
 	}
-	c := &e.copies[n]
+	return s, &s[n]
+}
+
+// addCopy adds a plain copy (or reduction) of src into dst to the round.
+func (e *engine) addCopy(dst, src []byte, reduce bool) {
+	var c *localCopy
+	e.copies, c = pushZero(e.copies)
 	c.dst, c.src, c.reduce = dst, src, reduce
 }
 
@@ -461,15 +468,8 @@ func (e *engine) postLoad(kind transport.OpKind, seq uint64, st *algo.Step, bufs
 	}
 	e.traffic.add(false, e.sameHost[st.Peer], len(dst))
 	if e.slotBytes(st.Peer) > 0 {
-		// Field by field into the list, as addCopy.
-		n := len(e.lls)
-		if n == cap(e.lls) {
-			e.lls = append(e.lls, llLoad{})
-		} else {
-			e.lls = e.lls[:n+1]
-			e.lls[n] = llLoad{}
-		}
-		l := &e.lls[n]
+		var l *llLoad
+		e.lls, l = pushZero(e.lls)
 		l.peer, l.slots, l.dst, l.announce, l.count = st.Peer, e.slotOf[st.Peer], dst, st.CountOnly, st.Dst.Len
 		if e.aux != 0 { // the message ends with the signature (postStore)
 			if e.sigIn == nil {
