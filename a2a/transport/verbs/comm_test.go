@@ -19,6 +19,7 @@ import (
 
 	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/a2a/a2atest"
+	"github.com/a2a-moe/a2a/a2a/transport/verbs"
 )
 
 // The Comm tests over verbs: ranks are processes (this test binary run
@@ -429,22 +430,13 @@ func rankUntilLost(ctx context.Context, t *testing.T, c *a2a.Comm) {
 }
 
 // rdmaTotals is the number of QPs, MRs, CQs, PDs and contexts on every
-// device (`rdma resource show`).
+// device (rdma resource show), as the package's own leak tests count them.
 func rdmaTotals(t *testing.T) [5]int {
 	t.Helper()
-	out, err := exec.Command("rdma", "-j", "resource", "show").Output()
-	if err != nil {
-		t.Fatalf("rdma -j resource show: %v", err)
-	}
-	var rows []map[string]any
-	if err := json.Unmarshal(out, &rows); err != nil {
-		t.Fatalf("rdma resource: %v: %s", err, out)
-	}
 	var n [5]int
-	for _, r := range rows {
+	for _, counts := range verbs.RDMAResources(t) {
 		for i, k := range []string{"qp", "mr", "cq", "pd", "ctx"} {
-			v, _ := r[k].(float64)
-			n[i] += int(v)
+			n[i] += counts[k]
 		}
 	}
 	return n
