@@ -19,6 +19,15 @@ type ChoiceArgs struct {
 	// nil means one host.
 	Hosts []int
 	Links Links
+	// Machines is every rank's machine ordinal (0..M-1), and Cores, by
+	// machine ordinal, how many CPUs the job's ranks there may run on (0:
+	// unknown). A machine is one kernel: several hosts (network namespaces,
+	// containers) may share its cores. Where a machine's ranks outnumber
+	// its cores, a candidate cannot finish before those cores have done
+	// every rank's own work there, so its estimate is at least that (see
+	// Chooser.crowdedBound). nil: every rank has a core of its own.
+	Machines []int
+	Cores    []int
 }
 
 // Candidate is one AllToAllV algorithm as the automatic choice saw it.
@@ -40,6 +49,10 @@ type Chooser struct {
 	cands   [4]Candidate
 	sched   Schedule
 	scratch []int
+	busy    []float64 // each rank's own time under the candidate being priced
+	// by machine ordinal: ranks, and their summed busy time
+	machineRanks []int
+	machineWork  []float64
 }
 
 // Reasons candidates are left out.
@@ -62,14 +75,17 @@ func (c *Chooser) Price(a ChoiceArgs) ([]Candidate, Algo) {
 		hosts, even = countHosts(a.Hosts)
 	}
 	flat := a.Links.Flat(hosts)
-	c.cands[0] = Candidate{Algo: AlgoPairwise, Estimate: EstimateAllToAllV(AlgoPairwise, a.Matrix, a.World, a.Streams, a.Window, flat)}
-	c.cands[1] = c.price(AlgoFullmesh, func() (float64, string) {
+	busy := c.busyFor(a)
+	c.cands[0] = c.price(a, AlgoPairwise, func() (float64, string) {
+		return estimateFlat(AlgoPairwise, a.Matrix, a.World, a.Streams, a.Window, flat, busy), ""
+	})
+	c.cands[1] = c.price(a, AlgoFullmesh, func() (float64, string) {
 		if a.World <= 2 {
 			return 0, whyTwoRanks
 		}
-		return EstimateAllToAllV(AlgoFullmesh, a.Matrix, a.World, a.Streams, a.Window, flat), ""
+		return estimateFlat(AlgoFullmesh, a.Matrix, a.World, a.Streams, a.Window, flat, busy), ""
 	})
-	c.cands[2] = c.price(AlgoStaged, func() (float64, string) {
+	c.cands[2] = c.price(a, AlgoStaged, func() (float64, string) {
 		switch {
 		case a.Matrix == nil:
 			return 0, whyNoMatrix
@@ -80,9 +96,9 @@ func (c *Chooser) Price(a ChoiceArgs) ([]Candidate, Algo) {
 		case !even:
 			return 0, whyUneven
 		}
-		return estimateStaged(&c.sched, &c.scratch, a.Matrix, a.Hosts, a.Links), ""
+		return estimateStaged(&c.sched, &c.scratch, a.Matrix, a.Hosts, a.Links, busy), ""
 	})
-	c.cands[3] = c.price(AlgoSkew, func() (float64, string) {
+	c.cands[3] = c.price(a, AlgoSkew, func() (float64, string) {
 		switch {
 		case a.Matrix == nil:
 			return 0, whyNoMatrix
@@ -93,7 +109,7 @@ func (c *Chooser) Price(a ChoiceArgs) ([]Candidate, Algo) {
 		case !skewed(a.Matrix):
 			return 0, whyNotSkewed
 		}
-		return estimateSkew(&c.sched, &c.scratch, a.Matrix, a.World, 1, flat), ""
+		return estimateSkew(&c.sched, &c.scratch, a.Matrix, a.World, 1, flat, busy), ""
 	})
 	best := 0
 	for i, cand := range c.cands {
@@ -111,13 +127,84 @@ func (c *Chooser) Choose(a ChoiceArgs) Algo {
 }
 
 // price makes a candidate from f, which returns the estimate or why the
-// candidate is left out.
-func (c *Chooser) price(a Algo, f func() (float64, string)) Candidate {
+// candidate is left out, raised to the crowded machines' bound when args
+// has any.
+func (c *Chooser) price(args ChoiceArgs, a Algo, f func() (float64, string)) Candidate {
+	clear(c.busy)
 	est, why := f()
 	if why != "" {
 		return Candidate{Algo: a, Estimate: math.Inf(1), Why: why}
 	}
+	if len(c.busy) > 0 {
+		est = max(est, c.crowdedBound(args))
+	}
 	return Candidate{Algo: a, Estimate: est}
+}
+
+// busyFor is the storage for each rank's own time when some machine of a
+// is crowded, or nil when none is (the estimates then stand as they are).
+func (c *Chooser) busyFor(a ChoiceArgs) []float64 {
+	c.busy = c.busy[:0]
+	if len(a.Machines) != a.World || len(a.Cores) == 0 {
+		return nil
+	}
+	if cap(c.machineRanks) < len(a.Cores) {
+		c.machineRanks = make([]int, len(a.Cores))
+		c.machineWork = make([]float64, len(a.Cores))
+	}
+	ranks := c.machineRanks[:len(a.Cores)]
+	clear(ranks)
+	for _, m := range a.Machines {
+		if m >= 0 && m < len(ranks) {
+			ranks[m]++
+		}
+	}
+	crowded := false
+	for m, n := range a.Cores {
+		crowded = crowded || (n > 0 && ranks[m] > n)
+	}
+	if !crowded {
+		return nil
+	}
+	if cap(c.busy) < a.World {
+		c.busy = make([]float64, a.World)
+	}
+	c.busy = c.busy[:a.World]
+	return c.busy
+}
+
+// crowdedBound is the time the busiest crowded machine's cores need for the
+// work of all its ranks: busy[r] is rank r's own time under a candidate (the
+// sum over rounds of alpha and the bytes it sends and receives, each copied
+// on its core, before waiting for the slowest rank). A machine whose ranks
+// do not outnumber its cores, or whose cores are unknown (0), bounds
+// nothing: each rank then runs on a core of its own, as the per-rank model
+// assumes. With a nil matrix busy[0] stands for every rank (the uniform
+// nominal matrix prices rank 0 alone). busyFor counted the ranks.
+//
+// The bound is what makes the choice right where hosts share cores (network
+// namespaces of one box, as the test bed, or containers of one node): an
+// algorithm that moves more bytes in total, such as staged's extra local
+// phase, then costs more even when its busiest rank moves fewer.
+func (c *Chooser) crowdedBound(a ChoiceArgs) float64 {
+	work := c.machineWork[:len(a.Cores)]
+	clear(work)
+	for r, m := range a.Machines {
+		if m >= 0 && m < len(work) {
+			if a.Matrix == nil {
+				work[m] += c.busy[0]
+			} else {
+				work[m] += c.busy[r]
+			}
+		}
+	}
+	bound := 0.0
+	for m, n := range a.Cores {
+		if n > 0 && c.machineRanks[m] > n {
+			bound = max(bound, work[m]/float64(n))
+		}
+	}
+	return bound
 }
 
 // countHosts counts the hosts of host ordinals 0..H-1 and reports whether

@@ -83,3 +83,57 @@ func TestChooser(t *testing.T) {
 		}
 	}
 }
+
+// TestChooserCrowdedMachine checks the bound of machines whose ranks
+// outnumber their cores: hosts that share one machine's cores (the test
+// bed's namespaces) price every candidate by the work of all their ranks,
+// so staged, whose local phase adds bytes, loses to the flat algorithms
+// there at sizes where its fewer remote bytes win on dedicated cores.
+func TestChooserCrowdedMachine(t *testing.T) {
+	const p = 8
+	matrix := make([]int, p*p) // 32 KiB per pair, 8x that to rank 0
+	for i := range p {
+		for j := range p {
+			if i != j {
+				matrix[i*p+j] = 32 << 10
+			}
+		}
+		matrix[i*p] *= 8
+	}
+	hosts := []int{0, 0, 1, 1, 2, 2, 3, 3}
+	oneMachine := make([]int, p)
+	links := DefaultLinks()
+	for _, c := range []struct {
+		name     string
+		machines []int
+		cores    []int
+		want     Algo
+		bounded  bool // estimates raised by the machine's work
+	}{
+		{"dedicated cores", nil, nil, AlgoStaged, false},
+		{"cores unknown", oneMachine, []int{0}, AlgoStaged, false},
+		{"enough cores", oneMachine, []int{8}, AlgoStaged, false},
+		{"8 ranks on 2 cores", oneMachine, []int{2}, AlgoFullmesh, true},
+		{"a machine per host, 1 core each", hosts, []int{1, 1, 1, 1}, AlgoStaged, true},
+	} {
+		args := ChoiceArgs{World: p, Streams: 2, Window: 4, Matrix: matrix, Hosts: hosts, Links: links, Machines: c.machines, Cores: c.cores}
+		var ch Chooser
+		cands, pick := ch.Price(args)
+		if pick != c.want {
+			t.Errorf("%s: picked %s, want %s (%+v)", c.name, pick, c.want, cands)
+		}
+		var free Chooser
+		plain, _ := free.Price(ChoiceArgs{World: p, Streams: 2, Window: 4, Matrix: matrix, Hosts: hosts, Links: links})
+		for i, cand := range cands {
+			switch raised := cand.Estimate > plain[i].Estimate; {
+			case cand.Estimate < plain[i].Estimate:
+				t.Errorf("%s: %s estimate %g below the per-rank model's %g", c.name, cand.Algo, cand.Estimate, plain[i].Estimate)
+			case raised != c.bounded && cand.Why == "":
+				t.Errorf("%s: %s estimate %g, per-rank %g: raised=%v, want %v", c.name, cand.Algo, cand.Estimate, plain[i].Estimate, raised, c.bounded)
+			}
+		}
+		if allocs := testing.AllocsPerRun(20, func() { ch.Price(args) }); allocs != 0 {
+			t.Errorf("%s: %v allocations per Price once warm", c.name, allocs)
+		}
+	}
+}

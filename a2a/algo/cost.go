@@ -48,6 +48,16 @@ const NominalPairBytes = 64 << 10
 // multiply-adds: ranks on different architectures compute identical costs and
 // therefore choose identically.
 func EstimateAllToAllV(a Algo, matrix []int, world, streams, window int, link Link) float64 {
+	if a == AlgoAuto {
+		a = ChooseAllToAllV(world, streams, window, matrix, link)
+	}
+	return estimateFlat(a, matrix, world, streams, window, link, nil)
+}
+
+// estimateFlat is EstimateAllToAllV for pairwise and fullmesh; when busy is
+// non-nil (one entry per rank) it also adds to busy[i] the time rank i
+// itself spends in each round (see Busy).
+func estimateFlat(a Algo, matrix []int, world, streams, window int, link Link, busy []float64) float64 {
 	m, ok := newCounts(matrix, world)
 	if !ok {
 		return math.Inf(1)
@@ -60,11 +70,9 @@ func EstimateAllToAllV(a Algo, matrix []int, world, streams, window int, link Li
 	}
 	switch a {
 	case AlgoPairwise:
-		return estimatePairwise(m, streams, link)
+		return estimatePairwise(m, streams, link, busy)
 	case AlgoFullmesh:
-		return estimateFullmesh(m, streams, fullmeshWindow(window, world), link)
-	case AlgoAuto:
-		return EstimateAllToAllV(ChooseAllToAllV(world, streams, window, matrix, link), matrix, world, streams, window, link)
+		return estimateFullmesh(m, streams, fullmeshWindow(window, world), link, busy)
 	}
 	return math.Inf(1)
 }
@@ -168,19 +176,28 @@ func msgTime(n, streams int, l Link) float64 {
 	return float64(l.Beta*float64(n)) / float64(min(transfers(n, streams), l.Lanes))
 }
 
-func estimatePairwise(c counts, streams int, l Link) float64 {
+// cpuTime is the time a rank's core spends on n bytes it sends or receives:
+// on a crowded machine (see CrowdedBound) each end copies every byte on a
+// core, and lanes add no cores.
+func cpuTime(n int, l Link) float64 { return float64(l.Beta * float64(n)) }
+
+func estimatePairwise(c counts, streams int, l Link, busy []float64) float64 {
 	total := 0.0
 	for k := 1; k < c.p; k++ {
 		worst := 0.0
 		for i := 0; i < c.ranks(); i++ {
-			worst = max(worst, msgTime(c.at(i, (i+k)%c.p), streams, l))
+			t := msgTime(c.at(i, (i+k)%c.p), streams, l)
+			worst = max(worst, t)
+			if busy != nil {
+				busy[i] += l.Alpha + cpuTime(c.at(i, (i+k)%c.p)+c.at((i-k+c.p)%c.p, i), l)
+			}
 		}
 		total += l.Alpha + worst
 	}
 	return total
 }
 
-func estimateFullmesh(c counts, streams, window int, l Link) float64 {
+func estimateFullmesh(c counts, streams, window int, l Link, busy []float64) float64 {
 	p := c.p
 	total := 0.0
 	for j0 := 0; j0 < p-1; j0 += window {
@@ -206,6 +223,9 @@ func estimateFullmesh(c counts, streams, window int, l Link) float64 {
 				t = max(t, float64(l.Beta*float64(recvd))/float64(min(fr, l.Lanes)))
 			}
 			worst = max(worst, t)
+			if busy != nil {
+				busy[i] += l.Alpha + cpuTime(sent+recvd, l)
+			}
 		}
 		total += l.Alpha + worst
 	}

@@ -133,12 +133,13 @@ func ParseLinks(b []byte) (Links, error) {
 func EstimateStaged(matrix []int, hosts []int, links Links) float64 {
 	var s Schedule
 	var scratch []int
-	return estimateStaged(&s, &scratch, matrix, hosts, links)
+	return estimateStaged(&s, &scratch, matrix, hosts, links, nil)
 }
 
 // estimateStaged is EstimateStaged with its storage in s and scratch, so
-// that a Chooser prices staged without allocating once warm.
-func estimateStaged(s *Schedule, scratch *[]int, matrix []int, hosts []int, links Links) float64 {
+// that a Chooser prices staged without allocating once warm; a non-nil busy
+// gets each rank's own time in each phase added (see Busy).
+func estimateStaged(s *Schedule, scratch *[]int, matrix []int, hosts []int, links Links, busy []float64) float64 {
 	w := len(hosts)
 	if w == 0 || len(matrix) != w*w {
 		return math.Inf(1)
@@ -179,15 +180,20 @@ func estimateStaged(s *Schedule, scratch *[]int, matrix []int, hosts []int, link
 	for r := range w {
 		intra = max(intra, p1out[r], p1in[r])
 		inter = max(inter, p2out[r], p2in[r])
+		if busy != nil {
+			busy[r] += stagedPhase(l, links.Local, p1out[r]+p1in[r]) + stagedPhase(h, links.Remote, p2out[r]+p2in[r])
+		}
 	}
-	total := 0.0
-	if l > 1 {
-		total += links.Local.Alpha + float64(links.Local.Beta*float64(intra))
+	return stagedPhase(l, links.Local, intra) + stagedPhase(h, links.Remote, inter)
+}
+
+// stagedPhase is the time of one staged phase among n ranks over link whose
+// busiest rank moves bytes; a phase among one rank does not run.
+func stagedPhase(n int, link Link, bytes int) float64 {
+	if n <= 1 {
+		return 0
 	}
-	if h > 1 {
-		total += links.Remote.Alpha + float64(links.Remote.Beta*float64(inter))
-	}
-	return total
+	return link.Alpha + float64(link.Beta*float64(bytes))
 }
 
 // LowerBoundAllToAllVHosts is LowerBoundAllToAllV for ranks spread over

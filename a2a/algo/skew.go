@@ -134,12 +134,13 @@ func PlanSkew(s *Schedule, a SkewArgs) error {
 func EstimateSkew(matrix []int, world, window int, link Link) float64 {
 	var s Schedule
 	var scratch []int
-	return estimateSkew(&s, &scratch, matrix, world, window, link)
+	return estimateSkew(&s, &scratch, matrix, world, window, link, nil)
 }
 
 // estimateSkew is EstimateSkew with its storage in s and scratch. A matrix
-// PlanSkew refuses costs +Inf.
-func estimateSkew(s *Schedule, scratch *[]int, matrix []int, world, window int, link Link) float64 {
+// PlanSkew refuses costs +Inf. A non-nil busy gets each rank's own time in
+// each round added (see Busy).
+func estimateSkew(s *Schedule, scratch *[]int, matrix []int, world, window int, link Link, busy []float64) float64 {
 	if PlanSkew(s, SkewArgs{Rank: 0, World: world, Matrix: matrix, Streams: 1, Window: window}) != nil {
 		return math.Inf(1)
 	}
@@ -174,6 +175,9 @@ func estimateSkew(s *Schedule, scratch *[]int, matrix []int, world, window int, 
 		busiest := 0
 		for i := range p {
 			busiest = max(busiest, sent[r*p+i], recvd[r*p+i])
+			if busy != nil && sent[r*p+i]+recvd[r*p+i] > 0 {
+				busy[i] += link.Alpha + cpuTime(sent[r*p+i]+recvd[r*p+i], link)
+			}
 		}
 		total += link.Alpha + link.Beta*float64(busiest)
 	}
