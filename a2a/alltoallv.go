@@ -243,7 +243,8 @@ func (c *Comm) chooseForMatrix(matrix []int) algo.Algo {
 // choiceArgs is what the automatic choice reads for an AllToAllV with the
 // global matrix, or nil when only this rank's counts are known.
 func (c *Comm) choiceArgs(matrix []int) algo.ChoiceArgs {
-	return algo.ChoiceArgs{World: c.size, Streams: c.cfg.Streams, Window: c.cfg.Window, Matrix: matrix, Hosts: c.hosts, Links: c.links}
+	return algo.ChoiceArgs{World: c.size, Streams: c.cfg.Streams, Window: c.cfg.Window, Matrix: matrix, Hosts: c.hosts, Links: c.links,
+		Machines: c.machines, Cores: c.machineCores}
 }
 
 // gatherMatrix builds the global traffic matrix on the data plane: every rank

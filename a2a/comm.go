@@ -117,6 +117,10 @@ type Comm struct {
 	allReducePlan    allReducePlan // the last AllReduce's plan (planner.go)
 	hosts            []int         // host ordinal of every rank (same on all ranks)
 	numHosts         int
+	// machine ordinal of every rank and the CPUs of each machine (see
+	// machineCores): where ranks outnumber cores the cost model bounds
+	// every algorithm by the machine's total work.
+	machines, machineCores []int
 
 	rep *reporter // traffic reports for a2ad's live view (report.go); nil when off
 	// local is this rank's own abort and its scope (the member holds the
@@ -194,7 +198,7 @@ func (c *Comm) join(ctx context.Context) error {
 	m, err := control.Join(ctx, nc, control.JoinConfig{
 		Group: cfg.Group, Rank: cfg.Rank, WorldSize: cfg.WorldSize,
 		Info: control.NodeInfo{Rank: cfg.Rank, Host: host, PID: os.Getpid(), Transports: dp.addresses(), Streams: cfg.Streams,
-			CPUs: cpus.Format(cpus.Allowed())},
+			CPUs: cpus.Format(cpus.Allowed()), Machine: MachineIdentity()},
 		HeartbeatInterval: cfg.HeartbeatInterval, PeerTimeout: cfg.PeerTimeout, Logger: c.log,
 		Secret: []byte(secret),
 	})
@@ -204,6 +208,7 @@ func (c *Comm) join(ctx context.Context) error {
 	c.member = m
 	c.rank, c.size = m.Rank(), m.Size()
 	c.hosts, c.numHosts = hostOrdinals(m.Nodes())
+	c.machines, c.machineCores = machineCores(m.Nodes())
 	// A rank that fails to connect aborts the group, so its peers stop
 	// waiting for it instead of running into their deadline.
 	cctx, cancel := context.WithCancel(ctx)
@@ -355,9 +360,8 @@ func hostOrdinals(nodes []control.NodeInfo) ([]int, int) {
 // Config.Host (A2A_HOST) overrides it, e.g. to fake several hosts in tests.
 func HostIdentity() string {
 	name, _ := os.Hostname()
-	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	netns, _ := os.Readlink("/proc/self/ns/net")
-	return fmt.Sprintf("%s/%.8s/%s", name, strings.TrimSpace(string(boot)), strings.TrimSuffix(strings.TrimPrefix(netns, "net:["), "]"))
+	return fmt.Sprintf("%s/%.8s/%s", name, MachineIdentity(), strings.TrimSuffix(strings.TrimPrefix(netns, "net:["), "]"))
 }
 
 // Waiting defaults (Config.Spin, Config.Yield).

@@ -33,6 +33,10 @@ type NodeInfo struct {
 	PID     int    `msgpack:"p"` // default os.Getpid()
 	Streams int    `msgpack:"s"` // connections per peer pair; equal on all ranks (0 means 1)
 	CPUs    string `msgpack:"c"` // CPUs the rank may run on, as a kernel CPU list ("" unknown)
+	// Machine names the kernel the rank runs on (its boot id; "" unknown):
+	// ranks of several hosts (network namespaces, containers) on one
+	// machine share its cores.
+	Machine string `msgpack:"m"`
 	// Transports holds the address of every data plane the rank offers, by
 	// provider name ("tcp": host:port, "shm", "verbs": opaque to control).
 	Transports map[string][]byte `msgpack:"t"`
