@@ -390,13 +390,15 @@ type waiting struct {
 
 // waitPolicy resolves Config.Spin and Config.Yield for rank of the group
 // nodes on a host with hostCPUs CPUs online. By default a rank busy-polls,
-// then yields, then parks. When the host is crowded, its ranks of the group
-// outnumbering the CPUs they may run on together, a spinning rank would hold
-// the core the rank it waits for needs, so it does not spin (Open MPI's
-// yield_when_idle makes the same call). The CPUs counted are the union of
-// the local ranks' affinities (NodeInfo.CPUs), not this rank's own: ranks
-// bound to a core each have a core of their own and spin, while ranks a
-// launcher confined to fewer cores than there are ranks do not. Ranks that
+// then yields, then parks. When the machine is crowded, its ranks of the
+// group (of every host on it: network namespaces and containers share the
+// kernel's cores) outnumbering the CPUs they may run on together, a
+// spinning rank would hold the core the rank it waits for needs, so it
+// does not spin (Open MPI's yield_when_idle makes the same call). The CPUs
+// counted are the union of the machine's ranks' affinities (NodeInfo.CPUs),
+// not this rank's own: ranks bound to a core each have a core of their own
+// and spin, while ranks a launcher confined to fewer cores than there are
+// ranks do not. Ranks that
 // are goroutines of one process (tests, in-process groups) share the
 // process's Ps instead of cores: sharedProcess reports them, so the engine
 // also yields to goroutines.
@@ -405,7 +407,7 @@ func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, rank, hostC
 	usable := map[int]bool{}
 	known := true
 	for r, n := range nodes {
-		if n.Host == nodes[rank].Host {
+		if sameMachine(n, nodes[rank]) {
 			local++
 			shared = shared || (r != rank && n.PID == nodes[rank].PID)
 			known = cpus.Parse(n.CPUs, usable) && known
@@ -427,6 +429,15 @@ func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, rank, hostC
 		yield = defaultYield
 	}
 	return waiting{spin: spin, yield: yield, sharedProcess: shared, crowded: crowded}
+}
+
+// sameMachine reports whether ranks a and b share a kernel's cores: the
+// same machine id, or the same host when one of them has none.
+func sameMachine(a, b control.NodeInfo) bool {
+	if a.Machine != "" && b.Machine != "" {
+		return a.Machine == b.Machine
+	}
+	return a.Host == b.Host
 }
 
 // watchControl wakes a parked operation when the control plane reports an

@@ -624,6 +624,19 @@ func TestExternalNATSServer(t *testing.T) {
 	}))
 }
 
+// testBed is hosts network namespaces of perHost ranks each, bound to a
+// core each by local rank, all on the machine with kernel id machine ("":
+// unknown, each host its own machine).
+func testBed(hosts, perHost int, machine string) []control.NodeInfo {
+	var nodes []control.NodeInfo
+	for h := range hosts {
+		for l := range perHost {
+			nodes = append(nodes, control.NodeInfo{Host: "h" + strconv.Itoa(h), Machine: machine, PID: 100 + len(nodes), CPUs: strconv.Itoa(l)})
+		}
+	}
+	return nodes
+}
+
 func TestWaitPolicy(t *testing.T) {
 	node := func(host string, pid int, cpus string) control.NodeInfo {
 		return control.NodeInfo{Host: host, PID: pid, CPUs: cpus}
@@ -660,6 +673,8 @@ func TestWaitPolicy(t *testing.T) {
 		{"spin forced", 7 * time.Microsecond, group(4, unbound), 2, 7 * time.Microsecond, false, true},
 		{"spin off", -1, group(1, unbound), 2, 0, false, false},
 		{"goroutine ranks", 0, []control.NodeInfo{node("a", 5, "0-3"), node("a", 5, "0-3")}, 4, defaultSpin, true, false},
+		{"4 namespaces x 2 ranks on one 2-CPU machine", 0, testBed(4, 2, "k"), 2, 0, false, true},
+		{"4 hosts x 2 ranks, each its own machine", 0, testBed(4, 2, ""), 2, defaultSpin, false, false},
 	} {
 		w := waitPolicy(c.spin, 0, c.nodes, len(c.nodes)-1, c.hostCPUs)
 		if w.spin != c.wantSpin || w.yield != defaultYield || w.sharedProcess != c.wantShared || w.crowded != c.wantCrowded {
