@@ -29,6 +29,8 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	rank := fs.Int("rank", 0, "rank whose schedule is printed")
 	rounds := fs.Int("rounds", 6, "rounds of the schedule printed (0: none, -1: all)")
 	hosts := fs.Int("hosts", 1, "hosts the ranks are spread over (consecutive ranks per host)")
+	machines := fs.Int("machines", 0, "machines the hosts share (consecutive hosts per machine; 0: one per host), e.g. 1 for the test bed's namespaces")
+	cores := fs.Int("cores", 0, "CPUs each machine gives the job (0: a core per rank); fewer than its ranks bound every estimate by the machine's total work")
 	linksFile := fs.String("links", "", "link table written by \"a2ad tune\" (default: built-in)")
 	localClass := fs.String("local-class", algo.ClassShm, "data plane between ranks of one host (shm, tcp, verbs): prices the local role")
 	remoteClass := fs.String("remote-class", algo.ClassTCP, "data plane between hosts (tcp, verbs): prices the remote role")
@@ -51,8 +53,8 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	if err != nil {
 		return usageError{err}
 	}
-	if *n < 1 || *rank < 0 || *rank >= *n || *hosts < 1 {
-		return usagef("need -n >= 1, 0 <= --rank < n, --hosts >= 1")
+	if *n < 1 || *rank < 0 || *rank >= *n || *hosts < 1 || *machines < 0 || *machines > *hosts || *cores < 0 {
+		return usagef("need -n >= 1, 0 <= --rank < n, --hosts >= 1, 0 <= --machines <= --hosts, --cores >= 0")
 	}
 	var cands []algo.Algo
 	for _, name := range strings.Split(*algos, ",") {
@@ -69,9 +71,19 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	}
 	var s algo.Schedule
 	var chooser algo.Chooser
-	hostOf := make([]int, *n)
+	hostOf, machineOf := make([]int, *n), []int(nil)
 	for r := range hostOf {
 		hostOf[r] = r * *hosts / *n
+	}
+	var machineCores []int
+	if *machines > 0 && *cores > 0 {
+		machineOf, machineCores = make([]int, *n), make([]int, *machines)
+		for r := range machineOf {
+			machineOf[r] = hostOf[r] * *machines / *hosts
+		}
+		for m := range machineCores {
+			machineCores[m] = *cores
+		}
 	}
 	cut := make([]int, *n) // LL cutoff of the ll candidate: every peer but the printed rank
 	for j := range cut {
@@ -86,9 +98,9 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 			send[j], recv[j] = m[*rank**n+j], m[j**n+*rank]
 		}
 		// The one rule auto selection runs in a Comm, on the same inputs.
-		priced, chosen := chooser.Price(algo.ChoiceArgs{World: *n, Streams: *streams, Window: *window, Matrix: m, Hosts: hostOf, Links: links})
-		fmt.Printf("# plan n=%d size=%d dist=%s streams=%d window=%d hosts=%d links local(%s) alpha=%.1fus beta=%.2fGB/s remote(%s) alpha=%.1fus beta=%.2fGB/s: auto picks %s\n",
-			*n, size, d, *streams, *window, *hosts, links.LocalClass, links.Local.Alpha*1e6, 1/links.Local.Beta/1e9,
+		priced, chosen := chooser.Price(algo.ChoiceArgs{World: *n, Streams: *streams, Window: *window, Matrix: m, Hosts: hostOf, Links: links, Machines: machineOf, Cores: machineCores})
+		fmt.Printf("# plan n=%d size=%d dist=%s streams=%d window=%d hosts=%d%s links local(%s) alpha=%.1fus beta=%.2fGB/s remote(%s) alpha=%.1fus beta=%.2fGB/s: auto picks %s\n",
+			*n, size, d, *streams, *window, *hosts, crowdNote(*machines, *cores), links.LocalClass, links.Local.Alpha*1e6, 1/links.Local.Beta/1e9,
 			links.RemoteClass, links.Remote.Alpha*1e6, 1/links.Remote.Beta/1e9, chosen)
 		for _, a := range cands {
 			var cand algo.Candidate
@@ -153,4 +165,12 @@ func printRounds(desc string, max int) {
 		}
 		fmt.Println("    " + l)
 	}
+}
+
+// crowdNote describes the machines of the plan header, when given.
+func crowdNote(machines, cores int) string {
+	if machines == 0 || cores == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" machines=%d cores/machine=%d", machines, cores)
 }
