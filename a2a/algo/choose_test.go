@@ -132,6 +132,17 @@ func TestChooserCrowdedMachine(t *testing.T) {
 				t.Errorf("%s: %s estimate %g, per-rank %g: raised=%v, want %v", c.name, cand.Algo, cand.Estimate, plain[i].Estimate, raised, c.bounded)
 			}
 		}
+		if c.machines != nil {
+			bound := LowerBoundCrowded(matrix, hosts, c.machines, c.cores, links)
+			if (bound > 0) != c.bounded {
+				t.Errorf("%s: LowerBoundCrowded %g, want it positive only on crowded machines", c.name, bound)
+			}
+			for _, cand := range cands {
+				if cand.Estimate < bound {
+					t.Errorf("%s: %s estimated %g below the crowded lower bound %g", c.name, cand.Algo, cand.Estimate, bound)
+				}
+			}
+		}
 		if allocs := testing.AllocsPerRun(20, func() { ch.Price(args) }); allocs != 0 {
 			t.Errorf("%s: %v allocations per Price once warm", c.name, allocs)
 		}

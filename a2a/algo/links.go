@@ -234,6 +234,45 @@ func LowerBoundAllToAllVHosts(matrix []int, hosts []int, links Links) float64 {
 	return max(links.Local.Alpha+links.Local.fullRate(float64(local)), links.Remote.Alpha+links.Remote.fullRate(remote))
 }
 
+// LowerBoundCrowded is the time no AllToAllV schedule can beat on machines
+// whose ranks outnumber their cores (machines gives each rank's machine,
+// cores each machine's CPUs; see ChoiceArgs): every byte that changes rank
+// is copied on a core of its sender's machine and on one of its receiver's,
+// at the Beta of its link (Remote between hosts, Local within one), so the
+// busiest crowded machine needs its ranks' bytes times Beta over its cores.
+// Machines with enough or unknown cores bound nothing (0); the per-rank
+// bound LowerBoundAllToAllVHosts holds there.
+func LowerBoundCrowded(matrix, hosts, machines, cores []int, links Links) float64 {
+	w := len(hosts)
+	if w == 0 || len(matrix) != w*w || len(machines) != w {
+		return math.Inf(1)
+	}
+	ranks, work := make([]int, len(cores)), make([]float64, len(cores))
+	for r, m := range machines {
+		if m < 0 || m >= len(cores) {
+			return math.Inf(1)
+		}
+		ranks[m]++
+		for j := range w {
+			link := links.Local
+			if hosts[r] != hosts[j] {
+				link = links.Remote
+			}
+			if j != r {
+				work[m] += cpuTime(matrix[r*w+j], link)
+				work[machines[j]] += cpuTime(matrix[r*w+j], link)
+			}
+		}
+	}
+	bound := 0.0
+	for m, n := range cores {
+		if n > 0 && ranks[m] > n {
+			bound = max(bound, work[m]/float64(n))
+		}
+	}
+	return bound
+}
+
 // fullRate is the time of n bytes from one rank at its full bandwidth: Lanes
 // transfers at 1/Beta each.
 func (l Link) fullRate(n float64) float64 {

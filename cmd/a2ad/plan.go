@@ -143,6 +143,9 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 			}
 		}
 		fmt.Printf("lower bound %10.1f us (busiest rank's bytes at full bandwidth; across hosts, or the busiest host's over its ranks' remote links)\n", algo.LowerBoundAllToAllVHosts(m, hostOf, links)*1e6)
+		if machineOf != nil {
+			fmt.Printf("lower bound %10.1f us on crowded machines (every byte copied at each end over the machine's cores)\n", algo.LowerBoundCrowded(m, hostOf, machineOf, machineCores, links)*1e6)
+		}
 		fmt.Printf("# planned in %v\n", time.Since(start).Round(time.Microsecond))
 	}
 	return nil
