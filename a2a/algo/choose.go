@@ -49,8 +49,8 @@ type Chooser struct {
 	cands   [4]Candidate
 	sched   Schedule
 	scratch []int
-	busy    []float64 // each rank's own time under the candidate being priced
-	// by machine ordinal: ranks, and their summed busy time
+	work    workLog // each rank's own time under the candidate being priced
+	// by machine ordinal: ranks, and their summed own time
 	machineRanks []int
 	machineWork  []float64
 }
@@ -75,15 +75,15 @@ func (c *Chooser) Price(a ChoiceArgs) ([]Candidate, Algo) {
 		hosts, even = countHosts(a.Hosts)
 	}
 	flat := a.Links.Flat(hosts)
-	busy := c.busyFor(a)
+	work := c.workFor(a)
 	c.cands[0] = c.price(a, AlgoPairwise, func() (float64, string) {
-		return estimateFlat(AlgoPairwise, a.Matrix, a.World, a.Streams, a.Window, flat, busy), ""
+		return estimateFlat(AlgoPairwise, a.Matrix, a.World, a.Streams, a.Window, flat, work), ""
 	})
 	c.cands[1] = c.price(a, AlgoFullmesh, func() (float64, string) {
 		if a.World <= 2 {
 			return 0, whyTwoRanks
 		}
-		return estimateFlat(AlgoFullmesh, a.Matrix, a.World, a.Streams, a.Window, flat, busy), ""
+		return estimateFlat(AlgoFullmesh, a.Matrix, a.World, a.Streams, a.Window, flat, work), ""
 	})
 	c.cands[2] = c.price(a, AlgoStaged, func() (float64, string) {
 		switch {
@@ -96,7 +96,7 @@ func (c *Chooser) Price(a ChoiceArgs) ([]Candidate, Algo) {
 		case !even:
 			return 0, whyUneven
 		}
-		return estimateStaged(&c.sched, &c.scratch, a.Matrix, a.Hosts, a.Links, busy), ""
+		return estimateStaged(&c.sched, &c.scratch, a.Matrix, a.Hosts, a.Links, work), ""
 	})
 	c.cands[3] = c.price(a, AlgoSkew, func() (float64, string) {
 		switch {
@@ -109,7 +109,7 @@ func (c *Chooser) Price(a ChoiceArgs) ([]Candidate, Algo) {
 		case !skewed(a.Matrix):
 			return 0, whyNotSkewed
 		}
-		return estimateSkew(&c.sched, &c.scratch, a.Matrix, a.World, 1, flat, busy), ""
+		return estimateSkew(&c.sched, &c.scratch, a.Matrix, a.World, 1, flat, work), ""
 	})
 	best := 0
 	for i, cand := range c.cands {
@@ -130,21 +130,21 @@ func (c *Chooser) Choose(a ChoiceArgs) Algo {
 // candidate is left out, raised to the crowded machines' bound when args
 // has any.
 func (c *Chooser) price(args ChoiceArgs, a Algo, f func() (float64, string)) Candidate {
-	clear(c.busy)
+	clear(c.work.t)
 	est, why := f()
 	if why != "" {
 		return Candidate{Algo: a, Estimate: math.Inf(1), Why: why}
 	}
-	if len(c.busy) > 0 {
+	if len(c.work.t) > 0 {
 		est = max(est, c.crowdedBound(args))
 	}
 	return Candidate{Algo: a, Estimate: est}
 }
 
-// busyFor is the storage for each rank's own time when some machine of a
-// is crowded, or nil when none is (the estimates then stand as they are).
-func (c *Chooser) busyFor(a ChoiceArgs) []float64 {
-	c.busy = c.busy[:0]
+// workFor is the log of each rank's own time when some machine of a is
+// crowded, or nil when none is (the estimates then stand as they are).
+func (c *Chooser) workFor(a ChoiceArgs) *workLog {
+	c.work.t = c.work.t[:0]
 	if len(a.Machines) != a.World || len(a.Cores) == 0 {
 		return nil
 	}
@@ -166,21 +166,26 @@ func (c *Chooser) busyFor(a ChoiceArgs) []float64 {
 	if !crowded {
 		return nil
 	}
-	if cap(c.busy) < a.World {
-		c.busy = make([]float64, a.World)
+	if cap(c.work.t) < a.World {
+		c.work.t = make([]float64, a.World)
 	}
-	c.busy = c.busy[:a.World]
-	return c.busy
+	c.work.t = c.work.t[:a.World]
+	c.work.hosts, c.work.links = nil, a.Links
+	if len(a.Hosts) == a.World {
+		c.work.hosts = a.Hosts
+	}
+	return &c.work
 }
 
 // crowdedBound is the time the busiest crowded machine's cores need for the
-// work of all its ranks: busy[r] is rank r's own time under a candidate (the
-// sum over rounds of alpha and the bytes it sends and receives, each copied
-// on its core, before waiting for the slowest rank). A machine whose ranks
-// do not outnumber its cores, or whose cores are unknown (0), bounds
-// nothing: each rank then runs on a core of its own, as the per-rank model
-// assumes. With a nil matrix busy[0] stands for every rank (the uniform
-// nominal matrix prices rank 0 alone). busyFor counted the ranks.
+// work of all its ranks: c.work.t[r] is rank r's own time under a
+// candidate (the sum over rounds of alpha and the bytes it sends and
+// receives, each copied on its core at its pair's link, before waiting for
+// the slowest rank). A machine whose ranks do not outnumber its cores, or
+// whose cores are unknown (0), bounds nothing: each rank then runs on a
+// core of its own, as the per-rank model assumes. With a nil matrix
+// c.work.t[0] stands for every rank (the uniform nominal matrix prices rank
+// 0 alone). workFor counted the ranks.
 //
 // The bound is what makes the choice right where hosts share cores (network
 // namespaces of one box, as the test bed, or containers of one node): an
@@ -192,9 +197,9 @@ func (c *Chooser) crowdedBound(a ChoiceArgs) float64 {
 	for r, m := range a.Machines {
 		if m >= 0 && m < len(work) {
 			if a.Matrix == nil {
-				work[m] += c.busy[0]
+				work[m] += c.work.t[0]
 			} else {
-				work[m] += c.busy[r]
+				work[m] += c.work.t[r]
 			}
 		}
 	}

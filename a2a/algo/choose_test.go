@@ -114,7 +114,7 @@ func TestChooserCrowdedMachine(t *testing.T) {
 		{"cores unknown", oneMachine, []int{0}, AlgoStaged, false},
 		{"enough cores", oneMachine, []int{8}, AlgoStaged, false},
 		{"8 ranks on 2 cores", oneMachine, []int{2}, AlgoFullmesh, true},
-		{"a machine per host, 1 core each", hosts, []int{1, 1, 1, 1}, AlgoStaged, true},
+		{"a machine per host, 1 core each", hosts, []int{1, 1, 1, 1}, AlgoFullmesh, true},
 	} {
 		args := ChoiceArgs{World: p, Streams: 2, Window: 4, Matrix: matrix, Hosts: hosts, Links: links, Machines: c.machines, Cores: c.cores}
 		var ch Chooser

@@ -54,10 +54,9 @@ func EstimateAllToAllV(a Algo, matrix []int, world, streams, window int, link Li
 	return estimateFlat(a, matrix, world, streams, window, link, nil)
 }
 
-// estimateFlat is EstimateAllToAllV for pairwise and fullmesh; when busy is
-// non-nil (one entry per rank) it also adds to busy[i] the time rank i
-// itself spends in each round (see Busy).
-func estimateFlat(a Algo, matrix []int, world, streams, window int, link Link, busy []float64) float64 {
+// estimateFlat is EstimateAllToAllV for pairwise and fullmesh; a non-nil
+// work also gets the time each rank itself spends in each round.
+func estimateFlat(a Algo, matrix []int, world, streams, window int, link Link, work *workLog) float64 {
 	m, ok := newCounts(matrix, world)
 	if !ok {
 		return math.Inf(1)
@@ -70,9 +69,9 @@ func estimateFlat(a Algo, matrix []int, world, streams, window int, link Link, b
 	}
 	switch a {
 	case AlgoPairwise:
-		return estimatePairwise(m, streams, link, busy)
+		return estimatePairwise(m, streams, link, work)
 	case AlgoFullmesh:
-		return estimateFullmesh(m, streams, fullmeshWindow(window, world), link, busy)
+		return estimateFullmesh(m, streams, fullmeshWindow(window, world), link, work)
 	}
 	return math.Inf(1)
 }
@@ -177,27 +176,61 @@ func msgTime(n, streams int, l Link) float64 {
 }
 
 // cpuTime is the time a rank's core spends on n bytes it sends or receives:
-// on a crowded machine (see CrowdedBound) each end copies every byte on a
-// core, and lanes add no cores.
+// on a crowded machine (see Chooser.crowdedBound) each end copies every
+// byte on a core, and lanes add no cores.
 func cpuTime(n int, l Link) float64 { return float64(l.Beta * float64(n)) }
 
-func estimatePairwise(c counts, streams int, l Link, busy []float64) float64 {
+// workLog collects each rank's own time under a candidate, for the bound
+// of crowded machines (Chooser.crowdedBound): per round its alpha, and
+// every byte it sends or receives at the Beta of the pair's link. A nil
+// *workLog collects nothing.
+type workLog struct {
+	t     []float64 // by rank
+	hosts []int     // each rank's host; nil: every pair at the candidate's link
+	links Links
+}
+
+// round adds a round's alpha to rank i.
+func (w *workLog) round(i int, alpha float64) {
+	if w != nil {
+		w.t[i] += alpha
+	}
+}
+
+// moved adds to rank i's time the n bytes it sends to or receives from
+// peer: at the local or remote Beta when the hosts are known, else at
+// flat's. Each rank is credited with its own bytes, so pricing rank 0 alone
+// (the uniform nominal matrix) gives its whole time.
+func (w *workLog) moved(i, peer, n int, flat Link) {
+	if w == nil || n == 0 {
+		return
+	}
+	l := flat
+	if w.hosts != nil {
+		l = w.links.Remote
+		if w.hosts[i] == w.hosts[peer] {
+			l = w.links.Local
+		}
+	}
+	w.t[i] += cpuTime(n, l)
+}
+
+func estimatePairwise(c counts, streams int, l Link, work *workLog) float64 {
 	total := 0.0
 	for k := 1; k < c.p; k++ {
 		worst := 0.0
 		for i := 0; i < c.ranks(); i++ {
-			t := msgTime(c.at(i, (i+k)%c.p), streams, l)
-			worst = max(worst, t)
-			if busy != nil {
-				busy[i] += l.Alpha + cpuTime(c.at(i, (i+k)%c.p)+c.at((i-k+c.p)%c.p, i), l)
-			}
+			worst = max(worst, msgTime(c.at(i, (i+k)%c.p), streams, l))
+			work.round(i, l.Alpha)
+			work.moved(i, (i+k)%c.p, c.at(i, (i+k)%c.p), l)
+			work.moved(i, (i-k+c.p)%c.p, c.at((i-k+c.p)%c.p, i), l)
 		}
 		total += l.Alpha + worst
 	}
 	return total
 }
 
-func estimateFullmesh(c counts, streams, window int, l Link, busy []float64) float64 {
+func estimateFullmesh(c counts, streams, window int, l Link, work *workLog) float64 {
 	p := c.p
 	total := 0.0
 	for j0 := 0; j0 < p-1; j0 += window {
@@ -211,6 +244,8 @@ func estimateFullmesh(c counts, streams, window int, l Link, busy []float64) flo
 				ns, nr := c.at(i, (i+d)%p), c.at((i-d+p)%p, i)
 				sent += ns
 				recvd += nr
+				work.moved(i, (i+d)%p, ns, l)
+				work.moved(i, (i-d+p)%p, nr, l)
 				fs += transfers(ns, streams)
 				fr += transfers(nr, streams)
 				slowest = max(slowest, msgTime(ns, streams, l), msgTime(nr, streams, l))
@@ -223,9 +258,7 @@ func estimateFullmesh(c counts, streams, window int, l Link, busy []float64) flo
 				t = max(t, float64(l.Beta*float64(recvd))/float64(min(fr, l.Lanes)))
 			}
 			worst = max(worst, t)
-			if busy != nil {
-				busy[i] += l.Alpha + cpuTime(sent+recvd, l)
-			}
+			work.round(i, l.Alpha)
 		}
 		total += l.Alpha + worst
 	}

@@ -137,9 +137,9 @@ func EstimateStaged(matrix []int, hosts []int, links Links) float64 {
 }
 
 // estimateStaged is EstimateStaged with its storage in s and scratch, so
-// that a Chooser prices staged without allocating once warm; a non-nil busy
-// gets each rank's own time in each phase added (see Busy).
-func estimateStaged(s *Schedule, scratch *[]int, matrix []int, hosts []int, links Links, busy []float64) float64 {
+// that a Chooser prices staged without allocating once warm; a non-nil work
+// gets each rank's own time in each phase.
+func estimateStaged(s *Schedule, scratch *[]int, matrix []int, hosts []int, links Links, work *workLog) float64 {
 	w := len(hosts)
 	if w == 0 || len(matrix) != w*w {
 		return math.Inf(1)
@@ -180,8 +180,8 @@ func estimateStaged(s *Schedule, scratch *[]int, matrix []int, hosts []int, link
 	for r := range w {
 		intra = max(intra, p1out[r], p1in[r])
 		inter = max(inter, p2out[r], p2in[r])
-		if busy != nil {
-			busy[r] += stagedPhase(l, links.Local, p1out[r]+p1in[r]) + stagedPhase(h, links.Remote, p2out[r]+p2in[r])
+		if work != nil {
+			work.t[r] += stagedPhase(l, links.Local, p1out[r]+p1in[r]) + stagedPhase(h, links.Remote, p2out[r]+p2in[r])
 		}
 	}
 	return stagedPhase(l, links.Local, intra) + stagedPhase(h, links.Remote, inter)

@@ -138,9 +138,9 @@ func EstimateSkew(matrix []int, world, window int, link Link) float64 {
 }
 
 // estimateSkew is EstimateSkew with its storage in s and scratch. A matrix
-// PlanSkew refuses costs +Inf. A non-nil busy gets each rank's own time in
-// each round added (see Busy).
-func estimateSkew(s *Schedule, scratch *[]int, matrix []int, world, window int, link Link, busy []float64) float64 {
+// PlanSkew refuses costs +Inf. A non-nil work gets each rank's own time in
+// each round.
+func estimateSkew(s *Schedule, scratch *[]int, matrix []int, world, window int, link Link, work *workLog) float64 {
 	if PlanSkew(s, SkewArgs{Rank: 0, World: world, Matrix: matrix, Streams: 1, Window: window}) != nil {
 		return math.Inf(1)
 	}
@@ -167,6 +167,8 @@ func estimateSkew(s *Schedule, scratch *[]int, matrix []int, world, window int, 
 				r := round[i*p+j] / window
 				sent[r*p+i] += matrix[i*p+j]
 				recvd[r*p+j] += matrix[i*p+j]
+				work.moved(i, j, matrix[i*p+j], link)
+				work.moved(j, i, matrix[i*p+j], link)
 			}
 		}
 	}
@@ -175,8 +177,8 @@ func estimateSkew(s *Schedule, scratch *[]int, matrix []int, world, window int, 
 		busiest := 0
 		for i := range p {
 			busiest = max(busiest, sent[r*p+i], recvd[r*p+i])
-			if busy != nil && sent[r*p+i]+recvd[r*p+i] > 0 {
-				busy[i] += link.Alpha + cpuTime(sent[r*p+i]+recvd[r*p+i], link)
+			if sent[r*p+i]+recvd[r*p+i] > 0 {
+				work.round(i, link.Alpha)
 			}
 		}
 		total += link.Alpha + link.Beta*float64(busiest)
