@@ -20,7 +20,7 @@ import (
 // make test runs make test-rdma where it can (root), which runs them for real.
 
 // labEndpoints returns the lab's endpoints on rxe0 and rxe1.
-func labEndpoints(t *testing.T) (*Lib, Endpoint, Endpoint) {
+func labEndpoints(t testing.TB) (*Lib, Endpoint, Endpoint) {
 	t.Helper()
 	if os.Getenv("A2A_RDMA_LAB") != "1" {
 		t.Skip("needs RDMA devices: runs in the lab (make test-rdma sets A2A_RDMA_LAB=1)")
@@ -173,7 +173,7 @@ func connectPair(a, b *side) error {
 }
 
 // labPair connects a QP on rxe0 with one on rxe1, each with a buffer of bufBytes.
-func labPair(t *testing.T, bufBytes int) (*side, *side) {
+func labPair(t testing.TB, bufBytes int) (*side, *side) {
 	l, ea, eb := labEndpoints(t)
 	a, err := newSide(l, ea, bufBytes)
 	if err != nil {
