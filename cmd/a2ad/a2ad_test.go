@@ -231,6 +231,27 @@ func TestBenchColumns(t *testing.T) {
 	}
 }
 
+// bench --cpuprofile leaves one CPU profile per rank: gzip'ed protobuf, as
+// runtime/pprof writes it.
+func TestBenchCPUProfile(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	prefix := filepath.Join(t.TempDir(), "cpu")
+	args := []string{"bench", "-n", "2", "--sizes", "8", "--iters", "20", "--warmup", "2", "--cpuprofile", prefix}
+	if out, err := a2ad(t, ctx, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v\n%s", args, err, out)
+	}
+	for r := range 2 {
+		b, err := os.ReadFile(fmt.Sprintf("%s.rank%d", prefix, r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Errorf("rank %d: %d bytes, not a gzip'ed profile", r, len(b))
+		}
+	}
+}
+
 func TestRunPrefixesAndNamesTheFailedRank(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,6 +46,7 @@ type benchFlags struct {
 	counts  string
 	trans   string
 	timing  string
+	cpuprof string
 	alloc   string
 }
 
@@ -73,6 +76,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.trans, "transport", "", "data plane: auto (shm on one host, verbs to others where both have an RDMA port, else tcp) | shm | verbs | tcp (default: A2A_TRANSPORT or auto)")
 	fs.StringVar(&f.timing, "timing", "barrier", "barrier: per-rank time after a barrier, slowest rank (as the MPI harness) | span: last rank's start to last rank's end (ranks must share a clock: one machine, e.g. the test bed), which leaves out the barrier's exit skew")
 	fs.StringVar(&f.alloc, "alloc", "huge", "send and receive buffers: huge (a2a.AllocBuffer: 2 MiB aligned, transparent huge pages) | heap (make)")
+	fs.StringVar(&f.cpuprof, "cpuprofile", "", "write each rank's CPU profile to FILE.rankN (go tool pprof)")
 	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (unless oversubscribed) | none")
 }
 
@@ -226,6 +230,13 @@ func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []in
 	}
 	defer c.Close()
 	rank, n := c.Rank(), c.Size()
+	if f.cpuprof != "" {
+		stop, err := startProfile(fmt.Sprintf("%s.rank%d", f.cpuprof, rank))
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	if f.root >= n {
 		return usagef("--root %d: not a rank of %d", f.root, n)
 	}
@@ -275,6 +286,23 @@ func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []in
 		}
 	}
 	return nil
+}
+
+// startProfile starts a CPU profile into path; stop ends it and closes
+// the file.
+func startProfile(path string) (stop func(), err error) {
+	out, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		out.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		out.Close()
+	}, nil
 }
 
 func printRow(asJSON bool, row benchRow) {
