@@ -65,6 +65,7 @@ test-rdma: build
 bench-rdma: build
 	./scripts/rdma-lab.sh setup
 	@mkdir -p $(BIN)/rdma-tests
+	$(GO) test -c -o $(BIN)/rdma-tests/ibv.test ./a2a/transport/verbs/ibv
 	$(GO) test -c -o $(BIN)/rdma-tests/verbs.test ./a2a/transport/verbs
 	./scripts/rdma-lab.sh run -- scripts/rdma-bench.sh
 

@@ -6,12 +6,16 @@
 #   perftest:  ib_write_lat -s 8 (t_typical, one way), ib_write_bw -s 1M (BW average)
 #   a2ad bench -n 2 --transport verbs, AllToAllV of 8 B and 1 MiB per peer (p50)
 #   a2ad bench -n 2 --transport tcp, the same in the same guest (loopback TCP)
+#   the bare exchange: both sides RDMA WRITE 8 B at once and poll for the other's, in Go
+#     with nothing of a2a (the ibv package's BenchmarkLabWriteLat/exchange/write, p50)
 #   the transport's BenchmarkStream: bounce buffers against zero-copy by frame size
 #
 # and prints the ratios the issue sets as goals: a2a's 8 B latency over ib_write_lat's
 # (goal <= 1.5), its 1 MiB bandwidth per direction over ib_write_bw's (goal >= 0.8), TCP's
-# 1 MiB time over verbs' (goal > 1). Soft-RoCE under TCG is slow and the guest shares the
-# host: only ratios within one run mean anything, and medians rather than means.
+# 1 MiB time over verbs' (goal > 1); and a2a's 8 B latency over the bare exchange's: an
+# AllToAllV of two ranks is an exchange (both directions at once), where ib_write_lat times
+# one message at a time. Soft-RoCE under TCG is slow and the guest shares the host: only
+# ratios within one run mean anything, and medians rather than means.
 set -u
 if [ "${A2A_RDMA_LAB:-}" != 1 ]; then
 	echo "rdma-bench.sh runs inside the lab: scripts/rdma-lab.sh run -- scripts/rdma-bench.sh" >&2
@@ -38,6 +42,13 @@ bench() {
 		awk '!/^#/ && NF >= 9 { print $8; exit }'
 }
 
+# exchange: the p50 in us of a round of the bare exchange (see above).
+exchange() {
+	(cd a2a/transport/verbs/ibv && "$root/bin/rdma-tests/ibv.test" -test.run '^$' \
+		-test.bench 'LabWriteLat/exchange/write$' -test.benchtime 1000x -test.timeout 120s) |
+		awk '/^Benchmark/ { for (i = 1; i < NF; i++) if ($(i + 1) == "us-round-p50") { print $i; exit } }'
+}
+
 for i in $(seq "$rounds"); do
 	lat=$(perftest ib_write_lat -s 8 -n 2000 | awk '{ print $5 }')
 	bw=$(perftest ib_write_bw -s 1048576 -n 200 | awk '{ print $4 }')
@@ -45,12 +56,13 @@ for i in $(seq "$rounds"); do
 	v1m=$(bench verbs 1M)
 	t1m=$(bench tcp 1M)
 	t8=$(bench tcp 8)
-	echo "round $i: ib_write_lat 8 B ${lat} us, ib_write_bw 1 MiB ${bw} MB/s;" \
+	xch=$(exchange)
+	echo "round $i: ib_write_lat 8 B ${lat} us, ib_write_bw 1 MiB ${bw} MB/s; bare exchange 8 B ${xch} us;" \
 		"verbs 8 B ${v8} us, 1 MiB ${v1m} us; tcp 8 B ${t8} us, 1 MiB ${t1m} us"
-	awk -v lat="$lat" -v bw="$bw" -v v8="$v8" -v v1m="$v1m" -v t1m="$t1m" 'BEGIN {
+	awk -v lat="$lat" -v bw="$bw" -v v8="$v8" -v v1m="$v1m" -v t1m="$t1m" -v xch="$xch" 'BEGIN {
 		vbw = 1048576 / v1m   # bytes per us = MB/s, per direction
-		printf "  ratios: 8 B verbs/ib_write_lat %.2f (goal <= 1.5); 1 MiB verbs/ib_write_bw %.2f (%.1f MB/s per direction; goal >= 0.8); 1 MiB tcp/verbs time %.2f (goal > 1)\n",
-			v8 / lat, vbw / bw, vbw, t1m / v1m
+		printf "  ratios: 8 B verbs/ib_write_lat %.2f (goal <= 1.5), bare exchange/ib_write_lat %.2f, verbs/bare exchange %.2f; 1 MiB verbs/ib_write_bw %.2f (%.1f MB/s per direction; goal >= 0.8); 1 MiB tcp/verbs time %.2f (goal > 1)\n",
+			v8 / lat, xch / lat, v8 / xch, vbw / bw, vbw, t1m / v1m
 	}'
 done
 
