@@ -35,6 +35,12 @@ type AllToAllVArgs struct {
 	// the same cutoff for it (it follows from the link class and settings
 	// every rank shares).
 	LLCutoff []int
+	// LLQuiet, when not nil, marks the peers whose blocks above their
+	// cutoff travel by frames alone, without the length announcement:
+	// peers without a slot, whose LL messages are frames themselves, so
+	// that a disagreement about a length shows in the frame headers, while
+	// an announcement would cost a network crossing before the data.
+	LLQuiet []bool
 }
 
 // Validate reports arguments that no algorithm can plan. Everything it checks
@@ -60,6 +66,9 @@ func (a *AllToAllVArgs) Validate() error {
 	}
 	if a.BlockSize < 0 {
 		return fmt.Errorf("alltoallv: block size %d < 0", a.BlockSize)
+	}
+	if a.LLQuiet != nil && len(a.LLQuiet) != a.World {
+		return fmt.Errorf("alltoallv: len(LLQuiet)=%d, want world %d", len(a.LLQuiet), a.World)
 	}
 	if a.LLCutoff != nil && len(a.LLCutoff) != a.World {
 		return fmt.Errorf("alltoallv: len(LLCutoff)=%d, want world %d", len(a.LLCutoff), a.World)
@@ -178,6 +187,13 @@ func (a *AllToAllVArgs) llPeer(peer int) bool { return a.LLCutoff != nil && a.LL
 // instead of by frames.
 func (a *AllToAllVArgs) llData(peer, n int) bool { return a.llPeer(peer) && n <= a.LLCutoff[peer] }
 
+// llMessage reports whether the n-byte block to or from peer makes an LL
+// message: the block itself, or its length announcement unless peer is
+// quiet (LLQuiet).
+func (a *AllToAllVArgs) llMessage(peer, n int) bool {
+	return a.llData(peer, n) || (a.llPeer(peer) && (a.LLQuiet == nil || !a.LLQuiet[peer]))
+}
+
 // AllLL reports whether every block to and from a peer travels by LL.
 // Like the planners it expects arguments that pass Validate.
 func (a *AllToAllVArgs) AllLL() bool {
@@ -233,10 +249,10 @@ func (s *Schedule) addLLRound(a *AllToAllVArgs, sd, rd []int) {
 	r, p := a.Rank, a.World
 	for k := 1; k < p; k++ {
 		to, from := (r+k)%p, (r-k+p)%p
-		if n := a.SendCounts[to]; a.llPeer(to) {
+		if n := a.SendCounts[to]; a.llMessage(to, n) {
 			s.Add(Step{Kind: StepStore, Peer: to, Src: Span{Buf: BufSend, Off: sd[to], Len: n}, CountOnly: !a.llData(to, n)})
 		}
-		if n := a.RecvCounts[from]; a.llPeer(from) {
+		if n := a.RecvCounts[from]; a.llMessage(from, n) {
 			s.Add(Step{Kind: StepLoad, Peer: from, Dst: Span{Buf: BufRecv, Off: rd[from], Len: n}, CountOnly: !a.llData(from, n)})
 		}
 	}

@@ -97,7 +97,8 @@ func argsFor(m []int, p, r, streams, window, block int) AllToAllVArgs {
 type simCase struct {
 	p, streams, window, block int
 	m                         []int
-	cut                       []int // LL cutoffs by pair (symmetric), or nil
+	cut                       []int  // LL cutoffs by pair (symmetric), or nil
+	quiet                     []bool // LLQuiet by pair (symmetric), or nil
 }
 
 func (c simCase) String() string {
@@ -109,6 +110,9 @@ func (c simCase) args(r int) AllToAllVArgs {
 	a := argsFor(c.m, c.p, r, c.streams, c.window, c.block)
 	if c.cut != nil {
 		a.LLCutoff = c.cut[r*c.p : (r+1)*c.p]
+	}
+	if c.quiet != nil {
+		a.LLQuiet = c.quiet[r*c.p : (r+1)*c.p]
 	}
 	return a
 }
@@ -195,7 +199,7 @@ func checkFraming(t *testing.T, c simCase, r int, s *Schedule, a AllToAllVArgs) 
 				n, other, sp = a.RecvCounts[st.Peer], StepRecv, st.Dst
 			}
 			key := [2]int{int(st.Kind), st.Peer}
-			if !a.llPeer(st.Peer) || seen[key] || sp.Len != n || st.CountOnly == a.llData(st.Peer, n) {
+			if !a.llMessage(st.Peer, n) || seen[key] || sp.Len != n || st.CountOnly == a.llData(st.Peer, n) {
 				t.Fatalf("%v: rank %d: unexpected or second %v (cutoff %d)", c, r, st, a.LLCutoff[st.Peer])
 			}
 			seen[key] = true
@@ -245,8 +249,11 @@ func checkFraming(t *testing.T, c simCase, r int, s *Schedule, a AllToAllVArgs) 
 	}
 	want := 2 * (c.p - 1)
 	for j := range c.p {
-		if j != r && a.llPeer(j) {
-			want += 2 // a store and a load besides the data, by LL or frames
+		if j != r && a.llMessage(j, a.SendCounts[j]) {
+			want++ // a store besides the data, by LL or frames
+		}
+		if j != r && a.llMessage(j, a.RecvCounts[j]) {
+			want++ // a load
 		}
 	}
 	if len(open) != 0 || len(seen) != want {
@@ -302,7 +309,8 @@ func TestAllToAllVProperty(t *testing.T) {
 // TestLLProperty runs pairwise, fullmesh and ll with random LL cutoffs per
 // pair (some pairs without LL) on the simulator's random matrices: small
 // blocks go by one store each, larger ones announce their length and follow
-// as frames, and every byte still lands.
+// as frames (or, on quiet pairs, follow without the announcement), and
+// every byte still lands.
 func TestLLProperty(t *testing.T) {
 	const cases = 600
 	worlds := []int{1, 2, 3, 4, 5, 7, 8, 12, 16}
@@ -325,6 +333,15 @@ func TestLLProperty(t *testing.T) {
 					for y := range x {
 						v := []int{-1, 0, 8, 64, 200, 1 << 20}[rng.IntN(6)]
 						c.cut[x*c.p+y], c.cut[y*c.p+x] = v, v
+					}
+				}
+				if i%2 == 1 { // quiet pairs: larger blocks by frames alone
+					c.quiet = make([]bool, c.p*c.p)
+					for x := range c.p {
+						for y := range x {
+							q := rng.IntN(2) == 0
+							c.quiet[x*c.p+y], c.quiet[y*c.p+x] = q, q
+						}
 					}
 				}
 				runCase(t, pl.plan, pl.algo, scheds, c)
