@@ -199,7 +199,7 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 		entry, planned := (*cachedPlan)(nil), false
 		if sched, entry, planned = c.plans.lookup("alltoallv", a, sendCounts, recvCounts); !planned {
 			args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts,
-				Streams: c.cfg.Streams, Window: c.cfg.Window, LLCutoff: c.llCut}
+				Streams: c.cfg.Streams, Window: c.cfg.Window, LLCutoff: c.llCut, LLQuiet: c.llQuiet}
 			switch a {
 			case algo.AlgoPairwise:
 				err = algo.PlanPairwise(sched, args)
@@ -362,7 +362,7 @@ func (c *Comm) SetAlgo(name string) error {
 	c.cfg.Algo, c.algo = name, a
 	// Forced algorithms other than ll plan without LL blocks, as under
 	// Config.Algo; plans made under the old setting no longer hold.
-	c.llCut = c.llCutoffs()
+	c.llCut, c.llQuiet = c.llCutoffs()
 	c.plans.forgetAll()
 	return nil
 }

@@ -85,7 +85,8 @@ type Comm struct {
 	// lastAlgo is the algo.Algo of the last collective: atomic, and
 	// written only when it changes, so a steady loop of calls costs a load.
 	lastAlgo atomic.Uint32
-	llCut    []int // LL cutoff by peer, nil without LL
+	llCut    []int  // LL cutoff by peer, nil without LL
+	llQuiet  []bool // peers whose larger blocks need no LL announcement
 	// llBarrier: every peer has an LL slot, so Barrier is one LL round
 	// instead of log2(p) dissemination rounds.
 	llBarrier bool
@@ -234,7 +235,7 @@ func (c *Comm) join(ctx context.Context) error {
 	w := waitPolicy(cfg.Spin, cfg.Yield, m.Nodes(), c.rank, cpus.Online())
 	c.eng = newEngine(c.tr, c.rank, c.size, cfg.Streams, m.Epoch(), w, c.hosts, cfg.Timeout, c.stopped)
 	c.queue = newProgressQueue(c.eng)
-	c.llCut = c.llCutoffs()
+	c.llCut, c.llQuiet = c.llCutoffs()
 	c.llBarrier = c.llCut != nil && c.size <= llBarrierMaxRanks
 	for r := range c.size {
 		c.llBarrier = c.llBarrier && (r == c.rank || c.eng.slotBytes(r) > 0)
@@ -304,38 +305,37 @@ const llBarrierMaxRanks = 64
 // 256 B 5.20/6.00, 512 B 6.31/6.13).
 const llAllReduceBytes = 256
 
-// llCutoffs is the LL cutoff of every peer (algo.AllToAllVArgs.LLCutoff),
-// from settings and link classes both ends of a pair share: under auto
-// selection, blocks of up to LLBytes to ranks of this host, capped by the
-// slot size; with A2A_ALGO=ll, to every rank, those without a slot by
-// frames. Nil when no pair uses LL.
-func (c *Comm) llCutoffs() []int {
+// llCutoffs is the LL cutoff of every peer (algo.AllToAllVArgs.LLCutoff)
+// and which peers are quiet (LLQuiet), from settings and link classes both
+// ends of a pair share: blocks of up to LLBytes, capped by the slot size
+// where the pair has a slot; a peer without one gets its LL messages as
+// frames. Under auto selection such peers are quiet: their small blocks
+// all go in the first round, one frame each, instead of waiting for their
+// turn in fullmesh's windows, while larger blocks go by frames alone (an
+// announcement would cost a network crossing before the data). With
+// A2A_ALGO=ll every peer announces. Nil when no pair uses LL.
+func (c *Comm) llCutoffs() ([]int, []bool) {
 	forced := c.algo == algo.AlgoLL
 	if c.size < 2 || (!forced && (c.cfg.Algo != "" || c.cfg.LLBytes < 0)) {
-		return nil
+		return nil, nil
 	}
-	cut := make([]int, c.size)
-	any := false
+	limit := c.cfg.LLBytes
+	if limit < 0 {
+		limit = DefaultLLBytes
+	}
+	cut, quiet := make([]int, c.size), make([]bool, c.size)
 	for r := range cut {
 		cut[r] = -1
 		if r == c.rank {
 			continue
 		}
-		limit := c.cfg.LLBytes
-		if limit < 0 {
-			limit = DefaultLLBytes
-		}
 		if slot := c.eng.slotBytes(r); slot > 0 {
 			cut[r] = min(limit, slot)
-		} else if forced {
-			cut[r] = limit
+		} else {
+			cut[r], quiet[r] = limit, !forced
 		}
-		any = any || cut[r] >= 0
 	}
-	if !any {
-		return nil
-	}
-	return cut
+	return cut, quiet
 }
 
 // hostOrdinals numbers the hosts in order of first appearance by rank.
