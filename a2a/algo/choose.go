@@ -28,6 +28,13 @@ type ChoiceArgs struct {
 	// Chooser.crowdedBound). nil: every rank has a core of its own.
 	Machines []int
 	Cores    []int
+	// LLLocal and LLRemote are the LL cutoffs the flat algorithms plan
+	// with (AllToAllVArgs.LLCutoff) for a pair of one host and of two
+	// hosts; negative: no LL. With a matrix, pairwise and fullmesh are
+	// priced as one round of the blocks within their pair's cutoff
+	// followed by their rounds of the larger blocks. Both zero (the zero
+	// value) means no LL.
+	LLLocal, LLRemote int
 }
 
 // Candidate is one AllToAllV algorithm as the automatic choice saw it.
@@ -47,6 +54,7 @@ type Candidate struct {
 // concurrent use.
 type Chooser struct {
 	cands   [4]Candidate
+	rest    []int // the matrix without its LL blocks (splitLL)
 	sched   Schedule
 	scratch []int
 	work    workLog // each rank's own time under the candidate being priced
@@ -76,14 +84,15 @@ func (c *Chooser) Price(a ChoiceArgs) ([]Candidate, Algo) {
 	}
 	flat := a.Links.Flat(hosts)
 	work := c.workFor(a)
+	frames, ll := c.splitLL(a, flat)
 	c.cands[0] = c.price(a, AlgoPairwise, func() (float64, string) {
-		return estimateFlat(AlgoPairwise, a.Matrix, a.World, a.Streams, a.Window, flat, work), ""
+		return c.llRound(a, ll, work) + c.frameRounds(AlgoPairwise, a, frames, ll, flat, work), ""
 	})
 	c.cands[1] = c.price(a, AlgoFullmesh, func() (float64, string) {
 		if a.World <= 2 {
 			return 0, whyTwoRanks
 		}
-		return estimateFlat(AlgoFullmesh, a.Matrix, a.World, a.Streams, a.Window, flat, work), ""
+		return c.llRound(a, ll, work) + c.frameRounds(AlgoFullmesh, a, frames, ll, flat, work), ""
 	})
 	c.cands[2] = c.price(a, AlgoStaged, func() (float64, string) {
 		switch {
@@ -139,6 +148,105 @@ func (c *Chooser) price(args ChoiceArgs, a Algo, f func() (float64, string)) Can
 		est = max(est, c.crowdedBound(args))
 	}
 	return Candidate{Algo: a, Estimate: est}
+}
+
+// llLink is the link and bytes of the LL round splitLL found: the busiest
+// rank's LL bytes, sent or received, over the remote link when a pair of
+// two hosts has an LL block, else the local one; n < 0 when there is no
+// LL round.
+type llLink struct {
+	link Link
+	n    int
+	// frames: some pair still moves a block by frames; without one the
+	// flat algorithms are the LL round alone. framesRemote: one of those
+	// pairs is of two hosts (else the frame rounds run at the local link).
+	frames, framesRemote bool
+}
+
+// splitLL returns the matrix of the blocks the flat algorithms send by
+// frames (those above their pair's cutoff; the blocks within it count as
+// empty) and their LL round. Without a matrix or LL cutoffs it returns
+// a.Matrix and no round.
+func (c *Chooser) splitLL(a ChoiceArgs, flat Link) ([]int, llLink) {
+	none := llLink{n: -1}
+	p := a.World
+	if a.Matrix == nil || len(a.Matrix) != p*p || (a.LLLocal == 0 && a.LLRemote == 0) || (a.LLLocal < 0 && a.LLRemote < 0) {
+		return a.Matrix, none
+	}
+	if cap(c.rest) < p*p {
+		c.rest = make([]int, p*p)
+	}
+	rest := c.rest[:p*p]
+	copy(rest, a.Matrix)
+	sameHost := func(i, j int) bool { return len(a.Hosts) != p || a.Hosts[i] == a.Hosts[j] }
+	any, remote, frames, framesRemote := false, false, false, false
+	for i := range p {
+		for j := range p {
+			cut := a.LLLocal
+			if !sameHost(i, j) {
+				cut = a.LLRemote
+			}
+			switch {
+			case i == j:
+			case cut >= 0 && a.Matrix[i*p+j] <= cut:
+				rest[i*p+j] = 0
+				any, remote = true, remote || !sameHost(i, j)
+			default:
+				frames, framesRemote = true, framesRemote || !sameHost(i, j)
+			}
+		}
+	}
+	if !any {
+		return a.Matrix, none
+	}
+	ll := llLink{link: a.Links.Local, frames: frames, framesRemote: framesRemote}
+	if remote {
+		ll.link = flat
+	}
+	for i := range p {
+		out, in := 0, 0
+		for j := range p {
+			if i != j {
+				out += a.Matrix[i*p+j] - rest[i*p+j]
+				in += a.Matrix[j*p+i] - rest[j*p+i]
+			}
+		}
+		ll.n = max(ll.n, out, in)
+	}
+	return rest, ll
+}
+
+// llRound prices the LL round of ll: one alpha and the busiest rank's LL
+// bytes (adding each rank's own to work); 0 without one.
+func (c *Chooser) llRound(a ChoiceArgs, ll llLink, work *workLog) float64 {
+	if ll.n < 0 {
+		return 0
+	}
+	if work != nil {
+		p := a.World
+		for i := range p {
+			work.round(i, ll.link.Alpha)
+			for j := range p {
+				if i != j {
+					work.moved(i, j, a.Matrix[i*p+j]-c.rest[i*p+j], ll.link)
+					work.moved(i, j, a.Matrix[j*p+i]-c.rest[j*p+i], ll.link)
+				}
+			}
+		}
+	}
+	return linkTime(ll.n, ll.link)
+}
+
+// frameRounds prices the rounds of flat algorithm alg over the blocks
+// that go by frames; none when the LL round carries every block.
+func (c *Chooser) frameRounds(alg Algo, a ChoiceArgs, frames []int, ll llLink, flat Link, work *workLog) float64 {
+	if ll.n >= 0 && !ll.frames {
+		return 0
+	}
+	if ll.n >= 0 && !ll.framesRemote {
+		flat = a.Links.Local // only pairs of one host are left to frames
+	}
+	return estimateFlat(alg, frames, a.World, a.Streams, a.Window, flat, work)
 }
 
 // workFor is the log of each rank's own time when some machine of a is

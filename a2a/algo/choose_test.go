@@ -148,3 +148,55 @@ func TestChooserCrowdedMachine(t *testing.T) {
 		}
 	}
 }
+
+// TestChooserLL checks the LL round in the flat algorithms' prices: blocks
+// within their pair's cutoff cost one round, all peers at once, so across
+// hosts with a slow network fullmesh beats staged's two phases at small
+// sizes, and larger blocks are priced as before.
+func TestChooserLL(t *testing.T) {
+	const p = 8
+	uniform := func(n int) []int {
+		m := make([]int, p*p)
+		for i := range m {
+			if i/p != i%p {
+				m[i] = n
+			}
+		}
+		return m
+	}
+	hosts := []int{0, 0, 1, 1, 2, 2, 3, 3}
+	links := DefaultLinks()
+	links.Remote.Alpha = 200e-6
+	for _, c := range []struct {
+		name       string
+		n          int
+		local, rem int
+		want       Algo
+		cheaper    bool // fullmesh below its price without LL
+	}{
+		{"8 B, no LL", 8, 0, 0, AlgoStaged, false},
+		// One LL round either way: the tie goes to pairwise.
+		{"8 B, LL everywhere", 8, 512, 4096, AlgoPairwise, true},
+		{"1 KiB, local pairs by frames", 1024, 512, 4096, AlgoStaged, true},
+		{"64 KiB, above every cutoff", 64 << 10, 512, 4096, AlgoStaged, false},
+	} {
+		args := ChoiceArgs{World: p, Streams: 2, Window: 4, Matrix: uniform(c.n), Hosts: hosts, Links: links, LLLocal: c.local, LLRemote: c.rem}
+		var ch, plain Chooser
+		cands, pick := ch.Price(args)
+		if pick != c.want {
+			t.Errorf("%s: picked %s, want %s (%+v)", c.name, pick, c.want, cands)
+		}
+		args.LLLocal, args.LLRemote = 0, 0
+		noLL, _ := plain.Price(args)
+		if got := cands[1].Estimate < noLL[1].Estimate; got != c.cheaper {
+			t.Errorf("%s: fullmesh %g with LL, %g without: cheaper=%v, want %v", c.name, cands[1].Estimate, noLL[1].Estimate, got, c.cheaper)
+		}
+		if c.want == AlgoPairwise && cands[0].Estimate != linkTime(7*c.n, links.Remote) {
+			t.Errorf("%s: pairwise %g, want one LL round %g", c.name, cands[0].Estimate, linkTime(7*c.n, links.Remote))
+		}
+		args.LLLocal, args.LLRemote = c.local, c.rem
+		if allocs := testing.AllocsPerRun(20, func() { ch.Price(args) }); allocs != 0 {
+			t.Errorf("%s: %v allocations per Price once warm", c.name, allocs)
+		}
+	}
+}
