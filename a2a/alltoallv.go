@@ -9,6 +9,7 @@ import (
 	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/a2a/transport"
+	"github.com/a2a-moe/a2a/a2a/transport/shm"
 )
 
 // AllToAllV sends send[displ(j) : displ(j)+sendCounts[j]] to rank j and
@@ -243,8 +244,28 @@ func (c *Comm) chooseForMatrix(matrix []int) algo.Algo {
 // choiceArgs is what the automatic choice reads for an AllToAllV with the
 // global matrix, or nil when only this rank's counts are known.
 func (c *Comm) choiceArgs(matrix []int) algo.ChoiceArgs {
+	local, remote := c.llPriceCutoffs()
 	return algo.ChoiceArgs{World: c.size, Streams: c.cfg.Streams, Window: c.cfg.Window, Matrix: matrix, Hosts: c.hosts, Links: c.links,
-		Machines: c.machines, Cores: c.machineCores}
+		Machines: c.machines, Cores: c.machineCores, LLLocal: local, LLRemote: remote}
+}
+
+// llPriceCutoffs is the LL cutoff the automatic choice prices a pair of one
+// host and of two hosts with. It must be the same on every rank, so it
+// comes from what every rank shares (the settings and the agreed link
+// classes), not from this rank's own peers: a class with one-sided slots
+// (shm, verbs) caps LLBytes at the providers' slot, TCP takes LLBytes as
+// frames (see llCutoffs). Negative: no LL.
+func (c *Comm) llPriceCutoffs() (local, remote int) {
+	if c.llCut == nil || c.algo == algo.AlgoLL {
+		return -1, -1
+	}
+	cut := func(class string) int {
+		if class == algo.ClassTCP {
+			return c.cfg.LLBytes
+		}
+		return min(c.cfg.LLBytes, shm.DefaultSlotBytes) // verbs slots are as large
+	}
+	return cut(c.links.LocalClass), cut(c.links.RemoteClass)
 }
 
 // gatherMatrix builds the global traffic matrix on the data plane: every rank

@@ -234,6 +234,9 @@ func TestStagedAcrossFakeHosts(t *testing.T) {
 			comms := group(t, url, tc.n, func(c *Config) {
 				c.Algo = tc.algo
 				c.Host = fmt.Sprintf("host%d", c.Rank/tc.perHost)
+				// Without LL: with it, auto sends these small blocks in one
+				// LL round across hosts instead (TestAutoLLAcrossHosts).
+				c.LLBytes = -1
 			})
 			rng := rand.New(rand.NewPCG(uint64(tc.n), 9))
 			for _, kind := range []string{"random", "zeros", "sparse", "all-to-one"} {
@@ -680,5 +683,37 @@ func TestWaitPolicy(t *testing.T) {
 		if w.spin != c.wantSpin || w.yield != defaultYield || w.sharedProcess != c.wantShared || w.crowded != c.wantCrowded {
 			t.Errorf("%s: %+v, want spin %v yield %v sharedProcess %v crowded %v", c.name, w, c.wantSpin, defaultYield, c.wantShared, c.wantCrowded)
 		}
+	}
+}
+
+// TestAutoLLAcrossHosts: under auto, blocks within the LL cutoff to ranks
+// of other hosts (TCP, no slot) go in the first round as one frame each,
+// larger ones by frames alone, and every byte lands, with counts known, in
+// band, and with the matrix.
+func TestAutoLLAcrossHosts(t *testing.T) {
+	url := startNATS(t)
+	const n, perHost = 6, 3
+	comms := group(t, url, n, func(c *Config) { c.Host = fmt.Sprintf("host%d", c.Rank/perHost) })
+	for _, tc := range []struct {
+		name   string
+		block  int
+		wantLL bool // every block went by LL: the op reports ll
+	}{
+		{"8 B", 8, true},
+		{"600 B: local pairs by frames", 600, false},
+		{"4 KiB", DefaultLLBytes, false},
+		{"5000 B: all by frames", 5000, false},
+	} {
+		m := make([]int, n*n)
+		for i := range m {
+			m[i] = tc.block + i%3
+		}
+		exchange(t, comms, m, false)
+		for _, c := range comms {
+			if got := c.LastAlgo(); (got == "ll") != tc.wantLL {
+				t.Errorf("%s: rank %d ran %s, want ll: %v", tc.name, c.Rank(), got, tc.wantLL)
+			}
+		}
+		exchange(t, comms, m, true)
 	}
 }

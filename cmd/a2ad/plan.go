@@ -85,6 +85,17 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 			machineCores[m] = *cores
 		}
 	}
+	// The LL cutoffs a Comm plans pairwise and fullmesh with under auto
+	// (the printed rank's view), and those of the ll candidate.
+	autoCut, autoQuiet := make([]int, *n), make([]bool, *n)
+	for j := range autoCut {
+		class := links.LocalClass
+		if hostOf[j] != hostOf[*rank] {
+			class = links.RemoteClass
+		}
+		autoCut[j], autoQuiet[j] = autoLLCutoff(class), class == algo.ClassTCP
+	}
+	autoCut[*rank] = -1
 	cut := make([]int, *n) // LL cutoff of the ll candidate: every peer but the printed rank
 	for j := range cut {
 		cut[j] = *llBytes
@@ -98,7 +109,8 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 			send[j], recv[j] = m[*rank**n+j], m[j**n+*rank]
 		}
 		// The one rule auto selection runs in a Comm, on the same inputs.
-		priced, chosen := chooser.Price(algo.ChoiceArgs{World: *n, Streams: *streams, Window: *window, Matrix: m, Hosts: hostOf, Links: links, Machines: machineOf, Cores: machineCores})
+		priced, chosen := chooser.Price(algo.ChoiceArgs{World: *n, Streams: *streams, Window: *window, Matrix: m, Hosts: hostOf, Links: links, Machines: machineOf, Cores: machineCores,
+			LLLocal: autoLLCutoff(links.LocalClass), LLRemote: autoLLCutoff(links.RemoteClass)})
 		fmt.Printf("# plan n=%d size=%d dist=%s streams=%d window=%d hosts=%d%s links local(%s) alpha=%.1fus beta=%.2fGB/s remote(%s) alpha=%.1fus beta=%.2fGB/s: auto picks %s\n",
 			*n, size, d, *streams, *window, *hosts, crowdNote(*machines, *cores), links.LocalClass, links.Local.Alpha*1e6, 1/links.Local.Beta/1e9,
 			links.RemoteClass, links.Remote.Alpha*1e6, 1/links.Remote.Beta/1e9, chosen)
@@ -113,7 +125,8 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 				fmt.Printf("%-9s left out by auto: %s\n", a, cand.Why)
 				continue
 			}
-			args := algo.AllToAllVArgs{Rank: *rank, World: *n, SendCounts: send, RecvCounts: recv, Streams: *streams, Window: *window}
+			args := algo.AllToAllVArgs{Rank: *rank, World: *n, SendCounts: send, RecvCounts: recv, Streams: *streams, Window: *window,
+				LLCutoff: autoCut, LLQuiet: autoQuiet}
 			est, note := cand.Estimate, ""
 			var err error
 			switch a {
@@ -124,7 +137,7 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 			case algo.AlgoSkew:
 				err = algo.PlanSkew(&s, algo.SkewArgs{Rank: *rank, World: *n, Matrix: m, Streams: *streams, Window: 1})
 			case algo.AlgoLL:
-				args.LLCutoff = cut
+				args.LLCutoff, args.LLQuiet = cut, nil
 				err = algo.PlanLL(&s, args)
 				est = algo.EstimateLL(m, *n, *streams, *window, *llBytes, links.Flat(*hosts))
 				note = " (forced only: under auto every algorithm sends blocks up to a pair's LL cutoff one-sided)"
@@ -176,4 +189,14 @@ func crowdNote(machines, cores int) string {
 		return ""
 	}
 	return fmt.Sprintf(" machines=%d cores/machine=%d", machines, cores)
+}
+
+// autoLLCutoff is the LL cutoff a Comm's automatic choice prices a pair of
+// link class with by default (a2a.DefaultLLBytes, capped by the slot of
+// the classes that have one).
+func autoLLCutoff(class string) int {
+	if class == algo.ClassTCP {
+		return a2a.DefaultLLBytes
+	}
+	return min(a2a.DefaultLLBytes, shm.DefaultSlotBytes)
 }
