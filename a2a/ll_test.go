@@ -203,3 +203,48 @@ func TestAlgoAutoIsDefault(t *testing.T) {
 		}
 	}
 }
+
+// TestQuietLLMismatchManyRanks: with quiet TCP peers a pair may disagree
+// about whether a block goes by LL (within the cutoff) or by frames, with
+// fullmesh's windows in between; the first frame the other side receives
+// shows it, and every rank is released with ErrMismatch or ErrAborted
+// within the first round's time, not the timeout.
+func TestQuietLLMismatchManyRanks(t *testing.T) {
+	url := startNATS(t)
+	const n = 12 // three fullmesh windows of 4 peers
+	comms := group(t, url, n, func(c *Config) { c.Transport = "tcp" })
+	for _, tc := range []struct{ sent, exp int }{{10, 9000}, {9000, 10}, {1 << 20, 10}} {
+		start := time.Now()
+		errs := onAll(comms, func(c *Comm) error {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			sc, rc := make([]int, n), make([]int, n)
+			for j := range n {
+				if j != c.Rank() {
+					sc[j], rc[j] = 9000, 9000
+				}
+			}
+			if c.Rank() == 1 {
+				sc[0] = tc.sent
+			}
+			if c.Rank() == 0 {
+				rc[1] = tc.exp
+			}
+			return c.AllToAllV(ctx, make([]byte, sum(sc)), sc, make([]byte, sum(rc)), rc)
+		})
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("%d sent, %d expected: released after %v", tc.sent, tc.exp, d)
+		}
+		mismatch := false
+		for r, err := range errs {
+			mismatch = mismatch || errors.Is(err, ErrMismatch)
+			if err != nil && !errors.Is(err, ErrMismatch) && !errors.Is(err, ErrAborted) {
+				t.Errorf("%d sent, %d expected: rank %d: %v, want nil, ErrMismatch or ErrAborted", tc.sent, tc.exp, r, err)
+			}
+		}
+		if !mismatch {
+			t.Errorf("%d sent, %d expected: no rank saw the mismatch: %v", tc.sent, tc.exp, errs)
+		}
+		comms = group(t, url, n, func(c *Config) { c.Transport = "tcp" }) // the mismatch aborted the group
+	}
+}
