@@ -187,6 +187,12 @@ func TestNonblockingP2P(t *testing.T) {
 			}
 		}
 		// A bad argument is a typed error from Wait, and aborts from there.
+		// The barrier first: a rank's group step may finish (its sends are
+		// eager) while a peer still receives from it, and this abort would
+		// end the peer's step.
+		if err := c.Barrier(ctx); err != nil {
+			return fmt.Errorf("barrier: %w", err)
+		}
 		if _, err := c.Isend(ctx, buf, r, 1).Wait(ctx); !errors.Is(err, ErrInvalidArgument) {
 			return fmt.Errorf("Isend to self: %v, want ErrInvalidArgument", err)
 		}
