@@ -53,8 +53,8 @@
 # namespace deleted (which destroys the veths).
 #
 # The environment reaches the ranks (a2ad run passes it on), so A2A_STREAMS, A2A_WINDOW, ...
-# tune the runs. All "hosts" share this machine's cores: with more ranks than cores the
-# script sets A2A_SPIN=-1ns (no busy-polling) unless A2A_SPIN is set.
+# tune the runs. All "hosts" share this machine's cores; the ranks see that (one machine id)
+# and, with more ranks than cores, do not busy-poll unless A2A_SPIN says so.
 #
 # --soak DURATION (e.g. 15s, 5m) runs, instead of the checks and the benchmark, the soak
 # (internal/cmd/soak, bin/soak from make build) as one job across the hosts: random verified
