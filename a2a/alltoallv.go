@@ -252,20 +252,27 @@ func (c *Comm) choiceArgs(matrix []int) algo.ChoiceArgs {
 // llPriceCutoffs is the LL cutoff the automatic choice prices a pair of one
 // host and of two hosts with. It must be the same on every rank, so it
 // comes from what every rank shares (the settings and the agreed link
-// classes), not from this rank's own peers: a class with one-sided slots
-// (shm, verbs) caps LLBytes at the providers' slot, TCP takes LLBytes as
-// frames (see llCutoffs). Negative: no LL.
+// classes, ClassLLCutoff), not from this rank's own peers. Negative: no LL.
 func (c *Comm) llPriceCutoffs() (local, remote int) {
 	if c.llCut == nil || c.algo == algo.AlgoLL {
 		return -1, -1
 	}
-	cut := func(class string) int {
-		if class == algo.ClassTCP {
-			return c.cfg.LLBytes
-		}
-		return min(c.cfg.LLBytes, shm.DefaultSlotBytes) // verbs slots are as large
+	local, _ = ClassLLCutoff(c.links.LocalClass, c.cfg.LLBytes)
+	remote, _ = ClassLLCutoff(c.links.RemoteClass, c.cfg.LLBytes)
+	return local, remote
+}
+
+// ClassLLCutoff is the LL cutoff of a pair whose link class is class under
+// automatic selection, for Config.LLBytes llBytes, and whether the pair is
+// quiet (algo.AllToAllVArgs.LLQuiet): a class with one-sided slots (shm,
+// verbs) caps llBytes at the providers' slot; TCP, which has none, takes
+// llBytes in frames and is quiet. `a2ad plan` prices with it as a Comm
+// does.
+func ClassLLCutoff(class string, llBytes int) (cutoff int, quiet bool) {
+	if class == algo.ClassTCP {
+		return llBytes, true
 	}
-	return cut(c.links.LocalClass), cut(c.links.RemoteClass)
+	return min(llBytes, shm.DefaultSlotBytes), false // verbs slots are as large
 }
 
 // gatherMatrix builds the global traffic matrix on the data plane: every rank

@@ -93,9 +93,11 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 		if hostOf[j] != hostOf[*rank] {
 			class = links.RemoteClass
 		}
-		autoCut[j], autoQuiet[j] = autoLLCutoff(class), class == algo.ClassTCP
+		autoCut[j], autoQuiet[j] = a2a.ClassLLCutoff(class, a2a.DefaultLLBytes)
 	}
 	autoCut[*rank] = -1
+	llLocal, _ := a2a.ClassLLCutoff(links.LocalClass, a2a.DefaultLLBytes)
+	llRemote, _ := a2a.ClassLLCutoff(links.RemoteClass, a2a.DefaultLLBytes)
 	cut := make([]int, *n) // LL cutoff of the ll candidate: every peer but the printed rank
 	for j := range cut {
 		cut[j] = *llBytes
@@ -110,7 +112,7 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 		}
 		// The one rule auto selection runs in a Comm, on the same inputs.
 		priced, chosen := chooser.Price(algo.ChoiceArgs{World: *n, Streams: *streams, Window: *window, Matrix: m, Hosts: hostOf, Links: links, Machines: machineOf, Cores: machineCores,
-			LLLocal: autoLLCutoff(links.LocalClass), LLRemote: autoLLCutoff(links.RemoteClass)})
+			LLLocal: llLocal, LLRemote: llRemote})
 		fmt.Printf("# plan n=%d size=%d dist=%s streams=%d window=%d hosts=%d%s links local(%s) alpha=%.1fus beta=%.2fGB/s remote(%s) alpha=%.1fus beta=%.2fGB/s: auto picks %s\n",
 			*n, size, d, *streams, *window, *hosts, crowdNote(*machines, *cores), links.LocalClass, links.Local.Alpha*1e6, 1/links.Local.Beta/1e9,
 			links.RemoteClass, links.Remote.Alpha*1e6, 1/links.Remote.Beta/1e9, chosen)
@@ -189,14 +191,4 @@ func crowdNote(machines, cores int) string {
 		return ""
 	}
 	return fmt.Sprintf(" machines=%d cores/machine=%d", machines, cores)
-}
-
-// autoLLCutoff is the LL cutoff a Comm's automatic choice prices a pair of
-// link class with by default (a2a.DefaultLLBytes, capped by the slot of
-// the classes that have one).
-func autoLLCutoff(class string) int {
-	if class == algo.ClassTCP {
-		return a2a.DefaultLLBytes
-	}
-	return min(a2a.DefaultLLBytes, shm.DefaultSlotBytes)
 }
