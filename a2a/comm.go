@@ -232,7 +232,7 @@ func (c *Comm) join(ctx context.Context) error {
 		m.Abort(err)
 		return err
 	}
-	w := waitPolicy(cfg.Spin, cfg.Yield, m.Nodes(), c.rank, cpus.Online())
+	w := waitPolicy(cfg.Spin, cfg.Yield, m.Nodes(), c.machines, c.machineCores, c.rank, cpus.Online())
 	c.eng = newEngine(c.tr, c.rank, c.size, cfg.Streams, m.Epoch(), w, c.hosts, cfg.Timeout, c.stopped)
 	c.queue = newProgressQueue(c.eng)
 	c.llCut, c.llQuiet = c.llCutoffs()
@@ -389,7 +389,8 @@ type waiting struct {
 }
 
 // waitPolicy resolves Config.Spin and Config.Yield for rank of the group
-// nodes on a host with hostCPUs CPUs online. By default a rank busy-polls,
+// nodes, grouped by machineCores into machines and their cores, on a host
+// with hostCPUs CPUs online. By default a rank busy-polls,
 // then yields, then parks. When the machine is crowded, its ranks of the
 // group (of every host on it: network namespaces and containers share the
 // kernel's cores) outnumbering the CPUs they may run on together, a
@@ -402,20 +403,17 @@ type waiting struct {
 // are goroutines of one process (tests, in-process groups) share the
 // process's Ps instead of cores: sharedProcess reports them, so the engine
 // also yields to goroutines.
-func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, rank, hostCPUs int) waiting {
+func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, machines, cores []int, rank, hostCPUs int) waiting {
 	local, shared := 0, false
-	usable := map[int]bool{}
-	known := true
-	for r, n := range nodes {
-		if sameMachine(n, nodes[rank]) {
+	for r, m := range machines {
+		if m == machines[rank] {
 			local++
-			shared = shared || (r != rank && n.PID == nodes[rank].PID)
-			known = cpus.Parse(n.CPUs, usable) && known
+			shared = shared || (r != rank && nodes[r].PID == nodes[rank].PID)
 		}
 	}
 	jobCPUs := hostCPUs
-	if known {
-		jobCPUs = min(len(usable), hostCPUs)
+	if known := cores[machines[rank]]; known > 0 {
+		jobCPUs = min(known, hostCPUs)
 	}
 	crowded := local > jobCPUs
 	switch {
@@ -429,15 +427,6 @@ func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, rank, hostC
 		yield = defaultYield
 	}
 	return waiting{spin: spin, yield: yield, sharedProcess: shared, crowded: crowded}
-}
-
-// sameMachine reports whether ranks a and b share a kernel's cores: the
-// same machine id, or the same host when one of them has none.
-func sameMachine(a, b control.NodeInfo) bool {
-	if a.Machine != "" && b.Machine != "" {
-		return a.Machine == b.Machine
-	}
-	return a.Host == b.Host
 }
 
 // watchControl wakes a parked operation when the control plane reports an

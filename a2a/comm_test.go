@@ -679,7 +679,8 @@ func TestWaitPolicy(t *testing.T) {
 		{"4 namespaces x 2 ranks on one 2-CPU machine", 0, testBed(4, 2, "k"), 2, 0, false, true},
 		{"4 hosts x 2 ranks, each its own machine", 0, testBed(4, 2, ""), 2, defaultSpin, false, false},
 	} {
-		w := waitPolicy(c.spin, 0, c.nodes, len(c.nodes)-1, c.hostCPUs)
+		machines, cores := machineCores(c.nodes)
+		w := waitPolicy(c.spin, 0, c.nodes, machines, cores, len(c.nodes)-1, c.hostCPUs)
 		if w.spin != c.wantSpin || w.yield != defaultYield || w.sharedProcess != c.wantShared || w.crowded != c.wantCrowded {
 			t.Errorf("%s: %+v, want spin %v yield %v sharedProcess %v crowded %v", c.name, w, c.wantSpin, defaultYield, c.wantShared, c.wantCrowded)
 		}
