@@ -311,9 +311,15 @@ func (c *Chooser) crowdedBound(a ChoiceArgs) float64 {
 			}
 		}
 	}
+	return busiestCrowded(c.machineRanks, work, a.Cores)
+}
+
+// busiestCrowded is the largest work over cores of the machines whose ranks
+// outnumber their known cores (all by machine ordinal); 0 when none does.
+func busiestCrowded(ranks []int, work []float64, cores []int) float64 {
 	bound := 0.0
-	for m, n := range a.Cores {
-		if n > 0 && c.machineRanks[m] > n {
+	for m, n := range cores {
+		if n > 0 && ranks[m] > n {
 			bound = max(bound, work[m]/float64(n))
 		}
 	}

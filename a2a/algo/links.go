@@ -264,13 +264,7 @@ func LowerBoundCrowded(matrix, hosts, machines, cores []int, links Links) float6
 			}
 		}
 	}
-	bound := 0.0
-	for m, n := range cores {
-		if n > 0 && ranks[m] > n {
-			bound = max(bound, work[m]/float64(n))
-		}
-	}
-	return bound
+	return busiestCrowded(ranks, work, cores)
 }
 
 // fullRate is the time of n bytes from one rank at its full bandwidth: Lanes
