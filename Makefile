@@ -76,7 +76,7 @@ test-rdma-if-root:
 
 # Soak (internal/cmd/soak; docs/TESTING.md): random verified operations on 4 rank processes,
 # sessions mixing data planes and algorithms, then leak checks (goroutines, fds, /dev/shm,
-# RSS < 5% after warm-up). Half the time on one machine (one posed host on shm or tcp, or
+# live heap < +2% after warm-up). Half the time on one machine (one posed host on shm or tcp, or
 # two posed hosts), half across the test bed's network namespaces (as root). The seed is
 # printed; SOAK_SEED=N reruns one.
 SOAK_LOCAL ?= 5m

@@ -12,9 +12,9 @@
 // in each session 50-399 operations drawn from every collective and
 // point-to-point call with random sizes (0 B to 1.2 MiB), roots, reductions
 // and AllToAllV counts that change every call. After warm-up (the first
-// fifth of the run) each rank samples its goroutines, descriptors, RSS and
-// shared-memory mappings between sessions; at the end they must not have
-// grown (RSS by less than 5%), and no segment of the run may be left in
+// fifth of the run) each rank samples its goroutines, descriptors, live heap
+// and shared-memory mappings between sessions; at the end they must not have
+// grown (the live heap by less than 2%), and no segment of the run may be left in
 // /dev/shm.
 //
 // Without --worker, soak is the launcher: it starts an embedded NATS server

@@ -23,7 +23,7 @@ func TestSoakDetects(t *testing.T) {
 		want   []string
 	}{
 		{"corrupt", []string{"block from rank 1: byte", "want"}},
-		{"leak", []string{"leak after warm-up: goroutines", "fds", "RSS"}},
+		{"leak", []string{"leak after warm-up: goroutines", "fds", "live heap"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.inject, func(t *testing.T) {

@@ -264,8 +264,8 @@ func (r workerResult) summary(rank int) string {
 	for _, n := range names {
 		fmt.Fprintf(&b, " %s=%d", n, r.byOp[n])
 	}
-	grow := 100 * float64(r.final.rss-r.base.rss) / float64(r.base.rss)
-	return fmt.Sprintf("rank %d PASS sessions=%d ops=%d verified=%.1fMiB; after warm-up: goroutines %d->%d fds %d->%d rss %.1f->%.1fMiB (%+.2f%%) shm-maps %d, segments 0; ops:%s",
+	grow := 100 * float64(r.final.heap-r.base.heap) / float64(r.base.heap)
+	return fmt.Sprintf("rank %d PASS sessions=%d ops=%d verified=%.1fMiB; after warm-up: goroutines %d->%d fds %d->%d live heap %.2f->%.2fMiB (%+.2f%%) shm-maps %d, segments 0; ops:%s",
 		rank, r.sessions, r.ops, float64(r.bytes)/(1<<20), r.base.goroutines, r.final.goroutines,
-		r.base.fds, r.final.fds, float64(r.base.rss)/(1<<20), float64(r.final.rss)/(1<<20), grow, r.final.shmMaps, b.String())
+		r.base.fds, r.final.fds, float64(r.base.heap)/(1<<20), float64(r.final.heap)/(1<<20), grow, r.final.shmMaps, b.String())
 }
