@@ -380,6 +380,23 @@ type Slots interface {
 	EndBatch()
 }
 
+// SlotWatcher is implemented by Slots that let a rank see, without taking
+// it, that a peer stored a message it did not expect. Where a pair agrees
+// that a block above the LL cutoff travels by frames alone (no length
+// announcement first), the receiver watches the peer's slot while it waits
+// for the first frame: a message there means the peer took the block for
+// one within the cutoff, and the receiver reports the mismatch at once
+// instead of waiting for frames that never come. The other disagreement, a
+// frame where a Load waits, Load reports itself.
+type SlotWatcher interface {
+	// Stored reports whether peer has stored a message, or begun to, for
+	// epoch in this rank's window. When it has not, Transport.Wait returns
+	// once it does or peer is gone, as for a Load that cannot finish, until
+	// the next Load from peer replaces that watch. It never blocks, and
+	// runs on the goroutine that makes the Loads.
+	Stored(peer int, epoch uint32) bool
+}
+
 // Placer is implemented by transports that see where the ranks of this host
 // run: Rebalance moves the calling thread off a CPU that holds more of them
 // than another (see shm.Transport.Rebalance). The engine calls it now and

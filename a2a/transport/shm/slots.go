@@ -249,6 +249,36 @@ func (t *Transport) load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 	return done, err
 }
 
+// Stored reports whether peer stored a message, or began to, for epoch (see
+// transport.SlotWatcher): its length word or first data word carries epoch.
+// Otherwise it watches the length word, so that Wait returns once the peer
+// stores. After Close it reports false.
+func (t *Transport) Stored(peer int, epoch uint32) bool {
+	if t.batch {
+		return t.stored(peer, epoch)
+	}
+	if !t.guard.Acquire() {
+		return false
+	}
+	defer t.guard.Release()
+	return t.stored(peer, epoch)
+}
+
+func (t *Transport) stored(peer int, epoch uint32) bool {
+	p, _ := t.llPeer(peer)
+	if p == nil || epoch < transport.FirstEpoch {
+		return false
+	}
+	w, e := p.rx[epoch&1], uint64(epoch)
+	if atomic.LoadUint64(&w[0])>>32 == e || (len(w) > 1 && atomic.LoadUint64(&w[1])>>32 == e) {
+		return true
+	}
+	if watch := e<<32 | uint64(p.rxWord[epoch&1]); p.watch.Load() != watch {
+		p.watch.Store(watch)
+	}
+	return false
+}
+
 // take copies the words of slot w that carry epoch into dst.
 func (t *Transport) take(peer int, w []uint64, epoch, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
 	e := uint64(epoch)

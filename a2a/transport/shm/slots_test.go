@@ -746,3 +746,53 @@ func TestLLBatch(t *testing.T) {
 		})
 	}
 }
+
+// TestLLStored: Stored sees a peer's message for its epoch only, without
+// taking it, and a Wait after a Stored that found nothing returns once the
+// peer has stored, even before the peer rings.
+func TestLLStored(t *testing.T) {
+	ts := newCluster(t, 3, 1, ringOnly)
+	const e = transport.FirstEpoch + 2
+	if ts[1].Stored(0, e) {
+		t.Fatal("Stored before any store")
+	}
+	if err := ts[0].Store(1, e-2, testTag, pattern(1, 40)); err != nil { // same parity, older epoch
+		t.Fatal(err)
+	}
+	if err := ts[0].Store(1, e+1, testTag, pattern(2, 40)); err != nil { // the other parity
+		t.Fatal(err)
+	}
+	if ts[1].Stored(0, e) {
+		t.Fatal("Stored reports a message of another epoch")
+	}
+	// A store in a batch rings no bell until the batch waits or ends: only
+	// the watch that the fruitless Stored left ends this Wait early.
+	msg := pattern(3, 300)
+	if !ts[0].BeginBatch() {
+		t.Fatal("BeginBatch on an open transport")
+	}
+	if err := ts[0].Store(1, e, testTag, msg); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	ts[1].Wait(time.Second)
+	took := time.Since(start)
+	ts[0].EndBatch()
+	if took > 500*time.Millisecond {
+		t.Fatalf("Wait after a fruitless Stored returned after %v, though the peer stored", took)
+	}
+	if !ts[1].Stored(0, e) {
+		t.Fatal("Stored misses the message")
+	}
+	if ts[1].Stored(2, e) || ts[2].Stored(0, e) {
+		t.Fatal("Stored reports a message another pair's slot holds")
+	}
+	dst := make([]byte, len(msg))
+	if n := loadOnce(t, ts[1], 0, e, dst, false); n != len(msg) || !bytes.Equal(dst, msg) {
+		t.Fatalf("load after Stored: %d bytes, equal %v", n, bytes.Equal(dst, msg))
+	}
+	ts[1].Close()
+	if ts[1].Stored(0, e) {
+		t.Error("Stored after Close")
+	}
+}
