@@ -266,11 +266,15 @@ func (c *Comm) llPriceCutoffs() (local, remote int) {
 // automatic selection, for Config.LLBytes llBytes, and whether the pair is
 // quiet (algo.AllToAllVArgs.LLQuiet): a class with one-sided slots (shm,
 // verbs) caps llBytes at the providers' slot; TCP, which has none, takes
-// llBytes in frames and is quiet. `a2ad plan` prices with it as a Comm
-// does.
+// llBytes in frames. TCP and shm pairs are quiet; verbs pairs announce,
+// as verbs cannot watch a slot (transport.SlotWatcher). `a2ad plan` prices
+// with it as a Comm does.
 func ClassLLCutoff(class string, llBytes int) (cutoff int, quiet bool) {
-	if class == algo.ClassTCP {
+	switch class {
+	case algo.ClassTCP:
 		return llBytes, true
+	case algo.ClassShm:
+		return min(llBytes, shm.DefaultSlotBytes), true
 	}
 	return min(llBytes, shm.DefaultSlotBytes), false // verbs slots are as large
 }

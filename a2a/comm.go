@@ -309,11 +309,17 @@ const llAllReduceBytes = 256
 // and which peers are quiet (LLQuiet), from settings and link classes both
 // ends of a pair share: blocks of up to LLBytes, capped by the slot size
 // where the pair has a slot; a peer without one gets its LL messages as
-// frames. Under auto selection such peers are quiet: their small blocks
-// all go in the first round, one frame each, instead of waiting for their
-// turn in fullmesh's windows, while larger blocks go by frames alone (an
-// announcement would cost a network crossing before the data). With
-// A2A_ALGO=ll every peer announces. Nil when no pair uses LL.
+// frames. Under auto selection peers are quiet: small blocks all go in the
+// first round (one frame each to a peer without a slot, instead of waiting
+// for their turn in fullmesh's windows), while larger blocks go by frames
+// alone. An announcement would cost a network crossing, or on one host a
+// round in which every rank waits for every peer's store (4 ranks on shm,
+// 64 KiB: 78-81 us against 64-68 us without). A disagreement about a
+// length still fails at once on the side that sees it: in a frame header,
+// in a Load that finds a frame, or in the slot the receiver of frames
+// watches (transport.SlotWatcher); a slot peer whose transport cannot
+// watch keeps announcing. With A2A_ALGO=ll every peer announces. Nil when
+// no pair uses LL.
 func (c *Comm) llCutoffs() ([]int, []bool) {
 	forced := c.algo == algo.AlgoLL
 	if c.size < 2 || (!forced && (c.cfg.Algo != "" || c.cfg.LLBytes < 0)) {
@@ -330,7 +336,7 @@ func (c *Comm) llCutoffs() ([]int, []bool) {
 			continue
 		}
 		if slot := c.eng.slotBytes(r); slot > 0 {
-			cut[r] = min(limit, slot)
+			cut[r], quiet[r] = min(limit, slot), !forced && c.eng.watchOf[r] != nil
 		} else {
 			cut[r], quiet[r] = limit, !forced
 		}

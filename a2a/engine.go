@@ -72,8 +72,11 @@ type engine struct {
 	// LL: the transport's one-sided window (nil without one), its slot
 	// capacity by peer (0: none, the pair's LL messages go as frames), the
 	// epoch of the next run, and the 8-byte length announcements by peer.
-	slots    transport.Slots
-	slotOf   []transport.Slots // by peer: the part of slots that reaches it
+	slots  transport.Slots
+	slotOf []transport.Slots // by peer: the part of slots that reaches it
+	// watchOf, by peer: the part of slots that lets this rank see a message
+	// it does not expect (Step.WatchLL), nil where none does.
+	watchOf  []transport.SlotWatcher
 	slotRoom []int
 	llEpoch  uint32
 	llTag    uint32 // the op kind, which LL messages carry
@@ -119,6 +122,9 @@ type activeOp struct {
 	dst      []byte
 	announce bool
 	count    int
+	// watchLL: until the frame begins to arrive, the peer's slot is watched
+	// for an LL message it should not have stored (algo.Step.WatchLL).
+	watchLL bool
 }
 
 // llLoad is an LL message awaited in a peer's slot. These sit in a list of
@@ -145,12 +151,15 @@ func newEngine(tr transport.Transport, rank, size, streams int, epoch uint32, w 
 	placer, _ := tr.(transport.Placer)
 	// Slot capacities are fixed when the transport opens; every LL step
 	// asks, so they are read once.
-	room, slotOf := make([]int, size), make([]transport.Slots, size)
+	room, slotOf, watchOf := make([]int, size), make([]transport.Slots, size), make([]transport.SlotWatcher, size)
 	for peer := range room {
 		if slots != nil && peer != rank {
 			room[peer], slotOf[peer] = slots.SlotBytes(peer), slots
 			if m, ok := tr.(transport.PeerSlots); ok {
 				slotOf[peer] = m.SlotsOf(peer) // one hop less per store and poll
+			}
+			if room[peer] > 0 {
+				watchOf[peer], _ = slotOf[peer].(transport.SlotWatcher)
 			}
 		}
 	}
@@ -166,6 +175,7 @@ func newEngine(tr transport.Transport, rank, size, streams int, epoch uint32, w 
 		recvFrames: make([]uint32, size*streams),
 		slots:      slots,
 		slotOf:     slotOf,
+		watchOf:    watchOf,
 		placer:     placer,
 		llEpoch:    transport.FirstEpoch,
 		countOut:   make([]byte, 8*size),
@@ -303,7 +313,8 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 					return err
 				}
 				e.traffic.add(false, e.sameHost[st.Peer], n)
-				e.active = append(e.active, activeOp{peer: st.Peer, stream: st.Stream, idx: nRecv, scatter: scatter, conn: conn})
+				e.active = append(e.active, activeOp{peer: st.Peer, stream: st.Stream, idx: nRecv, scatter: scatter, conn: conn,
+					watchLL: st.WatchLL && e.watchOf[st.Peer] != nil})
 				nRecv++
 			} else {
 				landing := st.Dst
@@ -340,7 +351,7 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 				}
 				e.recvOps[nRecv].Reset(h, dst, false)
 				e.active = append(e.active, activeOp{peer: st.Peer, stream: st.Stream, idx: nRecv, into: into, with: with,
-					landedFirst: st.LandedFirst, conn: conn})
+					landedFirst: st.LandedFirst, conn: conn, watchLL: st.WatchLL && e.watchOf[st.Peer] != nil})
 				nRecv++
 			}
 		case algo.StepStore, algo.StepLoad:
@@ -644,6 +655,9 @@ func (e *engine) progress(ctx context.Context) error {
 			}
 			if after != before {
 				moved = true
+			}
+			if a.watchLL && after == 0 && e.watchOf[a.peer].Stored(a.peer, e.llEpoch) {
+				return fault.New(fault.ErrMismatch, a.peer, "rank %d sent a block within the LL cutoff, this rank expects a larger one by frames", a.peer)
 			}
 			pending++
 		}

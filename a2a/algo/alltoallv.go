@@ -231,8 +231,12 @@ func (s *Schedule) addExchangeFrame(a *AllToAllVArgs, sd, rd []int, to, from, f,
 	if nf := a.frames(to, a.SendCounts[to], block); f < nf {
 		s.addFrame(StepSend, to, Span{Buf: BufSend, Off: sd[to], Len: a.SendCounts[to]}, f, nf, a.Streams, block)
 	}
-	if nf := a.frames(from, a.RecvCounts[from], block); f < nf {
-		s.addFrame(StepRecv, from, Span{Buf: BufRecv, Off: rd[from], Len: a.RecvCounts[from]}, f, nf, a.Streams, block)
+	n := a.RecvCounts[from]
+	if nf := a.frames(from, n, block); f < nf {
+		s.addFrame(StepRecv, from, Span{Buf: BufRecv, Off: rd[from], Len: n}, f, nf, a.Streams, block)
+		if f == 0 && a.llPeer(from) && !a.llMessage(from, n) {
+			s.Steps[len(s.Steps)-1].WatchLL = true
+		}
 	}
 }
 

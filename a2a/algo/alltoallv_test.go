@@ -233,6 +233,12 @@ func checkFraming(t *testing.T, c simCase, r int, s *Schedule, a AllToAllVArgs) 
 		if sp.Len > block || (!st.Last && sp.Len != block) {
 			t.Fatalf("%v: rank %d: frame %v has %d bytes with block %d", c, r, st, sp.Len, block)
 		}
+		// The first frame from a peer that stores no LL message to this
+		// rank in this operation, and only that one, watches its slot.
+		watch := st.Kind == StepRecv && cur.n == 0 && a.llPeer(st.Peer) && !a.llMessage(st.Peer, a.RecvCounts[st.Peer])
+		if st.WatchLL != watch {
+			t.Fatalf("%v: rank %d: frame %d of %v message with %d: WatchLL %v, want %v", c, r, cur.n, st.Kind, cur.peer, st.WatchLL, watch)
+		}
 		cur.bytes += sp.Len
 		cur.n++
 		if st.Last {

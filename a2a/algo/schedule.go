@@ -111,6 +111,12 @@ type Step struct {
 	// CountOnly makes a Store or Load carry the block's length instead of
 	// its bytes (see StepStore).
 	CountOnly bool
+	// WatchLL marks the first frame Recv of a block above the LL cutoff
+	// from a quiet peer (AllToAllVArgs.LLQuiet): the peer stores no LL
+	// message to this rank in this operation, so one in its slot while the
+	// frame is awaited means the peer took the block for one within the
+	// cutoff, a mismatch (transport.SlotWatcher).
+	WatchLL bool
 }
 
 // Schedule is one rank's plan for one operation. Steps of one round are
