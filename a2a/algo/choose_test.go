@@ -149,6 +149,46 @@ func TestChooserCrowdedMachine(t *testing.T) {
 	}
 }
 
+// TestChooserCrowdedRelay: on a crowded machine staged's remote phase waits
+// for the cores to finish its local phase, so its estimate is the crowded
+// bound plus the remote alpha, and the flat algorithm, whose remote latency
+// overlaps the crowded work, wins where the bound alone tied them (the test
+// bed's 1 KiB uniform case: 8 ranks, 4 hosts, one machine of 2 cores). With
+// a core per rank nothing changes.
+func TestChooserCrowdedRelay(t *testing.T) {
+	const p = 8
+	matrix := make([]int, p*p)
+	for i := range matrix {
+		if i/p != i%p {
+			matrix[i] = 1 << 10
+		}
+	}
+	hosts := []int{0, 0, 1, 1, 2, 2, 3, 3}
+	for _, remoteAlpha := range []float64{0, 200e-6} { // 0: the built-in
+		links := DefaultLinks()
+		if remoteAlpha > 0 {
+			links.Remote.Alpha = remoteAlpha
+		}
+		args := ChoiceArgs{World: p, Streams: 2, Window: 4, Matrix: matrix, Hosts: hosts, Links: links,
+			Machines: make([]int, p), Cores: []int{2}, LLLocal: 512, LLRemote: 4096}
+		var ch Chooser
+		cands, pick := ch.Price(args)
+		if pick == AlgoStaged {
+			t.Errorf("remote alpha %g: picked staged on the crowded machine: %+v", links.Remote.Alpha, cands)
+		}
+		bound := LowerBoundCrowded(matrix, hosts, args.Machines, args.Cores, links)
+		if got, want := cands[2].Estimate, bound+links.Remote.Alpha; got < want*(1-1e-9) {
+			t.Errorf("remote alpha %g: staged estimated %g, want at least the crowded bound %g plus the remote alpha", links.Remote.Alpha, got, bound)
+		}
+		args.Machines, args.Cores = nil, nil
+		var free Chooser
+		plain, _ := free.Price(args)
+		if plain[2].Estimate >= cands[2].Estimate {
+			t.Errorf("remote alpha %g: staged %g with a core per rank, %g crowded: the relay should cost only when crowded", links.Remote.Alpha, plain[2].Estimate, cands[2].Estimate)
+		}
+	}
+}
+
 // TestChooserLL checks the LL round in the flat algorithms' prices: blocks
 // within their pair's cutoff cost one round, all peers at once, so across
 // hosts with a slow network fullmesh beats staged's two phases at small
