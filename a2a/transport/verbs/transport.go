@@ -386,7 +386,13 @@ func (t *Transport) Wait(timeout time.Duration) error {
 }
 
 // rearm reads the channel's events, arms the CQ if an event disarmed it,
-// and polls; it reports whether anything completed. Called with t.mu held.
+// and polls; it reports whether anything completed: in this poll, or since
+// the CQ was last armed, as a drained event says. The latter's completion
+// may have been taken by a poll outside Wait (another stream's TryRecv, a
+// Load or Stored of another peer) after the caller last looked at the
+// stream it is for, and the event that would have ended the sleep is gone:
+// sleeping on would lose that wake-up until the timeout. Called with t.mu
+// held.
 func (t *Transport) rearm() (bool, error) {
 	n, err := t.dev.ch.Drain()
 	if err != nil {
@@ -403,7 +409,7 @@ func (t *Transport) rearm() (bool, error) {
 	if err := t.poll(); err != nil {
 		return false, err
 	}
-	return t.seen != before, nil
+	return n > 0 || t.seen != before, nil
 }
 
 // Wake makes a concurrent or the next Wait return at once. It is safe from

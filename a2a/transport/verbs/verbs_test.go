@@ -161,6 +161,50 @@ func TestWakeAndClose(t *testing.T) {
 	transporttest.WakeAndClose(t, ts[0])
 }
 
+// TestWaitAfterAnotherPoll: a frame's completion that a poll for another
+// peer takes (here a Load from rank 2, as the engine polls for every
+// pending op in turn) after the caller last looked at the frame's stream
+// still ends the next Wait at once: its event, which Wait drains, counts as
+// progress. Otherwise the frame would wait out the timeout.
+func TestWaitAfterAnotherPoll(t *testing.T) {
+	ts := newCluster(t, 3, 1)
+	ts[1].Wait(0) // take the events of the hellos: the CQ is armed, nothing pending
+	data := transporttest.Pattern(9, 100)
+	if err := transporttest.Drive(ts[0], []transporttest.Job{
+		transporttest.SendJob(ts[0].Conn(1, 0), transporttest.Hdr(0, 0, 0, 1), data),
+	}, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	seen := func() uint64 {
+		ts[1].mu.Lock()
+		defer ts[1].mu.Unlock()
+		return ts[1].seen
+	}
+	var st transport.SlotLoad
+	for before, end := seen(), time.Now().Add(5*time.Second); seen() == before; {
+		if time.Now().After(end) {
+			t.Fatal("the frame's completion did not arrive")
+		}
+		if _, err := ts[1].Load(2, transport.FirstEpoch, testTag, nil, false, &st); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	start := time.Now()
+	if err := ts[1].Wait(2 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("Wait slept %v with a frame waiting whose completion another poll took", took)
+	}
+	got := make([]byte, len(data))
+	if err := transporttest.Drive(ts[1], []transporttest.Job{
+		transporttest.RecvJob(ts[1].Conn(0, 0), transporttest.Hdr(0, 0, 0, 1), got),
+	}, 10*time.Second); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the frame: %v, equal %v", err, bytes.Equal(got, data))
+	}
+}
+
 // mapBuffer maps n bytes and records them as an AllocBuffer mapping would
 // be, until cleanup, which releases them as FreeBuffer does.
 func mapBuffer(t testing.TB, n int) []byte {
