@@ -237,6 +237,49 @@ func (t *Transport) Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 	return false, nil
 }
 
+// Stored reports whether peer stored a message, or began to, for epoch (see
+// transport.SlotWatcher): the length word or the first data word of its
+// slot of parity epoch&1 in this rank's window carries epoch (the device
+// may place the words in any order). When neither does yet, it polls the
+// completion queue once, as Load does, and looks again.
+//
+// It arms nothing, and need not: the peer's store is an RDMA WRITE WITH
+// IMM, which consumes a receive of stream 0's QP and so completes on this
+// rank's CQ; the CQ is kept armed, and Wait returns for a completion that
+// arrives while it sleeps, for one that arrived before it armed (it polls
+// after arming), and for one that a poll between this look and the Wait
+// took (rearm counts the event it drains as progress). A peer that is gone
+// fails its QP, which completes too. After Close it reports false.
+func (t *Transport) Stored(peer int, epoch uint32) bool {
+	if !t.ll.batch {
+		if !t.guard.Acquire() {
+			return false
+		}
+		defer t.guard.Release()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := &t.ll
+	if l.conn0(peer) == nil || epoch < transport.FirstEpoch {
+		return false
+	}
+	slot := (peer*2 + int(epoch&1)) * l.stride / 8
+	w := l.win[slot : slot+2] // a stride holds the length word and one data word at least
+	e := uint64(epoch)
+	stored := func() bool {
+		return atomic.LoadUint64(&w[0])>>32 == e || atomic.LoadUint64(&w[1])>>32 == e
+	}
+	if stored() {
+		return true
+	}
+	// The data is placed before its completion is: once this poll has seen
+	// the store's completion, the second look sees the words.
+	if t.poll() != nil {
+		return false
+	}
+	return stored()
+}
+
 // take copies the words of slot w that carry epoch into dst.
 func (l *llState) take(peer int, w []uint64, epoch, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
 	e := uint64(epoch)

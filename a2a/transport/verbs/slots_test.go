@@ -150,3 +150,108 @@ func TestSlotsErrors(t *testing.T) {
 	}
 	is("frame while loading", wait(make([]byte, 4), e), fault.ErrMismatch)
 }
+
+// TestSlotsStored: Stored sees a peer's message for its epoch only, in the
+// pair's own slot, without taking it; a Wait after a Stored that found
+// nothing returns once the peer stores, also when a poll in between took
+// the store's completion; after Close it reports false.
+func TestSlotsStored(t *testing.T) {
+	ts := newCluster(t, 3, 1) // 0-1 cross the veth pair, 0-2 loop back in rxe0
+	const e = transport.FirstEpoch + 2
+	if ts[1].Stored(0, e) {
+		t.Fatal("Stored before any store")
+	}
+	// The same parity's older epoch, and the other parity, landed.
+	old, other := transporttest.Pattern(1, 40), transporttest.Pattern(2, 40)
+	if err := ts[0].Store(1, e-2, testTag, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[0].Store(1, e+1, testTag, other); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []struct {
+		epoch uint32
+		want  []byte
+	}{{e - 2, old}, {e + 1, other}} {
+		dst := [][]byte{make([]byte, len(m.want)), nil, nil}
+		if err := loadAll(ts[1], m.epoch, dst); err != nil || !bytes.Equal(dst[0], m.want) {
+			t.Fatalf("load of epoch %d: %v, equal %v", m.epoch, err, bytes.Equal(dst[0], m.want))
+		}
+	}
+	if ts[1].Stored(0, e) {
+		t.Fatal("Stored reports a message of another epoch")
+	}
+
+	// The store arrives while Wait sleeps.
+	ts[1].Wait(0) // take the events of the stores above
+	if ts[1].Stored(0, e) {
+		t.Fatal("Stored before the store")
+	}
+	msg := transporttest.Pattern(3, 300)
+	stored := make(chan error, 1)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		stored <- ts[0].Store(1, e, testTag, msg)
+	}()
+	start := time.Now()
+	ts[1].Wait(2 * time.Second)
+	took := time.Since(start)
+	if err := <-stored; err != nil {
+		t.Fatal(err)
+	}
+	if took > time.Second {
+		t.Fatalf("Wait after a fruitless Stored returned after %v, though the peer stored after 50ms", took)
+	}
+	for end := time.Now().Add(5 * time.Second); !ts[1].Stored(0, e); {
+		if time.Now().After(end) {
+			t.Fatal("Stored misses the message")
+		}
+		ts[1].Wait(time.Millisecond)
+	}
+	if ts[1].Stored(2, e) || ts[2].Stored(0, e) || ts[0].Stored(1, e) {
+		t.Fatal("Stored reports a message another pair's slot holds")
+	}
+	dst := [][]byte{make([]byte, len(msg)), nil, nil}
+	if err := loadAll(ts[1], e, dst); err != nil || !bytes.Equal(dst[0], msg) {
+		t.Fatalf("load after Stored: %v, equal %v", err, bytes.Equal(dst[0], msg))
+	}
+
+	// The store's completion arrives before Wait, and a poll for another
+	// peer (Stored of rank 2) takes it after the look at rank 0: the event
+	// Wait drains must still end its sleep.
+	e2 := e + 2
+	ts[1].Wait(0)
+	if ts[1].Stored(0, e2) {
+		t.Fatal("Stored before the store")
+	}
+	if err := ts[0].Store(1, e2, testTag, msg[:8]); err != nil {
+		t.Fatal(err)
+	}
+	seen := func() uint64 {
+		ts[1].mu.Lock()
+		defer ts[1].mu.Unlock()
+		return ts[1].seen
+	}
+	for before, end := seen(), time.Now().Add(5*time.Second); seen() == before; {
+		if time.Now().After(end) {
+			t.Fatal("the store's completion did not arrive")
+		}
+		if ts[1].Stored(2, e2) {
+			t.Fatal("Stored reports rank 0's message as rank 2's")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	start = time.Now()
+	ts[1].Wait(2 * time.Second)
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("Wait slept %v after a poll took the completion of the store it should wake for", took)
+	}
+	if !ts[1].Stored(0, e2) {
+		t.Fatal("Stored misses the message")
+	}
+
+	ts[1].Close()
+	if ts[1].Stored(0, e2) {
+		t.Error("Stored after Close")
+	}
+}

@@ -22,7 +22,8 @@ import (
 // Transport is one rank's RC queue pairs to its peers on one device port.
 // It implements transport.Transport, transport.Poller (the completion
 // channel, through an epoll set with the wake-up eventfd) and
-// transport.Slots (the LL window, stored into by RDMA WRITE).
+// transport.Slots (the LL window, stored into by RDMA WRITE) with
+// transport.SlotWatcher.
 //
 // All progress happens under one mutex: the completion queue is shared by
 // every QP, and whichever call polls it hands each completion to its
@@ -62,9 +63,10 @@ type Transport struct {
 }
 
 var (
-	_ transport.Transport = (*Transport)(nil)
-	_ transport.Poller    = (*Transport)(nil)
-	_ transport.Slots     = (*Transport)(nil)
+	_ transport.Transport   = (*Transport)(nil)
+	_ transport.Poller      = (*Transport)(nil)
+	_ transport.Slots       = (*Transport)(nil)
+	_ transport.SlotWatcher = (*Transport)(nil)
 )
 
 // registration is an AllocBuffer mapping registered with the device.
