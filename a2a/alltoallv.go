@@ -266,17 +266,13 @@ func (c *Comm) llPriceCutoffs() (local, remote int) {
 // automatic selection, for Config.LLBytes llBytes, and whether the pair is
 // quiet (algo.AllToAllVArgs.LLQuiet): a class with one-sided slots (shm,
 // verbs) caps llBytes at the providers' slot; TCP, which has none, takes
-// llBytes in frames. TCP and shm pairs are quiet; verbs pairs announce,
-// as verbs cannot watch a slot (transport.SlotWatcher). `a2ad plan` prices
-// with it as a Comm does.
+// llBytes in frames. Every class is quiet: shm and verbs can watch a slot
+// (transport.SlotWatcher). `a2ad plan` prices with it as a Comm does.
 func ClassLLCutoff(class string, llBytes int) (cutoff int, quiet bool) {
-	switch class {
-	case algo.ClassTCP:
+	if class == algo.ClassTCP {
 		return llBytes, true
-	case algo.ClassShm:
-		return min(llBytes, shm.DefaultSlotBytes), true
 	}
-	return min(llBytes, shm.DefaultSlotBytes), false // verbs slots are as large
+	return min(llBytes, shm.DefaultSlotBytes), true // verbs slots are as large
 }
 
 // gatherMatrix builds the global traffic matrix on the data plane: every rank

@@ -317,9 +317,9 @@ const llAllReduceBytes = 256
 // 64 KiB: 78-81 us against 64-68 us without). A disagreement about a
 // length still fails at once on the side that sees it: in a frame header,
 // in a Load that finds a frame, or in the slot the receiver of frames
-// watches (transport.SlotWatcher); a slot peer whose transport cannot
-// watch keeps announcing. With A2A_ALGO=ll every peer announces. Nil when
-// no pair uses LL.
+// watches (transport.SlotWatcher, which shm and verbs implement); a slot
+// peer whose transport cannot watch keeps announcing. With A2A_ALGO=ll
+// every peer announces. Nil when no pair uses LL.
 func (c *Comm) llCutoffs() ([]int, []bool) {
 	forced := c.algo == algo.AlgoLL
 	if c.size < 2 || (!forced && (c.cfg.Algo != "" || c.cfg.LLBytes < 0)) {

@@ -36,10 +36,11 @@ type AllToAllVArgs struct {
 	// every rank shares).
 	LLCutoff []int
 	// LLQuiet, when not nil, marks the peers whose blocks above their
-	// cutoff travel by frames alone, without the length announcement:
-	// peers without a slot, whose LL messages are frames themselves, so
-	// that a disagreement about a length shows in the frame headers, while
-	// an announcement would cost a network crossing before the data.
+	// cutoff travel by frames alone, without the length announcement,
+	// which would cost a network crossing before the data: peers without a
+	// slot, whose LL messages are frames themselves, so that a disagreement
+	// about a length shows in the frame headers, and peers whose slot this
+	// rank watches while their first frame is due (Step.WatchLL).
 	LLQuiet []bool
 }
 

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -40,6 +41,7 @@ func needLab(t *testing.T) {
 // child is one rank process, its stdout lines arriving on lines.
 type child struct {
 	cmd   *exec.Cmd
+	stdin io.WriteCloser // closing it releases a rank that waits for it
 	lines chan string
 	errb  bytes.Buffer
 	out   strings.Builder // the stdout lines await saw
@@ -64,6 +66,9 @@ func startRanks(t *testing.T, mode string, n int, env func(r int) []string) []*c
 		cmd.Stderr = &k.errb
 		out, err := cmd.StdoutPipe()
 		if err != nil {
+			t.Fatal(err)
+		}
+		if k.stdin, err = cmd.StdinPipe(); err != nil {
 			t.Fatal(err)
 		}
 		if err := cmd.Start(); err != nil {
@@ -185,11 +190,68 @@ func TestCommKilledRank(t *testing.T) {
 	}
 }
 
+// mismatchEnv gives the "mismatch" child ranks their case: "sent,exp".
+const mismatchEnv = "A2A_VERBS_TEST_MISMATCH"
+
+// TestCommLLMismatch: under auto selection verbs pairs are quiet (a block
+// above the LL cutoff goes by frames without announcing its length first),
+// yet two ranks that disagree about a block's length, in either direction
+// across the cutoff, fail with ErrMismatch within seconds: the receiver of
+// frames sees the peer's LL store in its slot (verbs Stored), a Load sees a
+// frame, a frame header its length. Rank 1 sends rank 0 sent bytes, rank 0
+// expects exp.
+func TestCommLLMismatch(t *testing.T) {
+	needLab(t)
+	for _, tc := range []struct {
+		name      string
+		sent, exp int
+	}{
+		{"small-small", 10, 12},
+		{"small-large", 10, 9000},
+		{"large-small", 9000, 10},
+		{"large-large", 9000, 9001},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kids := startRanks(t, "mismatch", 2, func(int) []string {
+				return []string{"A2A_TRANSPORT=verbs", fmt.Sprintf("%s=%d,%d", mismatchEnv, tc.sent, tc.exp)}
+			})
+			for r, k := range kids {
+				// "result KIND SECONDS": KIND nil, mismatch, aborted or
+				// other; the error goes to stderr.
+				f := strings.Fields(k.await(t, r, "result", 60*time.Second))
+				if len(f) != 3 {
+					t.Fatalf("rank %d: %q", r, strings.Join(f, " "))
+				}
+				kind, took := f[1], f[2]
+				t.Logf("rank %d: %s after %s s", r, kind, took)
+				if d, err := strconv.ParseFloat(took, 64); err != nil || d > 5 {
+					t.Errorf("rank %d released after %s s", r, took)
+				}
+				switch {
+				case r == 0 && kind != "mismatch":
+					t.Errorf("rank 0: %s, want ErrMismatch\n%s", kind, k.errb.String())
+				case r == 1 && kind != "nil" && kind != "aborted" && kind != "mismatch":
+					t.Errorf("rank 1: %s, want nil, ErrAborted or ErrMismatch\n%s", kind, k.errb.String())
+				}
+			}
+			for _, k := range kids {
+				k.stdin.Close() // both have reported: let them close
+			}
+			for r, k := range kids {
+				k.await(t, r, "ok", 30*time.Second)
+				if err := <-k.done; err != nil {
+					t.Fatalf("rank %d: %v\n%s", r, err, k.errb.String())
+				}
+			}
+		})
+	}
+}
+
 // TestCommRank is one rank of the tests above; it runs only as their child.
 func TestCommRank(t *testing.T) {
 	mode := os.Getenv(childEnv)
 	if mode == "" {
-		t.Skip("a child rank of TestCommOverVerbs, TestCommMixed and TestCommKilledRank")
+		t.Skip("a child rank of TestCommOverVerbs, TestCommMixed, TestCommKilledRank and TestCommLLMismatch")
 	}
 	cfg, err := a2a.ConfigFromEnv()
 	if err != nil {
@@ -200,13 +262,16 @@ func TestCommRank(t *testing.T) {
 		// keeps the defaults, which it is about.
 		cfg.PeerTimeout = 5 * time.Second
 	}
+	if mode == "mismatch" {
+		cfg.Algo = "" // auto, whatever A2A_ALGO says: the quiet pairs are its
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	c, err := a2a.Join(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"ops": "verbs", "kill": "verbs", "mixed": "shm+verbs"}[mode]
+	want := map[string]string{"ops": "verbs", "kill": "verbs", "mixed": "shm+verbs", "mismatch": "verbs"}[mode]
 	if c.TransportName() != want {
 		t.Fatalf("transport %q, want %s", c.TransportName(), want)
 	}
@@ -215,8 +280,12 @@ func TestCommRank(t *testing.T) {
 		rankOps(ctx, t, c)
 	case "kill":
 		rankUntilLost(ctx, t, c)
+	case "mismatch":
+		rankMismatch(ctx, t, c)
 	}
-	if err := c.Close(); err != nil && mode != "kill" {
+	// After a kill or a mismatch the group is gone or aborted: Close may
+	// say so, but must still release every verbs object.
+	if err := c.Close(); err != nil && mode != "kill" && mode != "mismatch" {
 		t.Fatal(err)
 	}
 	if n := ownVerbsObjects(t); n != 0 {
@@ -427,6 +496,43 @@ func rankUntilLost(ctx context.Context, t *testing.T, c *a2a.Comm) {
 			return
 		}
 	}
+}
+
+// rankMismatch runs one AllToAllV in which rank 1 sends rank 0 a block of
+// another length than rank 0 expects (mismatchEnv) and prints what it
+// returned and after how long.
+func rankMismatch(ctx context.Context, t *testing.T, c *a2a.Comm) {
+	var sent, exp int
+	if _, err := fmt.Sscanf(os.Getenv(mismatchEnv), "%d,%d", &sent, &exp); err != nil {
+		t.Fatalf("%s=%q: %v", mismatchEnv, os.Getenv(mismatchEnv), err)
+	}
+	// Hung, the ranks would wait this long: far beyond what the test allows.
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	sc, rc := []int{0, 0}, []int{0, 0}
+	if c.Rank() == 1 {
+		sc[0] = sent
+	} else {
+		rc[1] = exp
+	}
+	start := time.Now()
+	err := c.AllToAllV(ctx, make([]byte, sc[0]), sc, make([]byte, rc[1]), rc)
+	took := time.Since(start)
+	kind := "other"
+	switch {
+	case err == nil:
+		kind = "nil"
+	case errors.Is(err, a2a.ErrMismatch):
+		kind = "mismatch"
+	case errors.Is(err, a2a.ErrAborted):
+		kind = "aborted"
+	}
+	fmt.Fprintln(os.Stderr, "AllToAllV:", err)
+	fmt.Printf("result %s %.3f\n", kind, took.Seconds())
+	// A rank that finished keeps its transport until the test has both
+	// results: its Close would fail a hung peer with ErrPeerLost, hiding
+	// the hang (a rank of a job goes on to its next operation instead).
+	io.Copy(io.Discard, os.Stdin)
 }
 
 // rdmaTotals is the number of QPs, MRs, CQs, PDs and contexts on every
