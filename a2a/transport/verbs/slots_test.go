@@ -194,12 +194,12 @@ func TestSlotsStored(t *testing.T) {
 		stored <- ts[0].Store(1, e, testTag, msg)
 	}()
 	start := time.Now()
-	ts[1].Wait(2 * time.Second)
+	ts[1].Wait(waitBound)
 	took := time.Since(start)
 	if err := <-stored; err != nil {
 		t.Fatal(err)
 	}
-	if took > time.Second {
+	if took > waitBound/2 {
 		t.Fatalf("Wait after a fruitless Stored returned after %v, though the peer stored after 50ms", took)
 	}
 	for end := time.Now().Add(5 * time.Second); !ts[1].Stored(0, e); {
@@ -242,8 +242,8 @@ func TestSlotsStored(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	start = time.Now()
-	ts[1].Wait(2 * time.Second)
-	if took := time.Since(start); took > time.Second {
+	ts[1].Wait(waitBound)
+	if took := time.Since(start); took > waitBound/2 {
 		t.Fatalf("Wait slept %v after a poll took the completion of the store it should wake for", took)
 	}
 	if !ts[1].Stored(0, e2) {
