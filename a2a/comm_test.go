@@ -237,6 +237,9 @@ func TestStagedAcrossFakeHosts(t *testing.T) {
 				// Without LL: with it, auto sends these small blocks in one
 				// LL round across hosts instead (TestAutoLLAcrossHosts).
 				c.LLBytes = -1
+				// Fullmesh in two windows, as staged's two phases: with
+				// every peer in one window it would win at 6 ranks.
+				c.Window = 4
 			})
 			rng := rand.New(rand.NewPCG(uint64(tc.n), 9))
 			for _, kind := range []string{"random", "zeros", "sparse", "all-to-one"} {

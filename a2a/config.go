@@ -24,7 +24,7 @@ type Config struct {
 	Algo          string        // A2A_ALGO       "" = auto | pairwise | fullmesh | staged | skew | ll (AllToAllV)
 	AlgoAllReduce string        // A2A_ALGO_ALLREDUCE "" = auto | ring | recdoubling | hierarchical | ll (small, one host; else auto)
 	Streams       int           // A2A_STREAMS    connections (and shm rings) per peer pair (default DefaultStreams)
-	Window        int           // A2A_WINDOW     peers in flight at once for fullmesh (default 4)
+	Window        int           // A2A_WINDOW     peers in flight at once for fullmesh (default algo.DefaultWindow, 32)
 	Timeout       time.Duration // A2A_TIMEOUT    per-operation deadline when ctx has none, from when the op first waits (default 60s)
 	Listen        string        // A2A_LISTEN     data-plane listen address (default 127.0.0.1:0)
 	Host          string        // A2A_HOST       host identity; ranks with equal ones share memory (default HostIdentity())
@@ -163,7 +163,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		cfg.Streams = DefaultStreams
 	}
 	if cfg.Window == 0 {
-		cfg.Window = 4
+		cfg.Window = algo.DefaultWindow
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 60 * time.Second

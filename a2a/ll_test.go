@@ -226,7 +226,8 @@ func TestQuietLLMismatchManyRanks(t *testing.T) {
 func testQuietLLMismatchManyRanks(t *testing.T, transport string) {
 	url := startNATS(t)
 	const n = 12 // three fullmesh windows of 4 peers
-	comms := group(t, url, n, func(c *Config) { c.Transport = transport })
+	setup := func(c *Config) { c.Transport, c.Window = transport, 4 }
+	comms := group(t, url, n, setup)
 	for _, tc := range []struct{ sent, exp int }{{10, 9000}, {9000, 10}, {1 << 20, 10}} {
 		start := time.Now()
 		errs := onAll(comms, func(c *Comm) error {
@@ -259,6 +260,6 @@ func testQuietLLMismatchManyRanks(t *testing.T, transport string) {
 		if !mismatch {
 			t.Errorf("%d sent, %d expected: no rank saw the mismatch: %v", tc.sent, tc.exp, errs)
 		}
-		comms = group(t, url, n, func(c *Config) { c.Transport = transport }) // the mismatch aborted the group
+		comms = group(t, url, n, setup) // the mismatch aborted the group
 	}
 }

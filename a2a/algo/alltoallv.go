@@ -13,8 +13,17 @@ import (
 const DefaultBlockSize = 512 << 10
 
 // DefaultWindow is the fullmesh concurrency (peers in flight per round) when
-// AllToAllVArgs.Window is 0.
-const DefaultWindow = 4
+// AllToAllVArgs.Window is 0: MPICH's default throttle of its alltoall
+// (MPIR_CVAR_ALLTOALL_THROTTLE), so that up to 33 ranks every peer is in
+// flight at once and a larger group does not have every rank's peers send
+// to it together. It was 4; at 8 ranks (7 peers, two rounds with 4) one
+// round instead was faster in every case measured on the 2-core VM, p50 us
+// of 2 alternations: the test bed (4 hosts x 2 ranks, shm and TCP, forced
+// fullmesh) 8 B 317-335 -> 148-190, 1 KiB 378-394 -> 173-232, 64 KiB
+// 818-1022 -> 486-487, 1 MiB 21.5-22.6 ms -> 15.5-17.0; 8 ranks on shm
+// (auto) 1 KiB 58-67 -> 35-44, 64 KiB 283-290 -> 250-262, 1 MiB 6.4-7.0 ms
+// -> 5.8-6.0; 8 ranks on single-host TCP within the noise.
+const DefaultWindow = 32
 
 // AllToAllVArgs is one rank's view of an AllToAllV: what it sends to and
 // receives from every peer, and how the transfers may be cut and spread.

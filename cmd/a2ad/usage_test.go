@@ -46,7 +46,7 @@ func TestHelp(t *testing.T) {
 			"float32 | float64 | bfloat16 | float16 | int32 | int64 | uint8", // dtypes
 			"sum | prod | max | min | avg",                                   // redops
 			"  -d string", "  -o string", "  -r int", "#wrong",
-			"A2A_STREAMS or 2", "A2A_WINDOW or 4"}},
+			"A2A_STREAMS or 2", "A2A_WINDOW or 32"}},
 		{"demo", []string{"-steps", "-max"}},
 		{"plan", []string{"pairwise, fullmesh, skew, staged, ll", "uniform | zipf:S", "-streams int", "(default 2)"}},
 		{"tune", []string{"-out", "-nats"}},
