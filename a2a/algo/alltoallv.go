@@ -250,12 +250,18 @@ func (s *Schedule) addExchangeFrame(a *AllToAllVArgs, sd, rd []int, to, from, f,
 	}
 }
 
-// addLLRound appends this rank's LL stores and loads to the current round
-// and closes it: one message per LL peer and direction, the block itself or
-// its length. They have no order among them and need no handshake, so they
-// all go in one round, and the frames of the larger blocks follow in later
-// rounds. Without LLCutoff it appends nothing and leaves the round open, so
-// that what the caller added already rides with the first exchange.
+// addLLRound appends this rank's LL stores and loads to the current round:
+// one message per LL peer and direction, the block itself or its length.
+// They have no order among them and need no handshake, so they all go in
+// one round. Where a peer announces a length, the round closes and the
+// frames of the larger blocks follow in later rounds: the announcement
+// must be loaded before that peer's frames are received. Where every LL
+// peer is quiet there is no announcement, and no peer both stores an LL
+// message to this rank and sends it frames in one operation, so the round
+// stays open and the first frames ride with the LL messages (a round less:
+// with a window of every peer, the whole exchange is one round). Without
+// LLCutoff it appends nothing and leaves the round open, so that what the
+// caller added already rides with the first exchange.
 func (s *Schedule) addLLRound(a *AllToAllVArgs, sd, rd []int) {
 	if a.LLCutoff == nil {
 		return
@@ -270,7 +276,23 @@ func (s *Schedule) addLLRound(a *AllToAllVArgs, sd, rd []int) {
 			s.Add(Step{Kind: StepLoad, Peer: from, Dst: Span{Buf: BufRecv, Off: rd[from], Len: n}, CountOnly: !a.llData(from, n)})
 		}
 	}
-	s.EndRound()
+	if !a.allQuiet() {
+		s.EndRound()
+	}
+}
+
+// allQuiet reports whether every peer this rank exchanges LL messages with
+// is quiet (LLQuiet): no block announces its length.
+func (a *AllToAllVArgs) allQuiet() bool {
+	if a.LLQuiet == nil {
+		return false
+	}
+	for j := range a.World {
+		if j != a.Rank && a.llPeer(j) && !a.LLQuiet[j] {
+			return false
+		}
+	}
+	return true
 }
 
 // addSelfCopy appends the local block as a copy; an empty one is omitted

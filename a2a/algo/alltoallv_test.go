@@ -683,3 +683,55 @@ func argsOf(r, p int, m []int) AllToAllVArgs {
 	}
 	return a
 }
+
+// TestLLRoundMerges: where every LL peer is quiet, the LL messages ride with
+// the first frames (a window of every peer makes the whole exchange one
+// round); where a peer announces a length, the LL round stays its own, so
+// that the announcement is loaded before that peer's frames.
+func TestLLRoundMerges(t *testing.T) {
+	const p = 4
+	m := make([]int, p*p) // small blocks to and from odd ranks, large to and from even ones
+	for i := range p {
+		for j := range p {
+			if i != j {
+				m[i*p+j] = 100
+				if (i+j)%2 == 0 {
+					m[i*p+j] = 5000
+				}
+			}
+		}
+	}
+	cut := make([]int, p*p)
+	for i := range cut {
+		cut[i] = 1024
+	}
+	for _, tc := range []struct {
+		name   string
+		quiet  bool
+		rounds int
+	}{{"quiet", true, 1}, {"announced", false, 2}} {
+		var quiet []bool
+		if tc.quiet {
+			quiet = make([]bool, p*p)
+			for i := range quiet {
+				quiet[i] = true
+			}
+		}
+		c := simCase{p: p, streams: 1, window: p - 1, m: m, cut: cut, quiet: quiet}
+		scheds := make([]*Schedule, p)
+		for r := range scheds {
+			scheds[r] = &Schedule{}
+		}
+		for _, plan := range []struct {
+			f    planFunc
+			algo Algo
+		}{{PlanFullmesh, AlgoFullmesh}, {PlanLL, AlgoLL}} {
+			runCase(t, plan.f, plan.algo, scheds, c)
+			for r, s := range scheds {
+				if got := s.NumRounds(); got != tc.rounds {
+					t.Errorf("%s, %v: rank %d planned %d rounds, want %d", tc.name, plan.algo, r, got, tc.rounds)
+				}
+			}
+		}
+	}
+}

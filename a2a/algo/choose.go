@@ -86,13 +86,13 @@ func (c *Chooser) Price(a ChoiceArgs) ([]Candidate, Algo) {
 	work := c.workFor(a)
 	frames, ll := c.splitLL(a, flat)
 	c.cands[0] = c.price(a, AlgoPairwise, 0, func() (float64, string) {
-		return c.llRound(a, ll, work) + c.frameRounds(AlgoPairwise, a, frames, ll, flat, work), ""
+		return c.llRound(a, ll, flat, work) + c.frameRounds(AlgoPairwise, a, frames, ll, flat, work), ""
 	})
 	c.cands[1] = c.price(a, AlgoFullmesh, 0, func() (float64, string) {
 		if a.World <= 2 {
 			return 0, whyTwoRanks
 		}
-		return c.llRound(a, ll, work) + c.frameRounds(AlgoFullmesh, a, frames, ll, flat, work), ""
+		return c.llRound(a, ll, flat, work) + c.frameRounds(AlgoFullmesh, a, frames, ll, flat, work), ""
 	})
 	// Staged relays every byte that crosses hosts through a local peer
 	// first: on a crowded machine its remote phase waits for the cores to
@@ -226,24 +226,37 @@ func (c *Chooser) splitLL(a ChoiceArgs, flat Link) ([]int, llLink) {
 }
 
 // llRound prices the LL round of ll: one alpha and the busiest rank's LL
-// bytes (adding each rank's own to work); 0 without one.
-func (c *Chooser) llRound(a ChoiceArgs, ll llLink, work *workLog) float64 {
+// bytes (adding each rank's own to work); 0 without one. Under auto every
+// pair is quiet, so where frames follow, the LL messages ride with the
+// first frame round (AllToAllVArgs.LLQuiet, addLLRound), whose alpha
+// frameRounds prices at flat's, or the local link's when only pairs of one
+// host have frames: the LL round then adds only the alpha its link has
+// beyond that.
+func (c *Chooser) llRound(a ChoiceArgs, ll llLink, flat Link, work *workLog) float64 {
 	if ll.n < 0 {
 		return 0
+	}
+	link := ll.link
+	if ll.frames {
+		first := flat
+		if !ll.framesRemote {
+			first = a.Links.Local
+		}
+		link.Alpha = max(0, link.Alpha-first.Alpha)
 	}
 	if work != nil {
 		p := a.World
 		for i := range p {
-			work.round(i, ll.link.Alpha)
+			work.round(i, link.Alpha)
 			for j := range p {
 				if i != j {
-					work.moved(i, j, a.Matrix[i*p+j]-c.rest[i*p+j], ll.link)
-					work.moved(i, j, a.Matrix[j*p+i]-c.rest[j*p+i], ll.link)
+					work.moved(i, j, a.Matrix[i*p+j]-c.rest[i*p+j], link)
+					work.moved(i, j, a.Matrix[j*p+i]-c.rest[j*p+i], link)
 				}
 			}
 		}
 	}
-	return linkTime(ll.n, ll.link)
+	return linkTime(ll.n, link)
 }
 
 // frameRounds prices the rounds of flat algorithm alg over the blocks

@@ -190,9 +190,10 @@ func TestChooserCrowdedRelay(t *testing.T) {
 }
 
 // TestChooserLL checks the LL round in the flat algorithms' prices: blocks
-// within their pair's cutoff cost one round, all peers at once, so across
-// hosts with a slow network fullmesh beats staged's two phases at small
-// sizes, and larger blocks are priced as before.
+// within their pair's cutoff cost one round, all peers at once, and the
+// frames of larger ones ride with it, so across hosts with a slow network
+// fullmesh beats staged's two phases at small sizes, and larger blocks are
+// priced as before.
 func TestChooserLL(t *testing.T) {
 	const p = 8
 	uniform := func(n int) []int {
@@ -217,7 +218,10 @@ func TestChooserLL(t *testing.T) {
 		{"8 B, no LL", 8, 0, 0, AlgoStaged, false},
 		// One LL round either way: the tie goes to pairwise.
 		{"8 B, LL everywhere", 8, 512, 4096, AlgoPairwise, true},
-		{"1 KiB, local pairs by frames", 1024, 512, 4096, AlgoStaged, true},
+		// The remote blocks go in the LL round, the local ones by frames
+		// that ride with it: one remote crossing, like staged, without
+		// staged's local phase before it.
+		{"1 KiB, local pairs by frames", 1024, 512, 4096, AlgoFullmesh, true},
 		{"64 KiB, above every cutoff", 64 << 10, 512, 4096, AlgoStaged, false},
 	} {
 		args := ChoiceArgs{World: p, Streams: 2, Window: 4, Matrix: uniform(c.n), Hosts: hosts, Links: links, LLLocal: c.local, LLRemote: c.rem}
