@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -337,5 +338,69 @@ func TestSharedConn(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestCloseFinishesFormedReplies: a coordinator closed while it sends a
+// formed roster (its host learned of the formation first, failed and left)
+// finishes the replies before Close returns, so every member forms instead
+// of waiting for a roster that is gone until its deadline.
+func TestCloseFinishesFormedReplies(t *testing.T) {
+	e := newEnv(t)
+	svcConn := e.conn()
+	s, err := NewService(svcConn, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	s.mu.Lock()
+	s.beforeReply = func(i int) {
+		if i == 1 { // the first member has its roster; the second waits
+			once.Do(func() { close(paused) })
+			<-release
+		}
+	}
+	s.mu.Unlock()
+	type result struct {
+		m   *Member
+		err error
+	}
+	results := make(chan result, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, cfg := range configs("closing", []int{0, 1}, nil) {
+		nc := e.conn()
+		go func() {
+			m, err := Join(ctx, nc, cfg)
+			results <- result{m, err}
+		}()
+	}
+	select {
+	case <-paused:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the roster was never sent")
+	}
+	closed := make(chan struct{})
+	go func() {
+		s.Close()
+		svcConn.Close() // as the hosting rank's teardown does right after
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a formed reply was still to be sent")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	<-closed
+	for range 2 {
+		r := <-results
+		if r.err != nil {
+			t.Fatalf("a member did not form after the coordinator closed: %v", r.err)
+		}
+		e.mu.Lock()
+		e.mems = append(e.mems, r.m)
+		e.mu.Unlock()
 	}
 }

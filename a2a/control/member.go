@@ -868,13 +868,16 @@ func (m *Member) LeaveAt(from uint64) error {
 	close(m.stop)
 	m.wg.Wait()
 	m.release()
-	if !m.nc.IsClosed() {
-		// Make sure the leave (and any columns our coordinator published) left
-		// this process before the caller closes the connection.
-		_ = m.nc.FlushTimeout(time.Second)
-	}
 	if m.svc != nil {
+		// Before the flush: Close lets the coordinator finish the replies
+		// it was sending (a roster it formed must reach every member).
 		_ = m.svc.Close()
+	}
+	if !m.nc.IsClosed() {
+		// Make sure the leave (and any replies or columns our coordinator
+		// published) left this process before the caller closes the
+		// connection.
+		_ = m.nc.FlushTimeout(time.Second)
 	}
 	m.mu.Lock()
 	if m.err == nil {

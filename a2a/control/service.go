@@ -42,9 +42,16 @@ type Service struct {
 	mu     sync.Mutex
 	groups map[string]*group
 	closed bool
-	vmacs  *macSet // guarded by mu
-	seen   replays // guarded by mu
-	pruned int     // len(seen) after the last pruning
+	// joins counts the join handlers between their decision and the end
+	// of its replies: Close waits for them, so that a roster formed before
+	// Close reaches every member (see Close).
+	joins sync.WaitGroup
+	// beforeReply, when set (tests), runs before each reply a join handler
+	// publishes, with its index.
+	beforeReply func(i int)
+	vmacs       *macSet // guarded by mu
+	seen        replays // guarded by mu
+	pruned      int     // len(seen) after the last pruning
 
 	cc *codec // owned by the counts handler goroutine
 
@@ -237,6 +244,13 @@ func (s *Service) unsubscribe() {
 
 // Close stops serving. Members of groups it served keep their membership but
 // can no longer exchange counts or form new rosters through it.
+//
+// A join handler that decided before Close (a roster formed, say) finishes
+// publishing its replies first: the member hosting the service may learn
+// of the formation, fail and close in the time the handler takes to reply
+// to the other members, and a roster that reached only some of its ranks
+// leaves the others waiting for a formation that is gone until their
+// deadline. The caller flushes the connection afterwards.
 func (s *Service) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -252,6 +266,7 @@ func (s *Service) Close() error {
 		// handlers check closed under the lock.
 		_ = sub.Unsubscribe()
 	}
+	s.joins.Wait()
 	s.log.Debug("service closed", "id", s.id)
 	return nil
 }
@@ -443,8 +458,18 @@ func (s *Service) onJoin(msg *nats.Msg) {
 		s.groups[name] = g
 	}
 	out := s.join(g, &req, msg.Reply, now)
+	s.joins.Add(1) // under mu, not closed: Close waits for these replies
+	hook := s.beforeReply
 	s.mu.Unlock()
-	s.publish(out)
+	if hook != nil {
+		for i := range out {
+			hook(i)
+			s.publish(out[i : i+1])
+		}
+	} else {
+		s.publish(out)
+	}
+	s.joins.Done()
 }
 
 func (s *Service) reply(g *group, subj string, r *joinResp) []outMsg {
