@@ -86,13 +86,13 @@ func (c *Chooser) Price(a ChoiceArgs) ([]Candidate, Algo) {
 	work := c.workFor(a)
 	frames, ll := c.splitLL(a, flat)
 	c.cands[0] = c.price(a, AlgoPairwise, 0, func() (float64, string) {
-		return c.llRound(a, ll, flat, work) + c.frameRounds(AlgoPairwise, a, frames, ll, flat, work), ""
+		return c.llRound(a, ll, work) + c.frameRounds(AlgoPairwise, a, frames, ll, flat, work), ""
 	})
 	c.cands[1] = c.price(a, AlgoFullmesh, 0, func() (float64, string) {
 		if a.World <= 2 {
 			return 0, whyTwoRanks
 		}
-		return c.llRound(a, ll, flat, work) + c.frameRounds(AlgoFullmesh, a, frames, ll, flat, work), ""
+		return c.llRound(a, ll, work) + c.frameRounds(AlgoFullmesh, a, frames, ll, flat, work), ""
 	})
 	// Staged relays every byte that crosses hosts through a local peer
 	// first: on a crowded machine its remote phase waits for the cores to
@@ -167,9 +167,11 @@ type llLink struct {
 	link Link
 	n    int
 	// frames: some pair still moves a block by frames; without one the
-	// flat algorithms are the LL round alone. framesRemote: one of those
-	// pairs is of two hosts (else the frame rounds run at the local link).
-	frames, framesRemote bool
+	// flat algorithms are the LL round alone. frameLink is the link their
+	// frame rounds run at: flat's when one of those pairs is of two hosts,
+	// else the local one.
+	frames    bool
+	frameLink Link
 }
 
 // splitLL returns the matrix of the blocks the flat algorithms send by
@@ -208,9 +210,12 @@ func (c *Chooser) splitLL(a ChoiceArgs, flat Link) ([]int, llLink) {
 	if !any {
 		return a.Matrix, none
 	}
-	ll := llLink{link: a.Links.Local, frames: frames, framesRemote: framesRemote}
+	ll := llLink{link: a.Links.Local, frames: frames, frameLink: a.Links.Local}
 	if remote {
 		ll.link = flat
+	}
+	if framesRemote {
+		ll.frameLink = flat
 	}
 	for i := range p {
 		out, in := 0, 0
@@ -229,20 +234,15 @@ func (c *Chooser) splitLL(a ChoiceArgs, flat Link) ([]int, llLink) {
 // bytes (adding each rank's own to work); 0 without one. Under auto every
 // pair is quiet, so where frames follow, the LL messages ride with the
 // first frame round (AllToAllVArgs.LLQuiet, addLLRound), whose alpha
-// frameRounds prices at flat's, or the local link's when only pairs of one
-// host have frames: the LL round then adds only the alpha its link has
-// beyond that.
-func (c *Chooser) llRound(a ChoiceArgs, ll llLink, flat Link, work *workLog) float64 {
+// frameRounds prices at ll.frameLink's: the LL round then adds only the
+// alpha its link has beyond that.
+func (c *Chooser) llRound(a ChoiceArgs, ll llLink, work *workLog) float64 {
 	if ll.n < 0 {
 		return 0
 	}
 	link := ll.link
 	if ll.frames {
-		first := flat
-		if !ll.framesRemote {
-			first = a.Links.Local
-		}
-		link.Alpha = max(0, link.Alpha-first.Alpha)
+		link.Alpha = max(0, link.Alpha-ll.frameLink.Alpha)
 	}
 	if work != nil {
 		p := a.World
@@ -262,13 +262,13 @@ func (c *Chooser) llRound(a ChoiceArgs, ll llLink, flat Link, work *workLog) flo
 // frameRounds prices the rounds of flat algorithm alg over the blocks
 // that go by frames; none when the LL round carries every block.
 func (c *Chooser) frameRounds(alg Algo, a ChoiceArgs, frames []int, ll llLink, flat Link, work *workLog) float64 {
-	if ll.n >= 0 && !ll.frames {
+	if ll.n < 0 {
+		return estimateFlat(alg, frames, a.World, a.Streams, a.Window, flat, work)
+	}
+	if !ll.frames {
 		return 0
 	}
-	if ll.n >= 0 && !ll.framesRemote {
-		flat = a.Links.Local // only pairs of one host are left to frames
-	}
-	return estimateFlat(alg, frames, a.World, a.Streams, a.Window, flat, work)
+	return estimateFlat(alg, frames, a.World, a.Streams, a.Window, ll.frameLink, work)
 }
 
 // workFor is the log of each rank's own time when some machine of a is
