@@ -70,6 +70,12 @@ func (l *llState) init(t *Transport, remotes []remoteEndpoint) {
 	}
 }
 
+// slotWord is the index of the first word of the slot of peer (the source
+// in win, the target in out) and parity epoch&1.
+func (l *llState) slotWord(peer int, epoch uint32) int {
+	return (peer*2 + int(epoch&1)) * l.stride / 8
+}
+
 // conn0 is the stream-0 conn to peer when peer has an LL slot here.
 func (l *llState) conn0(peer int) *conn {
 	t := l.t
@@ -132,7 +138,7 @@ func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error
 	case c.lost != nil:
 		return c.lost
 	}
-	slot := (peer*2 + int(epoch&1)) * l.stride / 8
+	slot := l.slotWord(peer, epoch)
 	nw := llWords(len(data))
 	w := l.out[slot : slot+1+nw]
 	hi := uint64(epoch) << 32
@@ -214,7 +220,7 @@ func (t *Transport) Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 	case epoch < transport.FirstEpoch:
 		return false, fault.New(fault.ErrInvalidArgument, peer, "verbs: LL epoch %d (epochs start at %d)", epoch, transport.FirstEpoch)
 	}
-	slot := (peer*2 + int(epoch&1)) * l.stride / 8
+	slot := l.slotWord(peer, epoch)
 	w := l.win[slot : slot+l.stride/8]
 	done, err := l.take(peer, w, epoch, tag, dst, anyLen, st)
 	if done || err != nil {
@@ -263,7 +269,7 @@ func (t *Transport) Stored(peer int, epoch uint32) bool {
 	if l.conn0(peer) == nil || epoch < transport.FirstEpoch {
 		return false
 	}
-	slot := (peer*2 + int(epoch&1)) * l.stride / 8
+	slot := l.slotWord(peer, epoch)
 	w := l.win[slot : slot+2] // a stride holds the length word and one data word at least
 	e := uint64(epoch)
 	stored := func() bool {
