@@ -461,13 +461,11 @@ func (s *Service) onJoin(msg *nats.Msg) {
 	s.joins.Add(1) // under mu, not closed: Close waits for these replies
 	hook := s.beforeReply
 	s.mu.Unlock()
-	if hook != nil {
-		for i := range out {
+	for i := range out {
+		if hook != nil {
 			hook(i)
-			s.publish(out[i : i+1])
 		}
-	} else {
-		s.publish(out)
+		s.publish(out[i : i+1])
 	}
 	s.joins.Done()
 }
