@@ -257,22 +257,20 @@ func (c *Comm) llPriceCutoffs() (local, remote int) {
 	if c.llCut == nil || c.algo == algo.AlgoLL {
 		return -1, -1
 	}
-	local, _ = ClassLLCutoff(c.links.LocalClass, c.cfg.LLBytes)
-	remote, _ = ClassLLCutoff(c.links.RemoteClass, c.cfg.LLBytes)
-	return local, remote
+	return ClassLLCutoff(c.links.LocalClass, c.cfg.LLBytes), ClassLLCutoff(c.links.RemoteClass, c.cfg.LLBytes)
 }
 
 // ClassLLCutoff is the LL cutoff of a pair whose link class is class under
-// automatic selection, for Config.LLBytes llBytes, and whether the pair is
-// quiet (algo.AllToAllVArgs.LLQuiet): a class with one-sided slots (shm,
-// verbs) caps llBytes at the providers' slot; TCP, which has none, takes
-// llBytes in frames. Every class is quiet: shm and verbs can watch a slot
+// automatic selection, for Config.LLBytes llBytes: a class with one-sided
+// slots (shm, verbs) caps llBytes at the providers' slot; TCP, which has
+// none, takes llBytes in frames. Under auto every pair is quiet
+// (algo.AllToAllVArgs.LLQuiet): shm and verbs watch a slot
 // (transport.SlotWatcher). `a2ad plan` prices with it as a Comm does.
-func ClassLLCutoff(class string, llBytes int) (cutoff int, quiet bool) {
+func ClassLLCutoff(class string, llBytes int) int {
 	if class == algo.ClassTCP {
-		return llBytes, true
+		return llBytes
 	}
-	return min(llBytes, shm.DefaultSlotBytes), true // verbs slots are as large
+	return min(llBytes, shm.DefaultSlotBytes) // verbs slots are as large
 }
 
 // gatherMatrix builds the global traffic matrix on the data plane: every rank

@@ -86,18 +86,18 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 		}
 	}
 	// The LL cutoffs a Comm plans pairwise and fullmesh with under auto
-	// (the printed rank's view), and those of the ll candidate.
+	// (the printed rank's view; every pair quiet, as under auto), and those
+	// of the ll candidate.
+	llLocal := a2a.ClassLLCutoff(links.LocalClass, a2a.DefaultLLBytes)
+	llRemote := a2a.ClassLLCutoff(links.RemoteClass, a2a.DefaultLLBytes)
 	autoCut, autoQuiet := make([]int, *n), make([]bool, *n)
 	for j := range autoCut {
-		class := links.LocalClass
+		autoCut[j], autoQuiet[j] = llLocal, true
 		if hostOf[j] != hostOf[*rank] {
-			class = links.RemoteClass
+			autoCut[j] = llRemote
 		}
-		autoCut[j], autoQuiet[j] = a2a.ClassLLCutoff(class, a2a.DefaultLLBytes)
 	}
 	autoCut[*rank] = -1
-	llLocal, _ := a2a.ClassLLCutoff(links.LocalClass, a2a.DefaultLLBytes)
-	llRemote, _ := a2a.ClassLLCutoff(links.RemoteClass, a2a.DefaultLLBytes)
 	cut := make([]int, *n) // LL cutoff of the ll candidate: every peer but the printed rank
 	for j := range cut {
 		cut[j] = *llBytes
