@@ -287,6 +287,7 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 			}
 			slot := st.Peer*e.streams + st.Stream
 			conn := e.tr.Conn(st.Peer, st.Stream)
+			watchLL := st.WatchLL && e.watchOf[st.Peer] != nil
 			if st.Kind == algo.StepSend {
 				h.Src = uint32(e.rank)
 				h.Round = e.sendFrames[slot]
@@ -313,8 +314,7 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 					return err
 				}
 				e.traffic.add(false, e.sameHost[st.Peer], n)
-				e.active = append(e.active, activeOp{peer: st.Peer, stream: st.Stream, idx: nRecv, scatter: scatter, conn: conn,
-					watchLL: st.WatchLL && e.watchOf[st.Peer] != nil})
+				e.active = append(e.active, activeOp{peer: st.Peer, stream: st.Stream, idx: nRecv, scatter: scatter, conn: conn, watchLL: watchLL})
 				nRecv++
 			} else {
 				landing := st.Dst
@@ -351,7 +351,7 @@ func (e *engine) post(kind transport.OpKind, seq uint64, a algo.Algo, steps []al
 				}
 				e.recvOps[nRecv].Reset(h, dst, false)
 				e.active = append(e.active, activeOp{peer: st.Peer, stream: st.Stream, idx: nRecv, into: into, with: with,
-					landedFirst: st.LandedFirst, conn: conn, watchLL: st.WatchLL && e.watchOf[st.Peer] != nil})
+					landedFirst: st.LandedFirst, conn: conn, watchLL: watchLL})
 				nRecv++
 			}
 		case algo.StepStore, algo.StepLoad:
