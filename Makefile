@@ -53,10 +53,10 @@ test-hosts-if-root: build
 # The layout check of the verbs binding against verbs.h runs here (the lab installs it).
 test-rdma: build
 	./scripts/rdma-lab.sh setup
-	A2A_IBV_HEADERS=1 $(GO) test -count=1 -run 'Layout' ./a2a/transport/verbs/ibv
+	A2A_IBV_HEADERS=1 $(GO) test -count=1 -run 'Layout' ./verbs
 	@mkdir -p $(BIN)/rdma-tests
-	$(GO) test -c -o $(BIN)/rdma-tests/ibv.test ./a2a/transport/verbs/ibv
-	$(GO) test -c -o $(BIN)/rdma-tests/verbs.test ./a2a/transport/verbs
+	$(GO) test -c -o $(BIN)/rdma-tests/verbs.test ./verbs
+	$(GO) test -c -o $(BIN)/rdma-tests/transport-verbs.test ./a2a/transport/verbs
 	$(GO) build -o $(BIN)/rdma-tests/a2acheck ./internal/cmd/a2acheck
 	$(GO) test -count=1 -run TestBuildOutsideTheRepository ./internal/modtest -args -newcomer-out $(abspath $(BIN))/rdma-tests/newcomer
 	./scripts/rdma-lab.sh run -- scripts/rdma-tests.sh
@@ -65,8 +65,8 @@ test-rdma: build
 bench-rdma: build
 	./scripts/rdma-lab.sh setup
 	@mkdir -p $(BIN)/rdma-tests
-	$(GO) test -c -o $(BIN)/rdma-tests/ibv.test ./a2a/transport/verbs/ibv
-	$(GO) test -c -o $(BIN)/rdma-tests/verbs.test ./a2a/transport/verbs
+	$(GO) test -c -o $(BIN)/rdma-tests/verbs.test ./verbs
+	$(GO) test -c -o $(BIN)/rdma-tests/transport-verbs.test ./a2a/transport/verbs
 	./scripts/rdma-lab.sh run -- scripts/rdma-bench.sh
 
 # What make test runs: the lab where its packages can be installed (root, as CI).

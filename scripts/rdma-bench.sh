@@ -7,7 +7,7 @@
 #   a2ad bench -n 2 --transport verbs, AllToAllV of 8 B and 1 MiB per peer (p50)
 #   a2ad bench -n 2 --transport tcp, the same in the same guest (loopback TCP)
 #   the bare exchange: both sides RDMA WRITE 8 B at once and poll for the other's, in Go
-#     with nothing of a2a (the ibv package's BenchmarkLabWriteLat/exchange/write, p50)
+#     with nothing of a2a (the verbs package's BenchmarkLabWriteLat/exchange/write, p50)
 #   the transport's BenchmarkStream: bounce buffers against zero-copy by frame size
 #
 # and prints the ratios the issue sets as goals: a2a's 8 B latency over ib_write_lat's
@@ -44,7 +44,7 @@ bench() {
 
 # exchange: the p50 in us of a round of the bare exchange (see above).
 exchange() {
-	(cd a2a/transport/verbs/ibv && "$root/bin/rdma-tests/ibv.test" -test.run '^$' \
+	(cd verbs && "$root/bin/rdma-tests/verbs.test" -test.run '^$' \
 		-test.bench 'LabWriteLat/exchange/write$' -test.benchtime 1000x -test.timeout 120s) |
 		awk '/^Benchmark/ { for (i = 1; i < NF; i++) if ($(i + 1) == "us-round-p50") { print $i; exit } }'
 }
@@ -67,5 +67,5 @@ for i in $(seq "$rounds"); do
 done
 
 echo "=== bounce buffers (bcopy) against zero-copy from registered memory (zcopy), one way"
-(cd a2a/transport/verbs && "$root/bin/rdma-tests/verbs.test" -test.run '^$' -test.bench 'Stream|PingPong' -test.benchtime 200x) |
+(cd a2a/transport/verbs && "$root/bin/rdma-tests/transport-verbs.test" -test.run '^$' -test.bench 'Stream|PingPong' -test.benchtime 200x) |
 	grep -E '^Benchmark'

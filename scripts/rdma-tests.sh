@@ -56,8 +56,8 @@ counters() {
 }
 
 step "a2ad devices" a2ad devices --require
-step "verbs binding (a2a/transport/verbs/ibv)" gotest a2a/transport/verbs/ibv ibv.test -test.v
-step "verbs transport (a2a/transport/verbs)" gotest a2a/transport/verbs verbs.test -test.v
+step "verbs binding (verbs)" gotest verbs verbs.test -test.v
+step "verbs transport (a2a/transport/verbs)" gotest a2a/transport/verbs transport-verbs.test -test.v
 # Ranks as processes under a2ad, four of them spread over rxe0 and rxe1 by local rank, with
 # every pair forced onto verbs (Join fails if verbs cannot serve a pair).
 step "verified AllToAllV over verbs (a2ad run -n 4 a2acheck)" \

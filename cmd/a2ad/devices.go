@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/a2a-moe/a2a/a2a/transport/verbs/ibv"
+	"github.com/a2a-moe/a2a/verbs"
 )
 
 // cmdDevices prints what the verbs transport finds: each RDMA device with its ports (state,
@@ -30,7 +30,7 @@ func cmdDevices(_ context.Context, _ *slog.Logger, args []string) error {
 		return usagef("devices takes no arguments")
 	}
 	err := printDevices(os.Stdout)
-	if err != nil && errors.Is(err, ibv.ErrUnavailable) && !*require {
+	if err != nil && errors.Is(err, verbs.ErrUnavailable) && !*require {
 		fmt.Println(err)
 		return nil
 	}
@@ -38,11 +38,11 @@ func cmdDevices(_ context.Context, _ *slog.Logger, args []string) error {
 }
 
 func printDevices(w io.Writer) error {
-	cfg, err := ibv.ConfigFromEnv()
+	cfg, err := verbs.ConfigFromEnv()
 	if err != nil {
 		return err
 	}
-	lib, err := ibv.Load()
+	lib, err := verbs.Load()
 	if err != nil {
 		return err
 	}
@@ -50,12 +50,12 @@ func printDevices(w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	eps, epErr := ibv.Endpoints(devs, cfg)
+	eps, epErr := verbs.Endpoints(devs, cfg)
 	chosen := map[string]int{} // "dev:port" -> GID index in use
 	for _, e := range eps {
 		chosen[e.Device+":"+strconv.Itoa(e.Port)] = e.GIDIndex
 	}
-	fmt.Fprintf(w, "verbs: %s loaded, %d device(s)\n", ibv.DefaultLibrary, len(devs))
+	fmt.Fprintf(w, "verbs: %s loaded, %d device(s)\n", verbs.DefaultLibrary, len(devs))
 	for _, d := range devs {
 		fmt.Fprintf(w, "%s: fw %s, node GUID %016x, max QP WRs %d, max SGEs %d, max CQEs %d, max MR size %d\n",
 			d.Name, d.FWVer, d.NodeGUID, d.MaxQPWR, d.MaxSGE, d.MaxCQE, d.MaxMRSize)
@@ -93,7 +93,7 @@ func printDevices(w io.Writer) error {
 			limit = strconv.FormatUint(rl.Cur, 10) + " bytes"
 		}
 		note := ""
-		if ibv.CheckMemlock(1<<30) != nil {
+		if verbs.CheckMemlock(1<<30) != nil {
 			note = " (registering 1 GiB would fail: raise it, e.g. ulimit -l unlimited)"
 		}
 		fmt.Fprintf(w, "RLIMIT_MEMLOCK: %s%s\n", limit, note)

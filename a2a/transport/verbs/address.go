@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
-	"github.com/a2a-moe/a2a/a2a/transport/verbs/ibv"
+	ibv "github.com/a2a-moe/a2a/verbs"
 )
 
 // addrVersion changes whenever the address layout or the wire protocol does:

@@ -7,7 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
-	"github.com/a2a-moe/a2a/a2a/transport/verbs/ibv"
+	ibv "github.com/a2a-moe/a2a/verbs"
 )
 
 // region is an anonymous mapping registered with a device: memory the Go

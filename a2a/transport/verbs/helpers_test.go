@@ -11,7 +11,7 @@ import (
 
 	"github.com/a2a-moe/a2a/a2a/transport"
 	"github.com/a2a-moe/a2a/a2a/transport/transporttest"
-	"github.com/a2a-moe/a2a/a2a/transport/verbs/ibv"
+	ibv "github.com/a2a-moe/a2a/verbs"
 )
 
 // Most tests here need RDMA devices: the lab of scripts/rdma-lab.sh (make

@@ -1,6 +1,6 @@
 package verbs
 
-import "github.com/a2a-moe/a2a/a2a/transport/verbs/ibv"
+import ibv "github.com/a2a-moe/a2a/verbs"
 
 // pool is the bounce buffers: registered chunks that frames from Go heap
 // memory (and small frames from anywhere) are copied into before the device

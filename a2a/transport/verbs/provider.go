@@ -8,7 +8,7 @@ import (
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/a2a/transport"
-	"github.com/a2a-moe/a2a/a2a/transport/verbs/ibv"
+	ibv "github.com/a2a-moe/a2a/verbs"
 )
 
 // Defaults of the Provider's sizes.
@@ -113,7 +113,7 @@ func (p Provider) Listen(ctx context.Context, self transport.Self) (transport.En
 	if p.IB != nil {
 		cfg = *p.IB
 	} else if cfg, err = ibv.ConfigFromEnv(); err != nil {
-		return nil, err
+		return nil, fault.Wrap(fault.ErrInvalidArgument, self.Rank, err, "verbs")
 	}
 	eps, err := lib.Endpoints(cfg)
 	if err != nil {

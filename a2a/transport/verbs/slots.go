@@ -8,7 +8,7 @@ import (
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/a2a/transport"
-	"github.com/a2a-moe/a2a/a2a/transport/verbs/ibv"
+	ibv "github.com/a2a-moe/a2a/verbs"
 )
 
 // llState is the LL window over RDMA (transport.Slots). Every rank

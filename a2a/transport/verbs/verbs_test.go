@@ -15,7 +15,7 @@ import (
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/a2a/transport"
 	"github.com/a2a-moe/a2a/a2a/transport/transporttest"
-	"github.com/a2a-moe/a2a/a2a/transport/verbs/ibv"
+	ibv "github.com/a2a-moe/a2a/verbs"
 )
 
 func TestMain(m *testing.M) {

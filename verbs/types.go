@@ -1,4 +1,4 @@
-package ibv
+package verbs
 
 import (
 	"encoding/binary"
@@ -32,13 +32,23 @@ func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailab
 // Unwrap returns the cause.
 func (e *UnavailableError) Unwrap() error { return e.Err }
 
+// ErrInvalidArgument is matched (errors.Is) by the errors of calls given arguments they
+// cannot use: a malformed A2A_IB_HCA or A2A_IB_GID_INDEX, an empty buffer to register, a
+// queue pair without completion queues.
+var ErrInvalidArgument = errors.New("verbs: invalid argument")
+
+// invalidf is an error matching ErrInvalidArgument, with its own text.
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}
+
 func unavailable(err error, format string, args ...any) error {
 	return &UnavailableError{Reason: fmt.Sprintf(format, args...), Err: err}
 }
 
 // callError names the verb that failed; errors.Is matches its errno (syscall.Errno).
 func callError(verb string, err error) error {
-	return fmt.Errorf("ibv: %s: %w", verb, err)
+	return fmt.Errorf("verbs: %s: %w", verb, err)
 }
 
 // MTU is a path MTU as the verbs encode it (IBV_MTU_256 = 1 ... IBV_MTU_4096 = 5).
@@ -358,7 +368,7 @@ type WCError struct {
 }
 
 func (e *WCError) Error() string {
-	return fmt.Sprintf("ibv: work completion %d on QP %d: %v (vendor error %#x)", e.ID, e.QPNum, e.Status, e.VendorErr)
+	return fmt.Sprintf("verbs: work completion %d on QP %d: %v (vendor error %#x)", e.ID, e.QPNum, e.Status, e.VendorErr)
 }
 
 // QPCaps are a QP's queue sizes: asked for at creation, granted in QP.Caps.

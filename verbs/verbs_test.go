@@ -1,4 +1,4 @@
-package ibv
+package verbs
 
 import (
 	"errors"
@@ -9,8 +9,6 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 func TestLoadMissingLibraryIsUnavailable(t *testing.T) {
@@ -101,7 +99,7 @@ func TestConfigFromEnv(t *testing.T) {
 		t.Setenv("A2A_IB_GID_INDEX", tc.gid)
 		got, err := ConfigFromEnv()
 		if tc.bad {
-			if !errors.Is(err, fault.ErrInvalidArgument) {
+			if !errors.Is(err, ErrInvalidArgument) {
 				t.Errorf("HCA=%q GID=%q: err %v, want ErrInvalidArgument", tc.hca, tc.gid, err)
 			}
 			continue

@@ -1,6 +1,6 @@
 //go:build !cgo
 
-package ibv
+package verbs
 
 import (
 	"syscall"

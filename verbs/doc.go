@@ -1,5 +1,7 @@
-// Package ibv is a thin binding to libibverbs (rdma-core), loaded at run time, for the
-// verbs transport.
+// Package verbs is a thin binding to libibverbs (rdma-core), loaded at run time: device
+// list, protection domains, memory regions, completion queues with their channels, RC queue
+// pairs, posting and polling, GIDs. The a2a verbs transport (a2a/transport/verbs) is built
+// on it; it depends on nothing else of a2a and can be used on its own.
 //
 // # Loading
 //
@@ -48,4 +50,4 @@
 // matches names exactly instead of by prefix), addressed on RoCE by the RoCE v2
 // IPv4-mapped (::ffff:a.b.c.d) GID unless A2A_IB_GID_INDEX names one, and on InfiniBand by
 // the LID. See [ConfigFromEnv].
-package ibv
+package verbs

@@ -1,4 +1,4 @@
-package ibv
+package verbs
 
 import (
 	"bytes"

@@ -1,12 +1,10 @@
-package ibv
+package verbs
 
 import (
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
-
-	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 // Config selects the ports and GIDs to use. The zero value picks every active port and
@@ -27,7 +25,7 @@ func ConfigFromEnv() (Config, error) {
 	if s := os.Getenv("A2A_IB_GID_INDEX"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 || n > 255 {
-			return c, fault.New(fault.ErrInvalidArgument, -1, "A2A_IB_GID_INDEX=%q: want a GID index 0-255", s)
+			return c, invalidf("A2A_IB_GID_INDEX=%q: want a GID index 0-255", s)
 		}
 		c.GIDIndex = n
 	}
@@ -63,12 +61,12 @@ func parseHCA(s string) (hcaFilter, error) {
 		name, port, hasPort := strings.Cut(strings.TrimSpace(item), ":")
 		e := hcaEntry{name: name}
 		if name == "" {
-			return f, fault.New(fault.ErrInvalidArgument, -1, "A2A_IB_HCA %q: empty device name", s)
+			return f, invalidf("A2A_IB_HCA %q: empty device name", s)
 		}
 		if hasPort {
 			n, err := strconv.Atoi(port)
 			if err != nil || n < 1 || n > 255 {
-				return f, fault.New(fault.ErrInvalidArgument, -1, "A2A_IB_HCA %q: bad port in %q", s, item)
+				return f, invalidf("A2A_IB_HCA %q: bad port in %q", s, item)
 			}
 			e.port = n
 		}

@@ -1,4 +1,4 @@
-package ibv
+package verbs
 
 import (
 	"errors"
@@ -16,8 +16,6 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 // DefaultLibrary is the soname Load opens.
@@ -295,13 +293,13 @@ type MR struct {
 // and must stay mapped, until Close.
 func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
 	if len(buf) == 0 {
-		return nil, fault.New(fault.ErrInvalidArgument, -1, "ibv: RegMR of an empty buffer")
+		return nil, invalidf("RegMR of an empty buffer")
 	}
 	addr := uintptr(unsafe.Pointer(&buf[0]))
 	m, lkey, rkey, err := cRegMR(pd.ctx.lib.fns, pd.p, addr, len(buf), access)
 	if err != nil {
 		if mlErr := CheckMemlock(uint64(len(buf))); mlErr != nil {
-			return nil, fmt.Errorf("ibv: ibv_reg_mr of %d bytes: %w (%v)", len(buf), mlErr, err)
+			return nil, fmt.Errorf("verbs: ibv_reg_mr of %d bytes: %w (%v)", len(buf), mlErr, err)
 		}
 		return nil, callError(fmt.Sprintf("ibv_reg_mr of %d bytes at %#x", len(buf), addr), err)
 	}
@@ -354,7 +352,7 @@ func (c *Context) NewCompChannel() (*CompChannel, error) {
 	}
 	if err := unix.SetNonblock(fd, true); err != nil {
 		cDestroyCompChannel(c.lib.fns, ch)
-		return nil, fmt.Errorf("ibv: completion channel fd: %w", err)
+		return nil, fmt.Errorf("verbs: completion channel fd: %w", err)
 	}
 	return &CompChannel{ctx: c, ch: ch, fd: fd}, nil
 }
@@ -444,7 +442,7 @@ func (cq *CQ) Arm(solicitedOnly bool) error {
 // wake-up: the caller loops. No completion is lost between the arming and the sleep.
 func (cq *CQ) Wait(wc []WC, wakeFd int, timeout time.Duration) (int, error) {
 	if cq.ch == nil {
-		return 0, fault.New(fault.ErrInvalidArgument, -1, "ibv: Wait on a CQ without a completion channel")
+		return 0, invalidf("Wait on a CQ without a completion channel")
 	}
 	if n, err := cq.Poll(wc); n > 0 || err != nil {
 		return n, err
@@ -464,7 +462,7 @@ func (cq *CQ) Wait(wc []WC, wakeFd int, timeout time.Duration) (int, error) {
 		ms = int((timeout + time.Millisecond - 1) / time.Millisecond)
 	}
 	if _, err := unix.Poll(fds, ms); err != nil && !errors.Is(err, unix.EINTR) {
-		return 0, fmt.Errorf("ibv: poll on the completion channel: %w", err)
+		return 0, fmt.Errorf("verbs: poll on the completion channel: %w", err)
 	}
 	if fds[0].Revents != 0 {
 		if _, err := cq.ch.Drain(); err != nil {
@@ -505,7 +503,7 @@ type QP struct {
 // NewRCQP creates a reliable-connected QP in the RESET state.
 func (pd *PD) NewRCQP(cfg QPConfig) (*QP, error) {
 	if cfg.SendCQ == nil || cfg.RecvCQ == nil {
-		return nil, fault.New(fault.ErrInvalidArgument, -1, "ibv: NewRCQP needs a send and a receive CQ")
+		return nil, invalidf("NewRCQP needs a send and a receive CQ")
 	}
 	caps := cfg.Caps
 	def := func(v *int, d int) {
@@ -670,7 +668,7 @@ func (qp *QP) PostRecv(id uint64, sges []SGE) error {
 // sges[i].
 func (qp *QP) PostRecvs(ids []uint64, sges []SGE) error {
 	if len(ids) != len(sges) {
-		return fault.New(fault.ErrInvalidArgument, -1, "ibv: PostRecvs: %d ids, %d SGEs", len(ids), len(sges))
+		return invalidf("PostRecvs: %d ids, %d SGEs", len(ids), len(sges))
 	}
 	if err := cPostRecvs(qp.q, ids, sges); err != nil {
 		return callError("ibv_post_recv", err)
