@@ -81,3 +81,22 @@ func LogLevel(err error) slog.Level {
 	}
 	return slog.LevelWarn
 }
+
+// FromContext maps a context error to an a2a error that still matches it:
+// ErrTimeout for a deadline, ErrAborted for a cancellation.
+func FromContext(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return Wrap(ErrTimeout, -1, err, "context deadline")
+	}
+	return Wrap(ErrAborted, -1, err, "context canceled")
+}
+
+// ForPeer makes sure a transport failure names the peer it concerns: an
+// *Error is returned as it is, anything else becomes ErrPeerLost for peer.
+func ForPeer(peer int, err error) error {
+	var fe *Error
+	if errors.As(err, &fe) {
+		return err
+	}
+	return Wrap(ErrPeerLost, peer, err, "transport")
+}
