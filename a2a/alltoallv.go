@@ -9,7 +9,6 @@ import (
 	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/a2a/transport"
-	"github.com/a2a-moe/a2a/a2a/transport/shm"
 )
 
 // AllToAllV sends send[displ(j) : displ(j)+sendCounts[j]] to rank j and
@@ -249,30 +248,6 @@ func (c *Comm) choiceArgs(matrix []int) algo.ChoiceArgs {
 		Machines: c.machines, Cores: c.machineCores, LLLocal: local, LLRemote: remote}
 }
 
-// llPriceCutoffs is the LL cutoff the automatic choice prices a pair of one
-// host and of two hosts with. It must be the same on every rank, so it
-// comes from what every rank shares (the settings and the agreed link
-// classes, ClassLLCutoff), not from this rank's own peers. Negative: no LL.
-func (c *Comm) llPriceCutoffs() (local, remote int) {
-	if c.llCut == nil || c.algo == algo.AlgoLL {
-		return -1, -1
-	}
-	return ClassLLCutoff(c.links.LocalClass, c.cfg.LLBytes), ClassLLCutoff(c.links.RemoteClass, c.cfg.LLBytes)
-}
-
-// ClassLLCutoff is the LL cutoff of a pair whose link class is class under
-// automatic selection, for Config.LLBytes llBytes: a class with one-sided
-// slots (shm, verbs) caps llBytes at the providers' slot; TCP, which has
-// none, takes llBytes in frames. Under auto every pair is quiet
-// (algo.AllToAllVArgs.LLQuiet): shm and verbs watch a slot
-// (transport.SlotWatcher). `a2ad plan` prices with it as a Comm does.
-func ClassLLCutoff(class string, llBytes int) int {
-	if class == algo.ClassTCP {
-		return llBytes
-	}
-	return min(llBytes, shm.DefaultSlotBytes) // verbs slots are as large
-}
-
 // gatherMatrix builds the global traffic matrix on the data plane: every rank
 // sends its row of counts to every rank (an all-to-all of Size*8-byte blocks).
 func (c *Comm) gatherMatrix(ctx context.Context, seq uint64, sendCounts []int) ([]int, error) {
@@ -392,19 +367,3 @@ func (c *Comm) SetAlgo(name string) error {
 	c.plans.forgetAll()
 	return nil
 }
-
-// closingContext is a context that ends when the Comm closes, so Close can
-// cut a control-plane wait short with context.AfterFunc.
-type closingContext struct{ closing chan struct{} }
-
-func (closingContext) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (x closingContext) Done() <-chan struct{}     { return x.closing }
-func (x closingContext) Err() error {
-	select {
-	case <-x.closing:
-		return context.Canceled
-	default:
-		return nil
-	}
-}
-func (closingContext) Value(any) any { return nil }

@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -130,12 +129,6 @@ type Comm struct {
 	closed  atomic.Bool
 	closing chan struct{} // closed by Close: stops watchControl and control-plane waits
 	watchWG sync.WaitGroup
-}
-
-// localAbort is an abort of this rank from op sequence from on.
-type localAbort struct {
-	err  error
-	from uint64
 }
 
 // Join connects to the control plane, rendezvous with the other ranks of
@@ -277,258 +270,6 @@ func (c *Comm) join(ctx context.Context) error {
 	return nil
 }
 
-// evenHosts reports whether every host runs the same number of ranks.
-func evenHosts(hosts []int, numHosts int) bool {
-	per := make([]int, numHosts)
-	for _, h := range hosts {
-		per[h]++
-	}
-	for _, n := range per {
-		if n != per[0] {
-			return false
-		}
-	}
-	return true
-}
-
-// llBarrierMaxRanks bounds the one-round LL barrier: p-1 stores and loads
-// per rank are cheaper than log2(p) rounds of wake-ups while p is small
-// (`a2ad bench --op barrier --transport shm`: 2 ranks 0.6-0.8 us against
-// 0.87 us for dissemination, 4 ranks on 2 cores 4.6 us against 5.2 us).
-const llBarrierMaxRanks = 64
-
-// llAllReduceBytes bounds the one-round LL AllReduce (also by the LL
-// cutoff). Its p-1 stores of 2n bytes and local reduction grow with n where
-// recursive doubling's log2(p) exchanges barely do; they meet near 256 B
-// (one host, in us, LL against recursive doubling: 2 ranks 8 B 0.57/0.83,
-// 256 B 0.93/0.92, 512 B 1.17/0.98; 4 ranks on 2 cores 8 B 4.02/5.59,
-// 256 B 5.20/6.00, 512 B 6.31/6.13).
-const llAllReduceBytes = 256
-
-// llCutoffs is the LL cutoff of every peer (algo.AllToAllVArgs.LLCutoff)
-// and which peers are quiet (LLQuiet), from settings and link classes both
-// ends of a pair share: blocks of up to LLBytes, capped by the slot size
-// where the pair has a slot; a peer without one gets its LL messages as
-// frames. Under auto selection peers are quiet: small blocks all go in the
-// first round (one frame each to a peer without a slot, instead of waiting
-// for their turn in fullmesh's windows), while larger blocks go by frames
-// alone. An announcement would cost a network crossing, or on one host a
-// round in which every rank waits for every peer's store (4 ranks on shm,
-// 64 KiB: 78-81 us against 64-68 us without). A disagreement about a
-// length still fails at once on the side that sees it: in a frame header,
-// in a Load that finds a frame, or in the slot the receiver of frames
-// watches (transport.SlotWatcher, which shm and verbs implement); a slot
-// peer whose transport cannot watch keeps announcing. With A2A_ALGO=ll
-// every peer announces. Nil when no pair uses LL.
-func (c *Comm) llCutoffs() ([]int, []bool) {
-	forced := c.algo == algo.AlgoLL
-	if c.size < 2 || (!forced && (c.cfg.Algo != "" || c.cfg.LLBytes < 0)) {
-		return nil, nil
-	}
-	limit := c.cfg.LLBytes
-	if limit < 0 {
-		limit = DefaultLLBytes
-	}
-	cut, quiet := make([]int, c.size), make([]bool, c.size)
-	for r := range cut {
-		cut[r] = -1
-		if r == c.rank {
-			continue
-		}
-		if slot := c.eng.slotBytes(r); slot > 0 {
-			cut[r], quiet[r] = min(limit, slot), !forced && c.eng.watchOf[r] != nil
-		} else {
-			cut[r], quiet[r] = limit, !forced
-		}
-	}
-	return cut, quiet
-}
-
-// hostOrdinals numbers the hosts in order of first appearance by rank.
-func hostOrdinals(nodes []control.NodeInfo) ([]int, int) {
-	ids := map[string]int{}
-	out := make([]int, len(nodes))
-	for r, n := range nodes {
-		ord, ok := ids[n.Host]
-		if !ok {
-			ord = len(ids)
-			ids[n.Host] = ord
-		}
-		out[r] = ord
-	}
-	return out, len(ids)
-}
-
-// HostIdentity names the machine this process runs on, as ranks report it at
-// join to find their same-host peers: hostname, kernel boot id and network
-// namespace, so two containers or namespaces on one box are two hosts (they
-// cannot share loopback addresses) while ranks of one host agree.
-// Config.Host (A2A_HOST) overrides it, e.g. to fake several hosts in tests.
-func HostIdentity() string {
-	name, _ := os.Hostname()
-	netns, _ := os.Readlink("/proc/self/ns/net")
-	return fmt.Sprintf("%s/%.8s/%s", name, MachineIdentity(), strings.TrimSuffix(strings.TrimPrefix(netns, "net:["), "]"))
-}
-
-// Waiting defaults (Config.Spin, Config.Yield).
-const (
-	defaultSpin = 50 * time.Microsecond // busy-poll before yielding the core
-	// defaultYield is how long a rank gives its core away with sched_yield
-	// before parking; parking costs a 30-70 us wake-up on these VMs (2
-	// ranks, 8 B AllToAll: 52-62 us parking at once against 0.55 us). A
-	// longer yield when ranks outnumber cores was tried: 4 ranks on 2
-	// cores ran 4.9-6.9 us with 50 ms against 4.9-8.4 us with 1 ms, within
-	// the noise, while a yielding goroutine keeps its P from the
-	// application's goroutines (GOMAXPROCS is 1 for a rank bound to a
-	// core), so the yield stays short.
-	defaultYield = time.Millisecond
-)
-
-// waiting is how a rank waits (see waitPolicy).
-type waiting struct {
-	spin, yield time.Duration
-	// sharedProcess: other ranks are goroutines of this process.
-	sharedProcess bool
-	// crowded: the group's ranks on this host outnumber the CPUs they may
-	// run on, so ranks share cores.
-	crowded bool
-}
-
-// waitPolicy resolves Config.Spin and Config.Yield for rank of the group
-// nodes, grouped by machineCores into machines and their cores, on a host
-// with hostCPUs CPUs online. By default a rank busy-polls,
-// then yields, then parks. When the machine is crowded, its ranks of the
-// group (of every host on it: network namespaces and containers share the
-// kernel's cores) outnumbering the CPUs they may run on together, a
-// spinning rank would hold the core the rank it waits for needs, so it
-// does not spin (Open MPI's yield_when_idle makes the same call). The CPUs
-// counted are the union of the machine's ranks' affinities (NodeInfo.CPUs),
-// not this rank's own: ranks bound to a core each have a core of their own
-// and spin, while ranks a launcher confined to fewer cores than there are
-// ranks do not. Ranks that
-// are goroutines of one process (tests, in-process groups) share the
-// process's Ps instead of cores: sharedProcess reports them, so the engine
-// also yields to goroutines.
-func waitPolicy(spin, yield time.Duration, nodes []control.NodeInfo, machines, cores []int, rank, hostCPUs int) waiting {
-	local, shared := 0, false
-	for r, m := range machines {
-		if m == machines[rank] {
-			local++
-			shared = shared || (r != rank && nodes[r].PID == nodes[rank].PID)
-		}
-	}
-	jobCPUs := hostCPUs
-	if known := cores[machines[rank]]; known > 0 {
-		jobCPUs = min(known, hostCPUs)
-	}
-	crowded := local > jobCPUs
-	switch {
-	case spin < 0:
-		spin = 0
-	case spin == 0 && crowded:
-	case spin == 0:
-		spin = defaultSpin
-	}
-	if yield == 0 {
-		yield = defaultYield
-	}
-	return waiting{spin: spin, yield: yield, sharedProcess: shared, crowded: crowded}
-}
-
-// watchControl wakes a parked operation when the control plane reports an
-// abort or a departed peer, so it looks at once.
-func (c *Comm) watchControl() {
-	defer c.watchWG.Done()
-	for {
-		select {
-		case <-c.member.Changed():
-			c.tr.Wake()
-		case <-c.closing:
-			return
-		}
-	}
-}
-
-// stopped returns why the running collective must stop, or nil.
-func (c *Comm) stopped() error { return c.stoppedAt(c.seq) }
-
-// stoppedAt returns why an operation numbered seq (see Comm) must stop: an
-// abort of this rank or of a peer whose scope covers it, a peer that left
-// before taking part in it, or Close; nil otherwise. It looks at the control
-// plane itself rather than waiting for watchControl, so an operation started
-// right after a remote abort fails instead of consuming frames an aborted
-// peer left behind.
-func (c *Comm) stoppedAt(seq uint64) error {
-	if p := c.local.Load(); p != nil && seq >= p.from {
-		return p.err
-	}
-	if c.member != nil {
-		if err := c.member.FailedAt(seq); err != nil {
-			return err
-		}
-	}
-	if c.closed.Load() {
-		return errClosedComm(c.rank)
-	}
-	return nil
-}
-
-func errClosedComm(rank int) error { return fault.New(fault.ErrClosed, rank, "Close called") }
-
-// stoppedFor is stoppedAt for a point-to-point request, which also stops
-// when its peer left.
-func (c *Comm) stoppedFor(r *Request) error {
-	if err := c.stoppedAt(r.order); err != nil {
-		return err
-	}
-	if c.member != nil {
-		return c.member.Departed(r.peer)
-	}
-	return nil
-}
-
-// fail aborts the running collective because of err (see failAt).
-func (c *Comm) fail(err error) error { return c.failAt(c.seq, err) }
-
-// failAt aborts the communicator from op sequence from on because of err
-// (this rank's failure), tells the other ranks, and returns the error the
-// caller should see: err, or the earlier abort that already covers from.
-func (c *Comm) failAt(from uint64, err error) error {
-	if prev := c.stoppedAt(from); prev != nil {
-		return prev // already stopped: the first cause is the story
-	}
-	for {
-		p := c.local.Load()
-		if p != nil && p.from <= from {
-			return p.err
-		}
-		if c.local.CompareAndSwap(p, &localAbort{err: err, from: from}) {
-			break
-		}
-	}
-	c.log.Log(context.Background(), fault.LogLevel(err), "a2a: aborting communicator", "rank", c.rank, "from", from, "err", err)
-	if c.member != nil {
-		c.member.AbortAt(from, err)
-	}
-	if c.tr != nil {
-		c.tr.Wake()
-	}
-	return err
-}
-
-// Abort aborts the communicator because of err, as a failing collective does:
-// every rank's pending and future calls fail with ErrAborted wrapping err's
-// kind, while the collectives this rank completed complete on every rank.
-// Libraries built on a Comm (package dispatch) use it to release the other
-// ranks when they reject a call locally. It returns the error callers of
-// this rank will see.
-func (c *Comm) Abort(err error) error {
-	if err == nil {
-		err = fault.New(fault.ErrAborted, c.rank, "Abort called")
-	}
-	return c.failAt(c.okSeq.Load()+1, err)
-}
-
 // Rank is this rank's index in the group.
 func (c *Comm) Rank() int { return c.rank }
 
@@ -549,10 +290,6 @@ func (c *Comm) setLastAlgo(a algo.Algo) {
 		c.lastAlgo.Store(uint32(a))
 	}
 }
-
-// Err returns the reason the communicator was aborted (or a peer left, or
-// it was closed), or nil.
-func (c *Comm) Err() error { return c.stoppedAt(^uint64(0)) }
 
 // Host is the host ordinal of rank (0 for rank 0's host, then in order of
 // first appearance by rank): two ranks share a host, and may share memory,
@@ -697,16 +434,4 @@ func (c *Comm) clock() time.Time {
 func (c *Comm) startOp(ctx context.Context, start time.Time) {
 	deadline, _ := ctx.Deadline()
 	c.eng.startOp(start, deadline)
-}
-
-func parseAlgo(name string) (algo.Algo, error) {
-	a, err := algo.ParseAlgo(name)
-	if err != nil {
-		return a, fault.Wrap(fault.ErrInvalidArgument, -1, err, "A2A_ALGO")
-	}
-	switch a {
-	case algo.AlgoAuto, algo.AlgoPairwise, algo.AlgoFullmesh, algo.AlgoStaged, algo.AlgoSkew, algo.AlgoLL:
-		return a, nil
-	}
-	return a, fault.New(fault.ErrInvalidArgument, -1, "algorithm %q is not available for AllToAllV (auto, pairwise, fullmesh, staged, skew, ll)", name)
 }

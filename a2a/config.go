@@ -218,3 +218,28 @@ func (cfg Config) String() string {
 	}
 	return s
 }
+
+func parseAlgo(name string) (algo.Algo, error) {
+	a, err := algo.ParseAlgo(name)
+	if err != nil {
+		return a, fault.Wrap(fault.ErrInvalidArgument, -1, err, "A2A_ALGO")
+	}
+	switch a {
+	case algo.AlgoAuto, algo.AlgoPairwise, algo.AlgoFullmesh, algo.AlgoStaged, algo.AlgoSkew, algo.AlgoLL:
+		return a, nil
+	}
+	return a, fault.New(fault.ErrInvalidArgument, -1, "algorithm %q is not available for AllToAllV (auto, pairwise, fullmesh, staged, skew, ll)", name)
+}
+
+// parseAllReduceAlgo validates A2A_ALGO_ALLREDUCE.
+func parseAllReduceAlgo(name string) (algo.Algo, error) {
+	a, err := algo.ParseAlgo(name)
+	if err != nil {
+		return a, fault.Wrap(fault.ErrInvalidArgument, -1, err, "A2A_ALGO_ALLREDUCE")
+	}
+	switch a {
+	case algo.AlgoAuto, algo.AlgoRing, algo.AlgoRecursiveDoubling, algo.AlgoHierarchical, algo.AlgoLL:
+		return a, nil
+	}
+	return a, fault.New(fault.ErrInvalidArgument, -1, "algorithm %q is not available for AllReduce (ring, recdoubling, hierarchical, ll)", name)
+}

@@ -106,19 +106,6 @@ type allReduceKey struct {
 	inPlace, segmented bool
 }
 
-// parseAllReduceAlgo validates A2A_ALGO_ALLREDUCE.
-func parseAllReduceAlgo(name string) (algo.Algo, error) {
-	a, err := algo.ParseAlgo(name)
-	if err != nil {
-		return a, fault.Wrap(fault.ErrInvalidArgument, -1, err, "A2A_ALGO_ALLREDUCE")
-	}
-	switch a {
-	case algo.AlgoAuto, algo.AlgoRing, algo.AlgoRecursiveDoubling, algo.AlgoHierarchical, algo.AlgoLL:
-		return a, nil
-	}
-	return a, fault.New(fault.ErrInvalidArgument, -1, "algorithm %q is not available for AllReduce (ring, recdoubling, hierarchical, ll)", name)
-}
-
 // planCacheSize is how many recent AllToAllV-shaped plans a Comm keeps. A
 // MoE step repeats a few fixed shapes every step (the counts exchange, the
 // dispatcher's descriptor AllToAll, the in-band counts round) around the

@@ -1,0 +1,83 @@
+package a2a
+
+import (
+	"github.com/a2a-moe/a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/transport/shm"
+)
+
+// llBarrierMaxRanks bounds the one-round LL barrier: p-1 stores and loads
+// per rank are cheaper than log2(p) rounds of wake-ups while p is small
+// (`a2ad bench --op barrier --transport shm`: 2 ranks 0.6-0.8 us against
+// 0.87 us for dissemination, 4 ranks on 2 cores 4.6 us against 5.2 us).
+const llBarrierMaxRanks = 64
+
+// llAllReduceBytes bounds the one-round LL AllReduce (also by the LL
+// cutoff). Its p-1 stores of 2n bytes and local reduction grow with n where
+// recursive doubling's log2(p) exchanges barely do; they meet near 256 B
+// (one host, in us, LL against recursive doubling: 2 ranks 8 B 0.57/0.83,
+// 256 B 0.93/0.92, 512 B 1.17/0.98; 4 ranks on 2 cores 8 B 4.02/5.59,
+// 256 B 5.20/6.00, 512 B 6.31/6.13).
+const llAllReduceBytes = 256
+
+// llCutoffs is the LL cutoff of every peer (algo.AllToAllVArgs.LLCutoff)
+// and which peers are quiet (LLQuiet), from settings and link classes both
+// ends of a pair share: blocks of up to LLBytes, capped by the slot size
+// where the pair has a slot; a peer without one gets its LL messages as
+// frames. Under auto selection peers are quiet: small blocks all go in the
+// first round (one frame each to a peer without a slot, instead of waiting
+// for their turn in fullmesh's windows), while larger blocks go by frames
+// alone. An announcement would cost a network crossing, or on one host a
+// round in which every rank waits for every peer's store (4 ranks on shm,
+// 64 KiB: 78-81 us against 64-68 us without). A disagreement about a
+// length still fails at once on the side that sees it: in a frame header,
+// in a Load that finds a frame, or in the slot the receiver of frames
+// watches (transport.SlotWatcher, which shm and verbs implement); a slot
+// peer whose transport cannot watch keeps announcing. With A2A_ALGO=ll
+// every peer announces. Nil when no pair uses LL.
+func (c *Comm) llCutoffs() ([]int, []bool) {
+	forced := c.algo == algo.AlgoLL
+	if c.size < 2 || (!forced && (c.cfg.Algo != "" || c.cfg.LLBytes < 0)) {
+		return nil, nil
+	}
+	limit := c.cfg.LLBytes
+	if limit < 0 {
+		limit = DefaultLLBytes
+	}
+	cut, quiet := make([]int, c.size), make([]bool, c.size)
+	for r := range cut {
+		cut[r] = -1
+		if r == c.rank {
+			continue
+		}
+		if slot := c.eng.slotBytes(r); slot > 0 {
+			cut[r], quiet[r] = min(limit, slot), !forced && c.eng.watchOf[r] != nil
+		} else {
+			cut[r], quiet[r] = limit, !forced
+		}
+	}
+	return cut, quiet
+}
+
+// llPriceCutoffs is the LL cutoff the automatic choice prices a pair of one
+// host and of two hosts with. It must be the same on every rank, so it
+// comes from what every rank shares (the settings and the agreed link
+// classes, ClassLLCutoff), not from this rank's own peers. Negative: no LL.
+func (c *Comm) llPriceCutoffs() (local, remote int) {
+	if c.llCut == nil || c.algo == algo.AlgoLL {
+		return -1, -1
+	}
+	return ClassLLCutoff(c.links.LocalClass, c.cfg.LLBytes), ClassLLCutoff(c.links.RemoteClass, c.cfg.LLBytes)
+}
+
+// ClassLLCutoff is the LL cutoff of a pair whose link class is class under
+// automatic selection, for Config.LLBytes llBytes: a class with one-sided
+// slots (shm, verbs) caps llBytes at the providers' slot; TCP, which has
+// none, takes llBytes in frames. Under auto every pair is quiet
+// (algo.AllToAllVArgs.LLQuiet): shm and verbs watch a slot
+// (transport.SlotWatcher). `a2ad plan` prices with it as a Comm does.
+func ClassLLCutoff(class string, llBytes int) int {
+	if class == algo.ClassTCP {
+		return llBytes
+	}
+	return min(llBytes, shm.DefaultSlotBytes) // verbs slots are as large
+}

@@ -1,0 +1,60 @@
+package a2a
+
+import (
+	"github.com/a2a-moe/a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/a2a/transport"
+)
+
+// DType is the element type of reduction collectives.
+type DType = reduce.DType
+
+// Element types.
+const (
+	Float32  = reduce.Float32
+	Float64  = reduce.Float64
+	BFloat16 = reduce.BFloat16
+	Float16  = reduce.Float16
+	Int32    = reduce.Int32
+	Int64    = reduce.Int64
+	Uint8    = reduce.Uint8
+)
+
+// Op is a reduction operation. Integer ops are exact (wrapping); bfloat16 and
+// float16 reduce in float32 and round to nearest-even; Avg is Sum divided by
+// the number of ranks at the end (integer division truncates toward zero).
+type Op = reduce.Op
+
+// Reduction operations.
+const (
+	Sum  = reduce.Sum
+	Prod = reduce.Prod
+	Max  = reduce.Max
+	Min  = reduce.Min
+	Avg  = reduce.Avg
+)
+
+// coll describes one collective call for validation, planning and reporting.
+type coll struct {
+	name      string
+	kind      transport.OpKind
+	send      []byte
+	recv      []byte
+	counts    []int // V variants
+	dt        DType
+	op        Op
+	root      int
+	rooted    bool
+	segmented bool // a segment of a large AllReduce
+	reduction bool
+	bytes     int // the planner's CollArgs.Bytes
+}
+
+// signature is carried in every frame of the collective (header Aux) so that
+// ranks passing different roots, ops, dtypes or sizes fail with ErrMismatch.
+func (k *coll) signature() uint64 {
+	sig := uint64(uint16(k.root)) | uint64(k.op)<<16 | uint64(k.dt)<<24
+	if k.counts == nil {
+		sig |= uint64(uint32(k.bytes)) << 32
+	}
+	return sig
+}
