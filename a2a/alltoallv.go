@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/a2a-moe/a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/internal/engine"
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/a2a/transport"
 )
@@ -223,14 +224,14 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 	}
 	c.setLastAlgo(a)
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = send, recv
-	err = c.eng.run(ctx, kind, seq, 0, sched, &c.bufs)
+	err = c.eng.Run(ctx, kind, seq, 0, sched, &c.bufs)
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
 	// Every pair exchanged something in this op (a message or a frame, even
 	// an empty one), so a peer that starts the next op has finished reading
 	// the slots of the previous epoch of the same parity: the LL epoch may
 	// advance. Only all-to-all shaped ops advance it; a rooted collective
 	// would not give that guarantee.
-	c.eng.llEpoch = transport.NextEpoch(c.eng.llEpoch)
+	c.eng.NextLLEpoch()
 	return a, err
 }
 
@@ -330,16 +331,16 @@ func (c *Comm) observe(op string, a algo.Algo, seq uint64, sendCounts, recvCount
 	}
 	ev := OpEvent{Op: op, Algo: a.String(), Rank: c.rank, Size: c.size, Seq: seq, Duration: time.Since(start), Err: err}
 	if len(sendCounts) == c.size && len(recvCounts) == c.size {
-		var t traffic
+		var t engine.Traffic
 		for j := range sendCounts {
 			if j != c.rank {
-				t.add(true, c.eng.sameHost[j], sendCounts[j])
-				t.add(false, c.eng.sameHost[j], recvCounts[j])
+				t.Add(true, c.eng.SameHost(j), sendCounts[j])
+				t.Add(false, c.eng.SameHost(j), recvCounts[j])
 			}
 		}
-		t.fill(&ev)
+		ev.setTraffic(t)
 	}
-	ev.LastPeer, ev.LastWait = c.eng.lastPeer, c.eng.lastWait
+	ev.LastPeer, ev.LastWait = c.eng.LastArrival()
 	o.OpDone(ev)
 }
 

@@ -233,9 +233,9 @@ func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) e
 		err = c.fail(err)
 	}
 	if o := c.observer; o != nil { // under the lock: the engine's figures are this call's
-		ev := OpEvent{Op: k.name, Algo: a.String(), Rank: c.rank, Size: c.size, Seq: seq, Duration: time.Since(start), Err: err,
-			LastPeer: c.eng.lastPeer, LastWait: c.eng.lastWait}
-		c.eng.traffic.fill(&ev)
+		ev := OpEvent{Op: k.name, Algo: a.String(), Rank: c.rank, Size: c.size, Seq: seq, Duration: time.Since(start), Err: err}
+		ev.LastPeer, ev.LastWait = c.eng.LastArrival()
+		ev.setTraffic(c.eng.Traffic())
 		o.OpDone(ev)
 	}
 	c.tallyOp(k.name, a, err)
@@ -264,12 +264,12 @@ func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64) (algo.Alg
 		// unseen. One ring round of empty frames carrying the signature
 		// compares every rank with its neighbour: if any two ranks differ,
 		// some neighbours differ, and the receiver reports ErrMismatch.
-		if err := c.eng.run(ctx, k.kind, seq, k.signature(), &c.ringCheck, &c.bufs); err != nil {
+		if err := c.eng.Run(ctx, k.kind, seq, k.signature(), &c.ringCheck, &c.bufs); err != nil {
 			return a, err
 		}
 	}
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = k.send, k.recv
-	err = c.eng.run(ctx, k.kind, seq, k.signature(), sched, &c.bufs)
+	err = c.eng.Run(ctx, k.kind, seq, k.signature(), sched, &c.bufs)
 	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
 	c.ranCollective(a)
 	if err == nil && k.op == Avg && len(k.recv) > 0 {
@@ -286,7 +286,7 @@ func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64) (algo.Alg
 // the next LL run must, or it would find this run's messages in the slots.
 func (c *Comm) ranCollective(a algo.Algo) {
 	if a == algo.AlgoLL {
-		c.eng.llEpoch = transport.NextEpoch(c.eng.llEpoch)
+		c.eng.NextLLEpoch()
 	}
 }
 
@@ -316,7 +316,7 @@ func (c *Comm) segmentedAllReduce(ctx context.Context, k *coll, args *algo.CollA
 			}
 		}
 		c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = k.send[lo:hi], k.recv[lo:hi]
-		err = c.eng.run(ctx, k.kind, seq, k.signature(), sched, &c.bufs)
+		err = c.eng.Run(ctx, k.kind, seq, k.signature(), sched, &c.bufs)
 		c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
 		c.ranCollective(a)
 		if err != nil {

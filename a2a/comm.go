@@ -25,6 +25,7 @@ import (
 
 	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/control"
+	"github.com/a2a-moe/a2a/a2a/internal/engine"
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/a2a/transport"
 	"github.com/a2a-moe/a2a/internal/cpus"
@@ -65,7 +66,7 @@ type Comm struct {
 	member        *control.Member
 	tr            transport.Transport
 	byPeer        []transport.Transport // the part of tr that reaches each rank
-	eng           *engine
+	eng           *engine.Engine
 	rank          int
 	size          int
 	formerRanks   []int // set by Shrink: each rank's number before it
@@ -96,7 +97,7 @@ type Comm struct {
 	chooser     algo.Chooser  // the automatic AllToAllV choice
 	sched       algo.Schedule // the plan of a call planCache does not keep
 	plans       planCache
-	bufs        opBuffers
+	bufs        engine.Buffers
 	// scratch for AllToAll counts and the in-band counts exchange
 	equalSend, equalRecv []int
 	countsOut, countsIn  []byte
@@ -226,12 +227,15 @@ func (c *Comm) join(ctx context.Context) error {
 		return err
 	}
 	w := waitPolicy(cfg.Spin, cfg.Yield, m.Nodes(), c.machines, c.machineCores, c.rank, cpus.Online())
-	c.eng = newEngine(c.tr, c.rank, c.size, cfg.Streams, m.Epoch(), w, c.hosts, cfg.Timeout, c.stopped)
-	c.queue = newProgressQueue(c.eng)
+	c.eng = engine.New(engine.Options{
+		Transport: c.tr, Rank: c.rank, Size: c.size, Streams: cfg.Streams, Epoch: m.Epoch(),
+		Waiting: w, Hosts: c.hosts, Timeout: cfg.Timeout, Stopped: c.stopped,
+	})
+	c.queue = newProgressQueue(c.eng, c.size)
 	c.llCut, c.llQuiet = c.llCutoffs()
 	c.llBarrier = c.llCut != nil && c.size <= llBarrierMaxRanks
 	for r := range c.size {
-		c.llBarrier = c.llBarrier && (r == c.rank || c.eng.slotBytes(r) > 0)
+		c.llBarrier = c.llBarrier && (r == c.rank || c.eng.SlotBytes(r) > 0)
 	}
 	c.llAllReduce = -1
 	if c.llBarrier {
@@ -317,7 +321,10 @@ func (c *Comm) Config() Config { return c.cfg }
 // WaitPolicy returns how long an idle operation busy-polls and then yields
 // its core before parking: Config.Spin and Config.Yield as resolved at join
 // (see waitPolicy for the defaults).
-func (c *Comm) WaitPolicy() (spin, yield time.Duration) { return c.eng.spin, c.eng.yield }
+func (c *Comm) WaitPolicy() (spin, yield time.Duration) {
+	w := c.eng.Waiting()
+	return w.Spin, w.Yield
+}
 
 // Stats returns the data-plane transport's counters (bytes per peer, rejected connections).
 func (c *Comm) Stats() transport.Stats { return c.tr.Stats() }
@@ -392,7 +399,7 @@ func (c *Comm) begin(ctx context.Context, start time.Time, engine bool) (seq uin
 		err = c.stoppedAt(seq)
 	}
 	if err == nil && ctx.Err() != nil {
-		err = c.failAt(seq, ctxError(ctx.Err()))
+		err = c.failAt(seq, fault.FromContext(ctx.Err()))
 	}
 	if err == nil && engine {
 		if err = c.queue.drain(ctx, last); err != nil {
@@ -433,5 +440,5 @@ func (c *Comm) clock() time.Time {
 // point) that started at start, with ctx's deadline if it has one.
 func (c *Comm) startOp(ctx context.Context, start time.Time) {
 	deadline, _ := ctx.Deadline()
-	c.eng.startOp(start, deadline)
+	c.eng.StartOp(start, deadline)
 }

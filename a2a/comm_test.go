@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/a2a-moe/a2a/a2a/control"
+	"github.com/a2a-moe/a2a/a2a/internal/engine"
 	"github.com/a2a-moe/a2a/internal/natsd"
 )
 
@@ -667,25 +668,25 @@ func TestWaitPolicy(t *testing.T) {
 		wantShared  bool
 		wantCrowded bool
 	}{
-		{"2 unbound ranks, 2 CPUs", 0, group(2, unbound), 2, defaultSpin, false, false},
-		{"2 ranks bound to a core each", 0, group(2, bound), 2, defaultSpin, false, false},
+		{"2 unbound ranks, 2 CPUs", 0, group(2, unbound), 2, engine.DefaultSpin, false, false},
+		{"2 ranks bound to a core each", 0, group(2, bound), 2, engine.DefaultSpin, false, false},
 		{"4 unbound ranks, 2 CPUs", 0, group(4, unbound), 2, 0, false, true},
 		{"4 ranks bound two per core", 0, group(4, bound), 2, 0, false, true},
 		{"2 ranks confined to one core", 0, group(2, func(int) string { return "1" }), 2, 0, false, true},
-		{"2 ranks, host of 64, job given 2", 0, group(2, unbound), 64, defaultSpin, false, false},
+		{"2 ranks, host of 64, job given 2", 0, group(2, unbound), 64, engine.DefaultSpin, false, false},
 		{"3 ranks, job given 2 of 64", 0, group(3, unbound), 64, 0, false, true},
-		{"affinity unknown: the host's CPUs", 0, group(2, func(int) string { return "" }), 2, defaultSpin, false, false},
+		{"affinity unknown: the host's CPUs", 0, group(2, func(int) string { return "" }), 2, engine.DefaultSpin, false, false},
 		{"affinity unknown, crowded host", 0, group(3, func(int) string { return "" }), 2, 0, false, true},
 		{"spin forced", 7 * time.Microsecond, group(4, unbound), 2, 7 * time.Microsecond, false, true},
 		{"spin off", -1, group(1, unbound), 2, 0, false, false},
-		{"goroutine ranks", 0, []control.NodeInfo{node("a", 5, "0-3"), node("a", 5, "0-3")}, 4, defaultSpin, true, false},
+		{"goroutine ranks", 0, []control.NodeInfo{node("a", 5, "0-3"), node("a", 5, "0-3")}, 4, engine.DefaultSpin, true, false},
 		{"4 namespaces x 2 ranks on one 2-CPU machine", 0, testBed(4, 2, "k"), 2, 0, false, true},
-		{"4 hosts x 2 ranks, each its own machine", 0, testBed(4, 2, ""), 2, defaultSpin, false, false},
+		{"4 hosts x 2 ranks, each its own machine", 0, testBed(4, 2, ""), 2, engine.DefaultSpin, false, false},
 	} {
 		machines, cores := machineCores(c.nodes)
 		w := waitPolicy(c.spin, 0, c.nodes, machines, cores, len(c.nodes)-1, c.hostCPUs)
-		if w.spin != c.wantSpin || w.yield != defaultYield || w.sharedProcess != c.wantShared || w.crowded != c.wantCrowded {
-			t.Errorf("%s: %+v, want spin %v yield %v sharedProcess %v crowded %v", c.name, w, c.wantSpin, defaultYield, c.wantShared, c.wantCrowded)
+		if w.Spin != c.wantSpin || w.Yield != engine.DefaultYield || w.SharedProcess != c.wantShared || w.Crowded != c.wantCrowded {
+			t.Errorf("%s: %+v, want spin %v yield %v sharedProcess %v crowded %v", c.name, w, c.wantSpin, engine.DefaultYield, c.wantShared, c.wantCrowded)
 		}
 	}
 }

@@ -49,8 +49,8 @@ func (c *Comm) llCutoffs() ([]int, []bool) {
 		if r == c.rank {
 			continue
 		}
-		if slot := c.eng.slotBytes(r); slot > 0 {
-			cut[r], quiet[r] = min(limit, slot), !forced && c.eng.watchOf[r] != nil
+		if slot := c.eng.SlotBytes(r); slot > 0 {
+			cut[r], quiet[r] = min(limit, slot), !forced && c.eng.Watches(r)
 		} else {
 			cut[r], quiet[r] = limit, !forced
 		}

@@ -1,6 +1,10 @@
 package a2a
 
-import "time"
+import (
+	"time"
+
+	"github.com/a2a-moe/a2a/a2a/internal/engine"
+)
 
 // Observer receives the communicator's events. Package metrics implements it
 // with Prometheus collectors, so the core does not depend on Prometheus.
@@ -34,4 +38,10 @@ type OpEvent struct {
 	// read once a rank has to wait longer).
 	LastPeer int
 	LastWait time.Duration
+}
+
+// setTraffic copies an operation's byte counts into the event.
+func (ev *OpEvent) setTraffic(t engine.Traffic) {
+	ev.BytesSent, ev.BytesReceived = t.Sent, t.Received
+	ev.BytesSentLocal, ev.BytesReceivedLocal = t.SentLocal, t.ReceivedLocal
 }

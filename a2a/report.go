@@ -116,7 +116,8 @@ type reporter struct {
 func (c *Comm) tallyOp(op string, a algo.Algo, err error) {
 	if r := c.rep; r != nil {
 		c.statMu.Lock()
-		r.t.add(op, a, c.eng.lastPeer, c.eng.lastWait, err)
+		peer, wait := c.eng.LastArrival()
+		r.t.add(op, a, peer, wait, err)
 		c.statMu.Unlock()
 	}
 }

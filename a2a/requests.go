@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/a2a-moe/a2a/a2a/internal/engine"
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/a2a/transport"
 )
@@ -22,7 +23,7 @@ import (
 // before it began (they precede it on every stream) and leaves those posted
 // after it for later, so a pair's frames follow the order of the calls.
 type progressQueue struct {
-	eng *engine
+	eng *engine.Engine
 
 	mu       sync.Mutex
 	inbox    []*Request    // posted, not yet taken by a driver
@@ -39,8 +40,8 @@ type progressQueue struct {
 	pass uint32
 }
 
-func newProgressQueue(e *engine) *progressQueue {
-	return &progressQueue{eng: e, wake: make(chan struct{}), mark: make([]uint32, 2*e.size)}
+func newProgressQueue(e *engine.Engine, size int) *progressQueue {
+	return &progressQueue{eng: e, wake: make(chan struct{}), mark: make([]uint32, 2*size)}
 }
 
 // Request is a point-to-point call in flight (Isend, Irecv, a Group's
@@ -153,7 +154,7 @@ func (c *Comm) post(reqs ...*Request) {
 	for _, r := range reqs {
 		q.tickets++
 		r.ticket, r.order, r.posted = q.tickets, order, true
-		h := transport.Header{Kind: transport.OpSendRecv, Flags: transport.FlagLast, Epoch: e.epoch, Aux: uint64(uint32(r.tag))}
+		h := transport.Header{Kind: transport.OpSendRecv, Flags: transport.FlagLast, Epoch: e.Epoch(), Aux: uint64(uint32(r.tag))}
 		if r.send {
 			c.sendSeq[r.peer]++
 			h.Src, h.Seq = uint32(c.rank), c.sendSeq[r.peer]
@@ -169,7 +170,7 @@ func (c *Comm) post(reqs ...*Request) {
 	driven := q.driving
 	q.mu.Unlock()
 	if driven {
-		e.tr.Wake() // a driver parked for other requests takes these in now
+		e.Transport().Wake() // a driver parked for other requests takes these in now
 	}
 }
 
@@ -213,12 +214,12 @@ func (r *Request) result() (int, error) {
 			ev.LastWait = ev.Duration
 			if r.send {
 				ev.BytesSent = int64(r.n)
-				if c.eng.sameHost[r.peer] {
+				if c.eng.SameHost(r.peer) {
 					ev.BytesSentLocal = ev.BytesSent
 				}
 			} else {
 				ev.BytesReceived = int64(r.n)
-				if c.eng.sameHost[r.peer] {
+				if c.eng.SameHost(r.peer) {
 					ev.BytesReceivedLocal = ev.BytesReceived
 				}
 			}
@@ -324,7 +325,7 @@ func (q *progressQueue) sleep(ctx context.Context, ready func() bool) error {
 	case <-ch:
 		return nil
 	case <-ctx.Done():
-		return ctxError(ctx.Err())
+		return fault.FromContext(ctx.Err())
 	}
 }
 
@@ -358,13 +359,13 @@ func (q *progressQueue) acquireForCollective(ctx context.Context, locked func())
 		ch := q.wake
 		q.sleepers.Add(1)
 		q.mu.Unlock()
-		q.eng.tr.Wake() // a parked driver looks at collWant
+		q.eng.Transport().Wake() // a parked driver looks at collWant
 		select {
 		case <-ch:
 			q.sleepers.Add(-1)
 		case <-ctx.Done():
 			q.sleepers.Add(-1)
-			return 0, ctxError(ctx.Err())
+			return 0, fault.FromContext(ctx.Err())
 		}
 	}
 }
@@ -421,17 +422,17 @@ func (q *progressQueue) drive(ctx context.Context, last uint64, done func() bool
 			idleStart = now
 		}
 		idle := now.Sub(idleStart)
-		if idle < e.spin {
+		if idle < e.Waiting().Spin {
 			runtime.Gosched()
 			continue
 		}
 		if err := ctx.Err(); err != nil {
-			return ctxError(err)
+			return fault.FromContext(err)
 		}
 		if q.checkRequests(now) {
 			continue // some failed: done may hold now
 		}
-		if err := e.pause(idle, now, now.Add(maxPark)); err != nil {
+		if err := e.Pause(idle, now, now.Add(engine.MaxPark)); err != nil {
 			return err
 		}
 	}
@@ -466,7 +467,7 @@ func (q *progressQueue) drivePass1(last uint64) bool {
 			continue
 		}
 		q.mark[key] = q.pass
-		conn := e.tr.Conn(r.peer, 0)
+		conn := e.Transport().Conn(r.peer, 0)
 		var done bool
 		var err error
 		if r.send {
@@ -482,7 +483,7 @@ func (q *progressQueue) drivePass1(last uint64) bool {
 		}
 		switch {
 		case err != nil:
-			r.finish(0, r.c.failAt(r.order, e.peerError(r.peer, err)))
+			r.finish(0, r.c.failAt(r.order, fault.ForPeer(r.peer, err)))
 		case done && r.send:
 			r.finish(len(r.sop.Data), nil)
 		case done:
@@ -528,12 +529,12 @@ func (q *progressQueue) checkRequests(now time.Time) bool {
 			continue
 		}
 		if r.deadline.IsZero() {
-			r.deadline = now.Add(q.eng.timeout)
+			r.deadline = now.Add(q.eng.Timeout())
 		}
 		err := r.c.stoppedFor(r)
 		if err == nil {
 			if cerr := r.ctx.Err(); cerr != nil {
-				err = ctxError(cerr)
+				err = fault.FromContext(cerr)
 			} else if !now.Before(r.deadline) {
 				err = fault.New(fault.ErrTimeout, r.peer, "%s with rank %d did not complete within its deadline", r.name(), r.peer)
 			}

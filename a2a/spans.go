@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/a2a-moe/a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/internal/engine"
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/a2a/transport"
 )
@@ -26,7 +27,7 @@ var ErrOverlap = errors.New("receive spans overlap")
 // and reused, so that a steady-state call allocates nothing.
 type spanState struct {
 	sendCounts, recvCounts []int
-	send, recv             gatherMap
+	send, recv             engine.GatherMap
 	sorted                 []Span
 }
 
@@ -77,11 +78,11 @@ func (c *Comm) AllToAllVSpans(ctx context.Context, send []byte, sendSpans [][]Sp
 
 // mapSpans checks one side's span lists against buf, fills counts with
 // their totals by rank and lays them out in m.
-func (c *Comm) mapSpans(m *gatherMap, counts []int, what string, buf []byte, spans [][]Span) error {
+func (c *Comm) mapSpans(m *engine.GatherMap, counts []int, what string, buf []byte, spans [][]Span) error {
 	if len(spans) != c.size {
 		return fault.New(fault.ErrInvalidArgument, c.rank, "AllToAllVSpans: %d %s span lists, want %d ranks", len(spans), what, c.size)
 	}
-	m.reset(buf)
+	m.Reset(buf)
 	for r, list := range spans {
 		n := 0
 		for i, s := range list {
@@ -89,7 +90,7 @@ func (c *Comm) mapSpans(m *gatherMap, counts []int, what string, buf []byte, spa
 				return fault.New(fault.ErrInvalidArgument, c.rank, "AllToAllVSpans: %s span %d of rank %d is [%d:+%d] of a %d-byte buffer", what, i, r, s.Off, s.Len, len(buf))
 			}
 			n += s.Len
-			m.add(s)
+			m.Add(s.Off, s.Len)
 		}
 		counts[r] = n
 	}
@@ -147,11 +148,12 @@ func (c *Comm) spansRun(ctx context.Context, seq uint64) (algo.Algo, error) {
 		}
 	}
 	c.setLastAlgo(a)
-	c.eng.vec.maps[algo.BufSend], c.eng.vec.maps[algo.BufRecv] = &st.send, &st.recv
-	err := c.eng.run(ctx, transport.OpAllToAllV, seq, 0, sched, &c.bufs)
-	c.eng.vec.maps[algo.BufSend], c.eng.vec.maps[algo.BufRecv] = nil, nil
-	st.send.buf, st.recv.buf = nil, nil // do not keep the caller's buffers
+	c.eng.SetVirtual(&st.send, &st.recv)
+	err := c.eng.Run(ctx, transport.OpAllToAllV, seq, 0, sched, &c.bufs)
+	c.eng.SetVirtual(nil, nil)
+	st.send.Release() // do not keep the caller's buffers
+	st.recv.Release()
 	// Every pair exchanged a frame, as in alltoallv: the LL epoch advances.
-	c.eng.llEpoch = transport.NextEpoch(c.eng.llEpoch)
+	c.eng.NextLLEpoch()
 	return a, err
 }

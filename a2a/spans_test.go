@@ -347,7 +347,7 @@ func TestAllToAllVSpansPacksForPlainTransports(t *testing.T) {
 			comms := group(t, url, n, func(c *Config) {
 				c.Providers = []transport.Provider{plainProvider{tcp.Provider{}}}
 			})
-			if _, vec := comms[0].eng.tr.Conn(1, 0).(transport.VecConn); vec {
+			if _, vec := comms[0].tr.Conn(1, 0).(transport.VecConn); vec {
 				t.Fatal("the wrapped transport's Conns still move vectors")
 			}
 			runSpans(t, comms, spanCase{n: n, bufBytes: 1 << 20, maxSpan: 64 << 10, maxSpans: 40, seed: 6})

@@ -1,4 +1,4 @@
-package a2a
+package engine
 
 import (
 	"slices"
@@ -8,35 +8,42 @@ import (
 	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
-// gatherMap lays a list of spans of a real buffer end to end as one virtual
+// GatherMap lays a list of pieces of a real buffer end to end as one virtual
 // buffer, so that the planners, which address a send or receive buffer by
 // displacements that are prefix sums of the counts, plan a gather-send or a
 // scattered receive unchanged: the engine turns each virtual range a step
-// addresses into the real slices behind it.
-type gatherMap struct {
-	buf   []byte
-	spans []Span // non-empty spans in virtual order
-	start []int  // virtual offset of spans[i]
-	total int
+// addresses into the real slices behind it (SetVirtual).
+type GatherMap struct {
+	buf    []byte
+	pieces []piece // non-empty pieces in virtual order
+	start  []int   // virtual offset of pieces[i]
+	total  int
 }
 
-// reset empties m for buf, keeping its storage.
-func (m *gatherMap) reset(buf []byte) {
-	m.buf, m.spans, m.start, m.total = buf, m.spans[:0], m.start[:0], 0
+// piece is n bytes of the real buffer from byte off.
+type piece struct{ off, n int }
+
+// Reset empties m for buf, keeping its storage.
+func (m *GatherMap) Reset(buf []byte) {
+	m.buf, m.pieces, m.start, m.total = buf, m.pieces[:0], m.start[:0], 0
 }
 
-// add appends a span (already checked against buf).
-func (m *gatherMap) add(s Span) {
-	if s.Len == 0 {
+// Add appends n bytes of the buffer from off (already checked against it);
+// empty pieces are left out.
+func (m *GatherMap) Add(off, n int) {
+	if n == 0 {
 		return
 	}
-	m.spans = append(m.spans, s)
+	m.pieces = append(m.pieces, piece{off, n})
 	m.start = append(m.start, m.total)
-	m.total += s.Len
+	m.total += n
 }
 
+// Release drops the map's reference to the caller's buffer.
+func (m *GatherMap) Release() { m.buf = nil }
+
 // slices appends to out the real slices behind virtual bytes [off, off+n).
-func (m *gatherMap) slices(out [][]byte, off, n int) ([][]byte, error) {
+func (m *GatherMap) slices(out [][]byte, off, n int) ([][]byte, error) {
 	if off < 0 || n < 0 || off+n > m.total {
 		return out, fault.New(fault.ErrInvalidArgument, -1, "schedule addresses [%d:%d] of %d gathered bytes", off, off+n, m.total)
 	}
@@ -45,33 +52,39 @@ func (m *gatherMap) slices(out [][]byte, off, n int) ([][]byte, error) {
 	}
 	i, found := slices.BinarySearch(m.start, off)
 	if !found {
-		i-- // start[0] is 0, so off lies in an earlier span
+		i-- // start[0] is 0, so off lies in an earlier piece
 	}
 	for in := off - m.start[i]; n > 0; i, in = i+1, 0 {
-		s := m.spans[i]
-		k := min(s.Len-in, n)
-		out = append(out, m.buf[s.Off+in:s.Off+in+k])
+		p := m.pieces[i]
+		k := min(p.n-in, n)
+		out = append(out, m.buf[p.off+in:p.off+in+k])
 		n -= k
 	}
 	return out, nil
 }
 
-// engineVec is the engine's state for gathered and scattered buffers.
-type engineVec struct {
+// vecState is the engine's state for gathered and scattered buffers.
+type vecState struct {
 	// maps[b], when set, makes buffer b of the running schedule virtual.
-	maps [3]*gatherMap
+	maps [3]*GatherMap
 	// slices of the round's vectored steps (ops keep sub-slices of it), and
 	// staging for transports that do not move vectors themselves.
 	vecs  [][]byte
 	stage []byte
 }
 
+// SetVirtual makes the send and receive buffers of the next runs virtual
+// (nil: real), laid out by the maps.
+func (e *Engine) SetVirtual(send, recv *GatherMap) {
+	e.vec.maps[algo.BufSend], e.vec.maps[algo.BufRecv] = send, recv
+}
+
 // vectored reports whether buf is a gathered or scattered buffer.
-func (e *engine) vectored(b algo.Buf) bool { return int(b) < len(e.vec.maps) && e.vec.maps[b] != nil }
+func (e *Engine) vectored(b algo.Buf) bool { return int(b) < len(e.vec.maps) && e.vec.maps[b] != nil }
 
 // resolve returns span s of bufs as one slice, or as a list of slices (the
 // second result) when its buffer is virtual.
-func (e *engine) resolve(bufs *opBuffers, s algo.Span) ([]byte, [][]byte, error) {
+func (e *Engine) resolve(bufs *Buffers, s algo.Span) ([]byte, [][]byte, error) {
 	if !e.vectored(s.Buf) {
 		b, err := bufs.span(s)
 		return b, nil, err
@@ -85,7 +98,7 @@ func (e *engine) resolve(bufs *opBuffers, s algo.Span) ([]byte, [][]byte, error)
 // staging returns n bytes of staging for one op of the current round. Ops of
 // a round keep what they were given: a larger buffer replaces the old one for
 // later ops only.
-func (e *engine) staging(n int) []byte {
+func (e *Engine) staging(n int) []byte {
 	l := len(e.vec.stage)
 	if cap(e.vec.stage)-l < n {
 		e.vec.stage = make([]byte, 0, 2*cap(e.vec.stage)+n)
@@ -103,7 +116,7 @@ func vecConn(conn transport.Conn) bool {
 
 // resetSend prepares op to send span src of bufs: Data, or a gather list,
 // packed into staging when conn cannot take it. It returns the payload length.
-func (e *engine) resetSend(op *transport.SendOp, h transport.Header, bufs *opBuffers, src algo.Span, conn transport.Conn) (int, error) {
+func (e *Engine) resetSend(op *transport.SendOp, h transport.Header, bufs *Buffers, src algo.Span, conn transport.Conn) (int, error) {
 	data, vec, err := e.resolve(bufs, src)
 	if err != nil {
 		return 0, err
@@ -125,7 +138,7 @@ func (e *engine) resetSend(op *transport.SendOp, h transport.Header, bufs *opBuf
 // resetRecv prepares op to receive span dst of bufs: into Dst, or scattered,
 // through staging when conn cannot do that; scatter is then the list to copy
 // the staging into once the message is in.
-func (e *engine) resetRecv(op *transport.RecvOp, h transport.Header, bufs *opBuffers, dst algo.Span, conn transport.Conn) (n int, scatter [][]byte, err error) {
+func (e *Engine) resetRecv(op *transport.RecvOp, h transport.Header, bufs *Buffers, dst algo.Span, conn transport.Conn) (n int, scatter [][]byte, err error) {
 	data, vec, err := e.resolve(bufs, dst)
 	if err != nil {
 		return 0, nil, err
@@ -143,33 +156,33 @@ func (e *engine) resetRecv(op *transport.RecvOp, h transport.Header, bufs *opBuf
 }
 
 // localCopyOf makes the local copy of step st, between virtual buffers or a
-// virtual and a real one; ok is false when neither is virtual.
-func (e *engine) localCopyOf(st *algo.Step, bufs *opBuffers) (c localCopy, ok bool, err error) {
-	if !e.vectored(st.Src.Buf) && !e.vectored(st.Dst.Buf) {
-		return c, false, nil
-	}
+// virtual and a real one.
+func (e *Engine) localCopyOf(st *algo.Step, bufs *Buffers) (c localCopy, err error) {
 	if st.Src.Len != st.Dst.Len {
-		return c, true, fault.New(fault.ErrInvalidArgument, -1, "schedule copies %d bytes into %d", st.Src.Len, st.Dst.Len)
+		return c, fault.New(fault.ErrInvalidArgument, -1, "schedule copies %d bytes into %d", st.Src.Len, st.Dst.Len)
 	}
 	src, sv, err := e.resolve(bufs, st.Src)
 	if err != nil {
-		return c, true, err
+		return c, err
 	}
 	dst, dv, err := e.resolve(bufs, st.Dst)
 	if err != nil {
-		return c, true, err
+		return c, err
 	}
 	if sv == nil {
-		l := len(e.vec.vecs)
-		e.vec.vecs = append(e.vec.vecs, src)
-		sv = e.vec.vecs[l : l+1 : l+1]
+		sv = e.oneSlice(src)
 	}
 	if dv == nil {
-		l := len(e.vec.vecs)
-		e.vec.vecs = append(e.vec.vecs, dst)
-		dv = e.vec.vecs[l : l+1 : l+1]
+		dv = e.oneSlice(dst)
 	}
-	return localCopy{sv: sv, dv: dv, left: st.Src.Len}, true, nil
+	return localCopy{sv: sv, dv: dv, left: st.Src.Len}, nil
+}
+
+// oneSlice is a list of the one slice b, kept in the round's vecs.
+func (e *Engine) oneSlice(b []byte) [][]byte {
+	l := len(e.vec.vecs)
+	e.vec.vecs = append(e.vec.vecs, b)
+	return e.vec.vecs[l : l+1 : l+1]
 }
 
 // copyVecSome does up to copyChunk bytes of a vectored local copy and
