@@ -16,19 +16,19 @@ type localAbort struct {
 // watchControl wakes a parked operation when the control plane reports an
 // abort or a departed peer, so it looks at once.
 func (c *Comm) watchControl() {
-	defer c.watchWG.Done()
+	defer c.life.watchWG.Done()
 	for {
 		select {
 		case <-c.member.Changed():
 			c.tr.Wake()
-		case <-c.closing:
+		case <-c.life.closing:
 			return
 		}
 	}
 }
 
 // stopped returns why the running collective must stop, or nil.
-func (c *Comm) stopped() error { return c.stoppedAt(c.seq) }
+func (c *Comm) stopped() error { return c.stoppedAt(c.queue.seq) }
 
 // stoppedAt returns why an operation numbered seq (see Comm) must stop: an
 // abort of this rank or of a peer whose scope covers it, a peer that left
@@ -37,7 +37,7 @@ func (c *Comm) stopped() error { return c.stoppedAt(c.seq) }
 // right after a remote abort fails instead of consuming frames an aborted
 // peer left behind.
 func (c *Comm) stoppedAt(seq uint64) error {
-	if p := c.local.Load(); p != nil && seq >= p.from {
+	if p := c.life.abort.Load(); p != nil && seq >= p.from {
 		return p.err
 	}
 	if c.member != nil {
@@ -45,7 +45,7 @@ func (c *Comm) stoppedAt(seq uint64) error {
 			return err
 		}
 	}
-	if c.closed.Load() {
+	if c.life.closed.Load() {
 		return errClosedComm(c.rank)
 	}
 	return nil
@@ -66,7 +66,7 @@ func (c *Comm) stoppedFor(r *Request) error {
 }
 
 // fail aborts the running collective because of err (see failAt).
-func (c *Comm) fail(err error) error { return c.failAt(c.seq, err) }
+func (c *Comm) fail(err error) error { return c.failAt(c.queue.seq, err) }
 
 // failAt aborts the communicator from op sequence from on because of err
 // (this rank's failure), tells the other ranks, and returns the error the
@@ -76,11 +76,11 @@ func (c *Comm) failAt(from uint64, err error) error {
 		return prev // already stopped: the first cause is the story
 	}
 	for {
-		p := c.local.Load()
+		p := c.life.abort.Load()
 		if p != nil && p.from <= from {
 			return p.err
 		}
-		if c.local.CompareAndSwap(p, &localAbort{err: err, from: from}) {
+		if c.life.abort.CompareAndSwap(p, &localAbort{err: err, from: from}) {
 			break
 		}
 	}
@@ -104,28 +104,28 @@ func (c *Comm) Abort(err error) error {
 	if err == nil {
 		err = fault.New(fault.ErrAborted, c.rank, "Abort called")
 	}
-	return c.failAt(c.okSeq.Load()+1, err)
+	return c.failAt(c.life.okSeq.Load()+1, err)
 }
 
 // Err returns the reason the communicator was aborted (or a peer left, or
 // it was closed), or nil.
 func (c *Comm) Err() error { return c.stoppedAt(^uint64(0)) }
 
-// closingContext is a context that ends when the Comm closes, so Close can
-// cut a control-plane wait short with context.AfterFunc.
-type closingContext struct{ closing chan struct{} }
+// doneContext is a context that ends when done is closed (the Comm's
+// closing, the member's end), so context.AfterFunc can cut a wait short.
+type doneContext struct{ done <-chan struct{} }
 
-func (closingContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (doneContext) Deadline() (time.Time, bool) { return time.Time{}, false }
 
-func (x closingContext) Done() <-chan struct{} { return x.closing }
+func (x doneContext) Done() <-chan struct{} { return x.done }
 
-func (x closingContext) Err() error {
+func (x doneContext) Err() error {
 	select {
-	case <-x.closing:
+	case <-x.done:
 		return context.Canceled
 	default:
 		return nil
 	}
 }
 
-func (closingContext) Value(any) any { return nil }
+func (doneContext) Value(any) any { return nil }

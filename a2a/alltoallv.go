@@ -57,11 +57,11 @@ func (c *Comm) AllToAll(ctx context.Context, send, recv []byte) error {
 			return algo.AlgoAuto, nil, nil, fault.New(fault.ErrInvalidArgument, c.rank, "AllToAll: len(send)=%d must be a multiple of %d ranks and equal len(recv)=%d", len(send), c.size, len(recv))
 		}
 		block := len(send) / c.size
-		for i := range c.equalSend {
-			c.equalSend[i], c.equalRecv[i] = block, block
+		for i := range c.scratch.equalSend {
+			c.scratch.equalSend[i], c.scratch.equalRecv[i] = block, block
 		}
-		a, err := c.alltoallv(ctx, transport.OpAllToAll, seq, send, c.equalSend, recv, c.equalRecv, nil)
-		return a, c.equalSend, c.equalRecv, err
+		a, err := c.alltoallv(ctx, transport.OpAllToAll, seq, send, c.scratch.equalSend, recv, c.scratch.equalRecv, nil)
+		return a, c.scratch.equalSend, c.scratch.equalRecv, err
 	})
 }
 
@@ -85,15 +85,15 @@ func (c *Comm) inBand(ctx context.Context, seq uint64, send []byte, sendCounts [
 		return algo.AlgoAuto, fault.New(fault.ErrInvalidArgument, c.rank, "len(recvCounts)=%d, want %d", len(recvCounts), c.size)
 	}
 	for j, n := range sendCounts {
-		binary.LittleEndian.PutUint64(c.countsOut[8*j:], uint64(n))
-		c.equalSend[j], c.equalRecv[j] = 8, 8
+		binary.LittleEndian.PutUint64(c.scratch.countsOut[8*j:], uint64(n))
+		c.scratch.equalSend[j], c.scratch.equalRecv[j] = 8, 8
 	}
-	if _, err := c.alltoallv(ctx, transport.OpCounts, seq, c.countsOut, c.equalSend, c.countsIn, c.equalRecv, nil); err != nil {
+	if _, err := c.alltoallv(ctx, transport.OpCounts, seq, c.scratch.countsOut, c.scratch.equalSend, c.scratch.countsIn, c.scratch.equalRecv, nil); err != nil {
 		return algo.AlgoAuto, err
 	}
 	total := 0
 	for i := range recvCounts {
-		recvCounts[i] = int(binary.LittleEndian.Uint64(c.countsIn[8*i:]))
+		recvCounts[i] = int(binary.LittleEndian.Uint64(c.scratch.countsIn[8*i:]))
 		total += recvCounts[i]
 	}
 	if total > len(recv) {
@@ -136,11 +136,11 @@ func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matri
 			ctx, cancel = context.WithCancel(ctx)
 		}
 		// Close ends the wait at once (it waits for running calls).
-		stop := context.AfterFunc(closingContext{c.closing}, cancel)
+		stop := context.AfterFunc(doneContext{c.life.closing}, cancel)
 		err = c.member.ExchangeCounts(ctx, seq, sendCounts, recvCounts, matrix)
 		stop()
 		cancel()
-		if err != nil && c.closed.Load() {
+		if err != nil && c.life.closed.Load() {
 			err = errClosedComm(c.rank)
 		}
 	}
@@ -166,19 +166,19 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 	if sendCounts[c.rank] != recvCounts[c.rank] {
 		return algo.AlgoAuto, fault.New(fault.ErrInvalidArgument, c.rank, "sendCounts[self]=%d != recvCounts[self]=%d", sendCounts[c.rank], recvCounts[c.rank])
 	}
-	a := c.algo // forced, or chosen at join from inputs every rank shares
+	a := c.plan.algo // forced, or chosen at join from inputs every rank shares
 	switch {
 	case kind == transport.OpCounts && (a == algo.AlgoStaged || a == algo.AlgoSkew):
 		a = algo.AlgoFullmesh // the small counts exchanges that staged and skew rely on
 	case matrix != nil && c.cfg.Algo == "":
 		a = c.chooseForMatrix(matrix)
 	}
-	if a == algo.AlgoStaged && !c.evenHosts {
+	if a == algo.AlgoStaged && !c.topo.evenHosts {
 		// Forced or chosen, staged needs equal ranks per host. Every rank
 		// sees the same hosts, so every rank falls back alike, and before
 		// gathering a matrix only staged would use.
-		c.unevenOnce.Do(func() {
-			c.log.Warn("a2a: staged needs equal ranks per host; using fullmesh", "hosts", c.numHosts, "ranks", c.size)
+		c.plan.unevenOnce.Do(func() {
+			c.log.Warn("a2a: staged needs equal ranks per host; using fullmesh", "hosts", c.topo.numHosts, "ranks", c.size)
 		})
 		a = algo.AlgoFullmesh
 	}
@@ -189,18 +189,18 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 		}
 	}
 	if a == algo.AlgoSkew {
-		err = algo.PlanSkew(&c.sched, algo.SkewArgs{Rank: c.rank, World: c.size, Matrix: matrix, Streams: c.cfg.Streams, Window: 1})
+		err = algo.PlanSkew(&c.plan.sched, algo.SkewArgs{Rank: c.rank, World: c.size, Matrix: matrix, Streams: c.cfg.Streams, Window: 1})
 	}
 	if a == algo.AlgoStaged {
-		err = algo.PlanStaged(&c.sched, algo.StagedArgs{Rank: c.rank, World: c.size, Matrix: matrix, Hosts: c.hosts, Streams: c.cfg.Streams})
+		err = algo.PlanStaged(&c.plan.sched, algo.StagedArgs{Rank: c.rank, World: c.size, Matrix: matrix, Hosts: c.topo.hosts, Streams: c.cfg.Streams})
 	}
-	sched, allLL := &c.sched, false
+	sched, allLL := &c.plan.sched, false
 	if err == nil && (a == algo.AlgoPairwise || a == algo.AlgoFullmesh || a == algo.AlgoLL) {
 		// These plans depend on the counts and the Comm's settings only.
 		entry, planned := (*cachedPlan)(nil), false
-		if sched, entry, planned = c.plans.lookup("alltoallv", a, sendCounts, recvCounts); !planned {
+		if sched, entry, planned = c.plan.cache.lookup("alltoallv", a, sendCounts, recvCounts); !planned {
 			args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts,
-				Streams: c.cfg.Streams, Window: c.cfg.Window, LLCutoff: c.llCut, LLQuiet: c.llQuiet}
+				Streams: c.cfg.Streams, Window: c.cfg.Window, LLCutoff: c.ll.cut, LLQuiet: c.ll.quiet}
 			switch a {
 			case algo.AlgoPairwise:
 				err = algo.PlanPairwise(sched, args)
@@ -223,9 +223,9 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 		a = algo.AlgoLL // for reports: no block of this rank went by frames
 	}
 	c.setLastAlgo(a)
-	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = send, recv
-	err = c.eng.Run(ctx, kind, seq, 0, sched, &c.bufs)
-	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
+	c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = send, recv
+	err = c.eng.Run(ctx, kind, seq, 0, sched, &c.scratch.bufs)
+	c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = nil, nil
 	// Every pair exchanged something in this op (a message or a frame, even
 	// an empty one), so a peer that starts the next op has finished reading
 	// the slots of the previous epoch of the same parity: the LL epoch may
@@ -238,40 +238,40 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 // chooseForMatrix picks an algorithm from the global matrix; every rank holds
 // the same matrix and hosts, so every rank picks the same one.
 func (c *Comm) chooseForMatrix(matrix []int) algo.Algo {
-	return c.chooser.Choose(c.choiceArgs(matrix))
+	return c.plan.chooser.Choose(c.choiceArgs(matrix))
 }
 
 // choiceArgs is what the automatic choice reads for an AllToAllV with the
 // global matrix, or nil when only this rank's counts are known.
 func (c *Comm) choiceArgs(matrix []int) algo.ChoiceArgs {
 	local, remote := c.llPriceCutoffs()
-	return algo.ChoiceArgs{World: c.size, Streams: c.cfg.Streams, Window: c.cfg.Window, Matrix: matrix, Hosts: c.hosts, Links: c.links,
-		Machines: c.machines, Cores: c.machineCores, LLLocal: local, LLRemote: remote}
+	return algo.ChoiceArgs{World: c.size, Streams: c.cfg.Streams, Window: c.cfg.Window, Matrix: matrix, Hosts: c.topo.hosts, Links: c.plan.links,
+		Machines: c.topo.machines, Cores: c.topo.machineCores, LLLocal: local, LLRemote: remote}
 }
 
 // gatherMatrix builds the global traffic matrix on the data plane: every rank
 // sends its row of counts to every rank (an all-to-all of Size*8-byte blocks).
 func (c *Comm) gatherMatrix(ctx context.Context, seq uint64, sendCounts []int) ([]int, error) {
 	n := c.size
-	if c.matrix == nil {
-		c.matrix = make([]int, n*n)
-		c.rowsOut = make([]byte, 8*n*n)
-		c.rowsIn = make([]byte, 8*n*n)
-		c.rowCounts = make([]int, n)
+	if c.scratch.matrix == nil {
+		c.scratch.matrix = make([]int, n*n)
+		c.scratch.rowsOut = make([]byte, 8*n*n)
+		c.scratch.rowsIn = make([]byte, 8*n*n)
+		c.scratch.rowCounts = make([]int, n)
 	}
 	for j := range n {
 		for k, v := range sendCounts {
-			binary.LittleEndian.PutUint64(c.rowsOut[8*(j*n+k):], uint64(v))
+			binary.LittleEndian.PutUint64(c.scratch.rowsOut[8*(j*n+k):], uint64(v))
 		}
-		c.rowCounts[j] = 8 * n
+		c.scratch.rowCounts[j] = 8 * n
 	}
-	if _, err := c.alltoallv(ctx, transport.OpCounts, seq, c.rowsOut, c.rowCounts, c.rowsIn, c.rowCounts, nil); err != nil {
+	if _, err := c.alltoallv(ctx, transport.OpCounts, seq, c.scratch.rowsOut, c.scratch.rowCounts, c.scratch.rowsIn, c.scratch.rowCounts, nil); err != nil {
 		return nil, err
 	}
-	for i := range c.matrix {
-		c.matrix[i] = int(binary.LittleEndian.Uint64(c.rowsIn[8*i:]))
+	for i := range c.scratch.matrix {
+		c.scratch.matrix[i] = int(binary.LittleEndian.Uint64(c.scratch.rowsIn[8*i:]))
 	}
-	return c.matrix, nil
+	return c.scratch.matrix, nil
 }
 
 // AllToAllVMatrix is AllToAllV for callers that hold the whole traffic matrix
@@ -287,10 +287,10 @@ func (c *Comm) AllToAllVMatrix(ctx context.Context, send, recv []byte, matrix []
 			return algo.AlgoAuto, nil, nil, fault.New(fault.ErrInvalidArgument, c.rank, "len(matrix)=%d, want %d", len(matrix), n*n)
 		}
 		for j := range n {
-			c.matSend[j], c.matRecv[j] = matrix[c.rank*n+j], matrix[j*n+c.rank]
+			c.scratch.matSend[j], c.scratch.matRecv[j] = matrix[c.rank*n+j], matrix[j*n+c.rank]
 		}
-		a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, send, c.matSend, recv, c.matRecv, matrix)
-		return a, c.matSend, c.matRecv, err
+		a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, send, c.scratch.matSend, recv, c.scratch.matRecv, matrix)
+		return a, c.scratch.matSend, c.scratch.matRecv, err
 	})
 }
 
@@ -354,17 +354,17 @@ func (c *Comm) SetAlgo(name string) error {
 		return err
 	}
 	// The setting belongs to the collectives: none may run meanwhile.
-	if !c.collBusy.CompareAndSwap(false, true) {
+	if !c.life.collBusy.CompareAndSwap(false, true) {
 		return fault.New(fault.ErrInvalidArgument, c.rank, "SetAlgo called while a collective runs on this Comm")
 	}
-	defer c.collBusy.Store(false)
+	defer c.life.collBusy.Store(false)
 	if a == algo.AlgoAuto {
-		name, a = "", c.chooser.Choose(c.choiceArgs(nil))
+		name, a = "", c.plan.chooser.Choose(c.choiceArgs(nil))
 	}
-	c.cfg.Algo, c.algo = name, a
+	c.cfg.Algo, c.plan.algo = name, a
 	// Forced algorithms other than ll plan without LL blocks, as under
 	// Config.Algo; plans made under the old setting no longer hold.
-	c.llCut, c.llQuiet = c.llCutoffs()
-	c.plans.forgetAll()
+	c.ll.cut, c.ll.quiet = c.llCutoffs()
+	c.plan.cache.forgetAll()
 	return nil
 }

@@ -210,9 +210,9 @@ func (c *Comm) Barrier(ctx context.Context) error {
 // vCounts gives a non-root rank of a V collective the counts vector its
 // planner needs: only its own entry is known (n), the others are unused.
 func (c *Comm) vCounts(n int) []int {
-	clear(c.equalSend)
-	c.equalSend[c.rank] = n
-	return c.equalSend
+	clear(c.scratch.equalSend)
+	c.scratch.equalSend[c.rank] = n
+	return c.scratch.equalSend
 }
 
 // collective runs one collective: validation (a failure aborts the group so
@@ -249,7 +249,7 @@ func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64) (algo.Alg
 		op = Sum // divided once at the end
 	}
 	args := algo.CollArgs{Rank: c.rank, World: c.size, Bytes: k.bytes, Counts: k.counts, ElemSize: k.dt.Size(),
-		DType: uint8(k.dt), Op: uint8(op), Root: k.root, Streams: c.cfg.Streams, Hosts: c.hosts, BlockSize: collBlock,
+		DType: uint8(k.dt), Op: uint8(op), Root: k.root, Streams: c.cfg.Streams, Hosts: c.topo.hosts, BlockSize: collBlock,
 		InPlace: len(k.send) > 0 && len(k.recv) > 0 && &k.send[0] == &k.recv[0]}
 	if k.name == "allreduce" && k.bytes > allReduceSegment {
 		return c.segmentedAllReduce(ctx, k, &args, seq)
@@ -264,13 +264,13 @@ func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64) (algo.Alg
 		// unseen. One ring round of empty frames carrying the signature
 		// compares every rank with its neighbour: if any two ranks differ,
 		// some neighbours differ, and the receiver reports ErrMismatch.
-		if err := c.eng.Run(ctx, k.kind, seq, k.signature(), &c.ringCheck, &c.bufs); err != nil {
+		if err := c.eng.Run(ctx, k.kind, seq, k.signature(), &c.plan.ringCheck, &c.scratch.bufs); err != nil {
 			return a, err
 		}
 	}
-	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = k.send, k.recv
-	err = c.eng.Run(ctx, k.kind, seq, k.signature(), sched, &c.bufs)
-	c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
+	c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = k.send, k.recv
+	err = c.eng.Run(ctx, k.kind, seq, k.signature(), sched, &c.scratch.bufs)
+	c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = nil, nil
 	c.ranCollective(a)
 	if err == nil && k.op == Avg && len(k.recv) > 0 {
 		if err = reduce.Finish(k.dt, reduce.Avg, k.recv, c.size); err != nil {
@@ -315,9 +315,9 @@ func (c *Comm) segmentedAllReduce(ctx context.Context, k *coll, args *algo.CollA
 				return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", k.name)
 			}
 		}
-		c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = k.send[lo:hi], k.recv[lo:hi]
-		err = c.eng.Run(ctx, k.kind, seq, k.signature(), sched, &c.bufs)
-		c.bufs[algo.BufSend], c.bufs[algo.BufRecv] = nil, nil
+		c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = k.send[lo:hi], k.recv[lo:hi]
+		err = c.eng.Run(ctx, k.kind, seq, k.signature(), sched, &c.scratch.bufs)
+		c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = nil, nil
 		c.ranCollective(a)
 		if err != nil {
 			return a, err

@@ -14,9 +14,7 @@ package a2a
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,7 +26,6 @@ import (
 	"github.com/a2a-moe/a2a/a2a/internal/engine"
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/a2a/transport"
-	"github.com/a2a-moe/a2a/internal/cpus"
 )
 
 // Comm is one rank's communicator, safe for concurrent use.
@@ -58,47 +55,68 @@ type Comm struct {
 	log *slog.Logger
 	// observer is Config.Observer once Join returns: the join's own
 	// collectives (agreeing on the link table) are not reported.
-	observer Observer
-	algo     algo.Algo
+	observer    Observer
+	rank, size  int
+	formerRanks []int // set by Shrink: each rank's number before it
+
+	nc     *nats.Conn
+	member *control.Member
+	tr     transport.Transport
+	byPeer []transport.Transport // the part of tr that reaches each rank
+	eng    *engine.Engine
+	// queue lets point-to-point calls and collectives share the engine
+	// (requests.go); it numbers the operations.
+	queue *progressQueue
+
+	life    lifecycle
+	topo    topology
+	ll      llPolicy
+	plan    planState
+	scratch scratch
+	rep     *reporter // traffic reports for a2ad's live view (report.go); nil when off
+}
+
+// lifecycle is what admits a call, and what stops it: Close, this rank's
+// abort, the collective running.
+type lifecycle struct {
+	// calls is held shared by every call while it runs, and exclusively by
+	// Close, which so waits for the running calls to give up.
+	calls sync.RWMutex
+	// collBusy: a collective runs; it owns the Comm's planning state and
+	// scratch.
+	collBusy atomic.Bool
+	okSeq    atomic.Uint64 // op sequence of the last collective completed
+	// abort is this rank's own abort and its scope (the member holds the
+	// peers' and the departures); nil while healthy.
+	abort   atomic.Pointer[localAbort]
+	closed  atomic.Bool
+	closing chan struct{} // closed by Close: stops watchControl and control-plane waits
+	watchWG sync.WaitGroup
+}
+
+// planState is what choosing and planning an operation reads and keeps.
+type planState struct {
+	algo algo.Algo // the AllToAllV algorithm: forced, or chosen at join
 	// allReduceAlgo is forced by A2A_ALGO_ALLREDUCE, or auto.
 	allReduceAlgo algo.Algo
-	nc            *nats.Conn
-	member        *control.Member
-	tr            transport.Transport
-	byPeer        []transport.Transport // the part of tr that reaches each rank
-	eng           *engine.Engine
-	rank          int
-	size          int
-	formerRanks   []int // set by Shrink: each rank's number before it
-
-	// life is held shared by every call while it runs, and exclusively by
-	// Close, which so waits for the running calls to give up.
-	life sync.RWMutex
-	// queue lets point-to-point calls and collectives share the engine
-	// (requests.go); its lock also guards seq, sendSeq and recvSeq.
-	queue *progressQueue
-	// collBusy: a collective runs; it owns everything below up to sendSeq.
-	collBusy atomic.Bool
-	seq      uint64        // op sequence of the last collective begun (even)
-	okSeq    atomic.Uint64 // op sequence of the last collective completed
-	statMu   sync.Mutex    // guards the reporter's tally
 	// lastAlgo is the algo.Algo of the last collective: atomic, and
 	// written only when it changes, so a steady loop of calls costs a load.
-	lastAlgo atomic.Uint32
-	llCut    []int  // LL cutoff by peer, nil without LL
-	llQuiet  []bool // peers whose larger blocks need no LL announcement
-	// llBarrier: every peer has an LL slot, so Barrier is one LL round
-	// instead of log2(p) dissemination rounds.
-	llBarrier bool
-	// llAllReduce: an AllReduce of at most this many bytes is one LL round
-	// (where Barrier is); -1 when none is.
-	llAllReduce int
-	links       algo.Links    // the link table all ranks agreed on at join
-	chooser     algo.Chooser  // the automatic AllToAllV choice
-	sched       algo.Schedule // the plan of a call planCache does not keep
-	plans       planCache
-	bufs        engine.Buffers
-	// scratch for AllToAll counts and the in-band counts exchange
+	lastAlgo  atomic.Uint32
+	links     algo.Links    // the link table all ranks agreed on at join
+	chooser   algo.Chooser  // the automatic AllToAllV choice
+	sched     algo.Schedule // the plan of a call the cache does not keep
+	cache     planCache
+	ringCheck algo.Schedule // rooted collectives' agreement round
+	allReduce allReducePlan // the last AllReduce's plan (planner.go)
+	// unevenOnce logs once that staged falls back on uneven hosts.
+	unevenOnce sync.Once
+}
+
+// scratch is the buffers a collective reuses from call to call, so that a
+// steady-state call allocates nothing.
+type scratch struct {
+	bufs engine.Buffers
+	// AllToAll's counts and the in-band counts exchange
 	equalSend, equalRecv []int
 	countsOut, countsIn  []byte
 	matSend, matRecv     []int // AllToAllVMatrix's row and column
@@ -108,28 +126,12 @@ type Comm struct {
 	rowCounts       []int
 	// AllToAllVSpans' scratch (spans.go), made at its first call.
 	spans *spanState
-	// evenHosts: every host runs as many ranks as the others, which staged
-	// needs; unevenOnce logs the fallback once.
-	evenHosts  bool
-	unevenOnce sync.Once
+}
 
-	sendSeq, recvSeq []uint64      // point-to-point sequence numbers by peer
-	ringCheck        algo.Schedule // rooted collectives' agreement round
-	allReducePlan    allReducePlan // the last AllReduce's plan (planner.go)
-	hosts            []int         // host ordinal of every rank (same on all ranks)
-	numHosts         int
-	// machine ordinal of every rank and the CPUs of each machine (see
-	// machineCores): where ranks outnumber cores the cost model bounds
-	// every algorithm by the machine's total work.
-	machines, machineCores []int
-
-	rep *reporter // traffic reports for a2ad's live view (report.go); nil when off
-	// local is this rank's own abort and its scope (the member holds the
-	// peers' and the departures); nil while healthy.
-	local   atomic.Pointer[localAbort]
-	closed  atomic.Bool
-	closing chan struct{} // closed by Close: stops watchControl and control-plane waits
-	watchWG sync.WaitGroup
+func newScratch(size int) scratch {
+	return scratch{equalSend: make([]int, size), equalRecv: make([]int, size),
+		countsOut: make([]byte, 8*size), countsIn: make([]byte, 8*size),
+		matSend: make([]int, size), matRecv: make([]int, size)}
 }
 
 // Join connects to the control plane, rendezvous with the other ranks of
@@ -149,128 +151,51 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 	}
 	a, _ := parseAlgo(cfg.Algo)
 	ar, _ := parseAllReduceAlgo(cfg.AlgoAllReduce)
-	c := &Comm{cfg: cfg, log: cfg.Logger, algo: a, allReduceAlgo: ar, closing: make(chan struct{})}
+	c := &Comm{cfg: cfg, log: cfg.Logger, plan: planState{algo: a, allReduceAlgo: ar}, life: lifecycle{closing: make(chan struct{})}}
 	if err := c.join(ctx); err != nil {
 		c.teardown()
 		return nil, err
 	}
 	c.observer = cfg.Observer
-	c.watchWG.Add(1)
+	c.life.watchWG.Add(1)
 	go c.watchControl()
 	c.startReports()
 	c.log.Debug("a2a: joined", "group", cfg.Group, "rank", c.rank, "size", c.size, "epoch", c.member.Epoch())
 	return c, nil
 }
 
+// join runs the joining steps in order: the control plane, this rank's data
+// plane endpoints, the rendezvous, the data plane's connections, the engine,
+// and the link table every rank agrees on.
 func (c *Comm) join(ctx context.Context) error {
-	cfg := c.cfg
-	auth, err := cfg.NATSOptions()
-	if err != nil {
+	if err := c.connectControl(); err != nil {
 		return err
 	}
-	nc, err := nats.Connect(cfg.NATSURL, append(auth, nats.Name(fmt.Sprintf("a2a %s rank %d pid %d", cfg.Group, cfg.Rank, os.Getpid())),
-		nats.Timeout(5*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))...)
-	if err != nil {
-		return connectError(cfg, err)
-	}
-	c.nc = nc
-	secret := cfg.Secret
-	if secret == "" {
-		// Without a configured secret the hello still keeps out strangers
-		// that do not know the group name; A2A_SECRET makes it a real key.
-		secret = "a2a-group:" + cfg.Group
-	}
-	host := cfg.Host
-	if host == "" {
-		host = HostIdentity()
-	}
-	dp, err := listen(ctx, cfg, transport.Self{Group: cfg.Group, Rank: cfg.Rank, Size: cfg.WorldSize, Host: host,
-		Streams: cfg.Streams, Secret: []byte(secret), Logger: c.log})
+	id := c.cfg.identity()
+	dp, err := listen(ctx, c.cfg, transport.Self{Group: c.cfg.Group, Rank: c.cfg.Rank, Size: c.cfg.WorldSize, Host: id.host,
+		Streams: c.cfg.Streams, Secret: id.secret, Logger: c.log})
 	if err != nil {
 		return err
 	}
 	defer dp.close()
-	m, err := control.Join(ctx, nc, control.JoinConfig{
-		Group: cfg.Group, Rank: cfg.Rank, WorldSize: cfg.WorldSize,
-		Info: control.NodeInfo{Rank: cfg.Rank, Host: host, PID: os.Getpid(), Transports: dp.addresses(), Streams: cfg.Streams,
-			CPUs: cpus.Format(cpus.Allowed()), Machine: MachineIdentity()},
-		HeartbeatInterval: cfg.HeartbeatInterval, PeerTimeout: cfg.PeerTimeout, Logger: c.log,
-		Secret: []byte(secret),
-	})
-	if err != nil {
+	if err := c.rendezvous(ctx, id, dp.addresses()); err != nil {
 		return err
 	}
-	c.member = m
-	c.rank, c.size = m.Rank(), m.Size()
-	c.hosts, c.numHosts = hostOrdinals(m.Nodes())
-	c.machines, c.machineCores = machineCores(m.Nodes())
-	// A rank that fails to connect aborts the group, so its peers stop
-	// waiting for it instead of running into their deadline.
-	cctx, cancel := context.WithCancel(ctx)
-	go func() {
-		select {
-		case <-m.Done():
-			cancel()
-		case <-cctx.Done():
-		}
-	}()
-	choice, err := dp.choose(c.rank, m.Nodes())
-	if err == nil {
-		c.tr, c.byPeer, err = dp.connect(cctx, c.rank, m.Epoch(), m.Nodes(), choice)
-	}
-	cancel()
-	if err != nil {
-		if merr := m.Err(); merr != nil {
-			err = merr
-		}
-		m.Abort(err)
+	if err := c.connectData(ctx, dp); err != nil {
 		return err
 	}
-	w := waitPolicy(cfg.Spin, cfg.Yield, m.Nodes(), c.machines, c.machineCores, c.rank, cpus.Online())
-	c.eng = engine.New(engine.Options{
-		Transport: c.tr, Rank: c.rank, Size: c.size, Streams: cfg.Streams, Epoch: m.Epoch(),
-		Waiting: w, Hosts: c.hosts, Timeout: cfg.Timeout, Stopped: c.stopped,
-	})
-	c.queue = newProgressQueue(c.eng, c.size)
-	c.llCut, c.llQuiet = c.llCutoffs()
-	c.llBarrier = c.llCut != nil && c.size <= llBarrierMaxRanks
-	for r := range c.size {
-		c.llBarrier = c.llBarrier && (r == c.rank || c.eng.SlotBytes(r) > 0)
-	}
-	c.llAllReduce = -1
-	if c.llBarrier {
-		c.llAllReduce = llAllReduceBytes
-		for r, cut := range c.llCut {
-			if r != c.rank {
-				// A collective's LL message ends with its 8-byte signature.
-				c.llAllReduce = min(c.llAllReduce, cut-8)
-			}
-		}
-	}
-	c.equalSend = make([]int, c.size)
-	c.equalRecv = make([]int, c.size)
-	c.countsOut = make([]byte, 8*c.size)
-	c.countsIn = make([]byte, 8*c.size)
-	c.matSend, c.matRecv = make([]int, c.size), make([]int, c.size)
-	c.sendSeq, c.recvSeq = make([]uint64, c.size), make([]uint64, c.size)
-	c.ringCheck.Reset(algo.AlgoRing)
-	if c.size > 1 {
-		c.ringCheck.Add(algo.Step{Kind: algo.StepSend, Peer: (c.rank + 1) % c.size, Last: true})
-		c.ringCheck.Add(algo.Step{Kind: algo.StepRecv, Peer: (c.rank - 1 + c.size) % c.size, Last: true})
-		c.ringCheck.EndRound()
-	}
+	c.startEngine()
 	if err := c.agreeLinks(ctx); err != nil {
-		m.Abort(err) // the caller's teardown closes the transports
+		c.member.Abort(err) // the caller's teardown closes the transports
 		return err
 	}
-	if c.algo == algo.AlgoAuto {
+	if c.plan.algo == algo.AlgoAuto {
 		// Auto selection uses only what every rank holds identically (world
 		// size, config, the agreed link table), so all ranks pick the same
 		// algorithm; it is fixed for the communicator's life until a counts
 		// matrix is available.
-		c.algo = c.chooser.Choose(c.choiceArgs(nil))
+		c.plan.algo = c.plan.chooser.Choose(c.choiceArgs(nil))
 	}
-	c.evenHosts = evenHosts(c.hosts, c.numHosts)
 	return nil
 }
 
@@ -285,20 +210,20 @@ func (c *Comm) Epoch() uint32 { return c.member.Epoch() }
 
 // LastAlgo names the algorithm the last collective ran.
 func (c *Comm) LastAlgo() string {
-	return algo.Algo(c.lastAlgo.Load()).String()
+	return algo.Algo(c.plan.lastAlgo.Load()).String()
 }
 
 // setLastAlgo records the algorithm of the collective that just ran.
 func (c *Comm) setLastAlgo(a algo.Algo) {
-	if algo.Algo(c.lastAlgo.Load()) != a {
-		c.lastAlgo.Store(uint32(a))
+	if algo.Algo(c.plan.lastAlgo.Load()) != a {
+		c.plan.lastAlgo.Store(uint32(a))
 	}
 }
 
 // Host is the host ordinal of rank (0 for rank 0's host, then in order of
 // first appearance by rank): two ranks share a host, and may share memory,
 // exactly when their ordinals are equal. Every rank sees the same ordinals.
-func (c *Comm) Host(rank int) int { return c.hosts[rank] }
+func (c *Comm) Host(rank int) int { return c.topo.hosts[rank] }
 
 // TransportName names the data planes in use, joined by "+" in order of
 // preference: "shm" on one host, "shm+tcp" when the ranks of this host talk
@@ -334,21 +259,21 @@ func (c *Comm) Stats() transport.Stats { return c.tr.Stats() }
 // with ErrPeerLost naming it, while the collectives it completed complete on
 // every rank. Close is idempotent.
 func (c *Comm) Close() error {
-	if !c.closed.CompareAndSwap(false, true) {
+	if !c.life.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	close(c.closing)
+	close(c.life.closing)
 	if c.tr != nil {
 		c.tr.Wake()
 	}
 	c.stopReports()
-	c.life.Lock() // wait for the running calls to give up
-	defer c.life.Unlock()
+	c.life.calls.Lock() // wait for the running calls to give up
+	defer c.life.calls.Unlock()
 	if c.queue != nil {
 		c.queue.failAll(errClosedComm(c.rank))
 	}
 	err := c.teardown()
-	c.watchWG.Wait()
+	c.life.watchWG.Wait()
 	return err
 }
 
@@ -357,7 +282,7 @@ func (c *Comm) teardown() error {
 	if c.member != nil {
 		// Peers still in a collective this rank completed finish it; the
 		// next one fails on them with ErrPeerLost naming this rank.
-		if err := c.member.LeaveAt(c.okSeq.Load() + 2); err != nil && first == nil {
+		if err := c.member.LeaveAt(c.life.okSeq.Load() + 2); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -378,15 +303,15 @@ func (c *Comm) teardown() error {
 // or aborted communicator, and returns the op's sequence number. Every
 // successful begin is paired with end.
 func (c *Comm) begin(ctx context.Context, start time.Time, engine bool) (seq uint64, err error) {
-	if !c.collBusy.CompareAndSwap(false, true) {
+	if !c.life.collBusy.CompareAndSwap(false, true) {
 		c.queue.mu.Lock()
-		next := c.seq + 2
+		next := c.queue.seq + 2
 		c.queue.mu.Unlock()
 		return 0, c.failAt(next, fault.New(fault.ErrInvalidArgument, c.rank,
 			"a collective was called while another one runs on this Comm: collectives must be issued one at a time, in the same order on every rank"))
 	}
-	c.life.RLock()
-	takeSeq := func() { c.seq += 2; seq = c.seq }
+	c.life.calls.RLock()
+	takeSeq := func() { c.queue.seq += 2; seq = c.queue.seq }
 	var last uint64
 	if engine {
 		last, err = c.queue.acquireForCollective(ctx, takeSeq)
@@ -417,13 +342,13 @@ func (c *Comm) begin(ctx context.Context, start time.Time, engine bool) (seq uin
 // end ends a collective begin started.
 func (c *Comm) end(seq uint64, engine bool, err error) {
 	if err == nil {
-		c.okSeq.Store(seq)
+		c.life.okSeq.Store(seq)
 	}
 	if engine {
 		c.queue.release()
 	}
-	c.life.RUnlock()
-	c.collBusy.Store(false)
+	c.life.calls.RUnlock()
+	c.life.collBusy.Store(false)
 }
 
 // clock is an operation's start time for its report: the zero Time when no

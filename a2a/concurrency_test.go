@@ -242,7 +242,7 @@ func TestConcurrentCollectivesRejected(t *testing.T) {
 	defer cancel()
 	first := make(chan error, 1)
 	go func() { first <- comms[0].Barrier(ctx) }() // waits for rank 1
-	for comms[0].queue != nil && !comms[0].collBusy.Load() {
+	for comms[0].queue != nil && !comms[0].life.collBusy.Load() {
 		time.Sleep(time.Millisecond)
 	}
 	start := time.Now()

@@ -29,7 +29,7 @@ const (
 
 // Links returns the link table every rank of the communicator agreed on at
 // join (rank 0's): what the cost model prices algorithms with.
-func (c *Comm) Links() algo.Links { return c.links }
+func (c *Comm) Links() algo.Links { return c.plan.links }
 
 // agreeLinks gives every rank rank 0's link table: the built-in defaults, a
 // file written by `a2ad tune` (Config.Links is its path), or one rank 0
@@ -39,13 +39,13 @@ func (c *Comm) Links() algo.Links { return c.links }
 // their settings differ; a join without probing costs one small Broadcast.
 func (c *Comm) agreeLinks(ctx context.Context) error {
 	localClass, remoteClass := c.linkClasses()
-	c.links = algo.DefaultLinksFor(localClass, remoteClass)
+	c.plan.links = algo.DefaultLinksFor(localClass, remoteClass)
 	if c.rank == 0 && c.cfg.Links != LinksDefault && c.cfg.Links != LinksProbe {
 		l, err := algo.LoadLinks(c.cfg.Links)
 		if err != nil {
 			return fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "A2A_LINKS")
 		}
-		c.links = l.For(localClass, remoteClass)
+		c.plan.links = l.For(localClass, remoteClass)
 	}
 	if c.size < 2 {
 		return nil
@@ -57,10 +57,10 @@ func (c *Comm) agreeLinks(ctx context.Context) error {
 	if c.rank == 0 {
 		if c.cfg.Links == LinksProbe {
 			for r := 1; r < c.size; r++ {
-				if c.hosts[r] == c.hosts[0] && local < 0 {
+				if c.topo.hosts[r] == c.topo.hosts[0] && local < 0 {
 					local = r
 				}
-				if c.hosts[r] != c.hosts[0] && remote < 0 {
+				if c.topo.hosts[r] != c.topo.hosts[0] && remote < 0 {
 					remote = r
 				}
 			}
@@ -68,7 +68,7 @@ func (c *Comm) agreeLinks(ctx context.Context) error {
 		}
 		binary.LittleEndian.PutUint64(msg[8:], uint64(int64(local)))
 		binary.LittleEndian.PutUint64(msg[16:], uint64(int64(remote)))
-		encodeLinks(msg[24:], c.links)
+		encodeLinks(msg[24:], c.plan.links)
 	}
 	if err := c.Broadcast(ctx, msg, 0); err != nil {
 		return err
@@ -80,7 +80,7 @@ func (c *Comm) agreeLinks(ctx context.Context) error {
 		for _, p := range []struct {
 			peer int
 			link *algo.Link
-		}{{local, &c.links.Local}, {remote, &c.links.Remote}} {
+		}{{local, &c.plan.links.Local}, {remote, &c.plan.links.Remote}} {
 			if p.peer < 0 || (c.rank != 0 && c.rank != p.peer) {
 				continue
 			}
@@ -93,14 +93,14 @@ func (c *Comm) agreeLinks(ctx context.Context) error {
 			}
 		}
 		if c.rank == 0 {
-			encodeLinks(table, c.links)
+			encodeLinks(table, c.plan.links)
 		}
 		if err := c.Broadcast(ctx, table, 0); err != nil {
 			return err
 		}
 	}
-	c.links = decodeLinks(table)
-	c.allReducePlan.valid = false // the choice reads the links
+	c.plan.links = decodeLinks(table)
+	c.plan.allReduce.valid = false // the choice reads the links
 	return nil
 }
 
@@ -165,9 +165,9 @@ func (c *Comm) linkClasses() (local, remote string) {
 		name := c.PeerTransport(r)
 		switch {
 		case name == "":
-		case c.hosts[r] == c.hosts[c.rank] && !foundLocal:
+		case c.topo.hosts[r] == c.topo.hosts[c.rank] && !foundLocal:
 			local, foundLocal = name, true
-		case c.hosts[r] != c.hosts[c.rank] && !foundRemote:
+		case c.topo.hosts[r] != c.topo.hosts[c.rank] && !foundRemote:
 			remote, foundRemote = name, true
 		}
 	}

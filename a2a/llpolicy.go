@@ -5,6 +5,41 @@ import (
 	"github.com/a2a-moe/a2a/a2a/transport/shm"
 )
 
+// llPolicy is which blocks of an AllToAllV and which collectives go by the
+// LL protocol, from the settings and the peers' slots, fixed at join (and
+// at SetAlgo).
+type llPolicy struct {
+	cut   []int  // LL cutoff by peer, nil without LL
+	quiet []bool // peers whose larger blocks need no LL announcement
+	// barrier: every peer has an LL slot, so Barrier is one LL round
+	// instead of log2(p) dissemination rounds.
+	barrier bool
+	// allReduce: an AllReduce of at most this many bytes is one LL round
+	// (where Barrier is); -1 when none is.
+	allReduce int
+}
+
+// newLLPolicy is the policy of the joined Comm, whose engine runs.
+func (c *Comm) newLLPolicy() llPolicy {
+	var p llPolicy
+	p.cut, p.quiet = c.llCutoffs()
+	p.barrier = p.cut != nil && c.size <= llBarrierMaxRanks
+	for r := range c.size {
+		p.barrier = p.barrier && (r == c.rank || c.eng.SlotBytes(r) > 0)
+	}
+	p.allReduce = -1
+	if p.barrier {
+		p.allReduce = llAllReduceBytes
+		for r, cut := range p.cut {
+			if r != c.rank {
+				// A collective's LL message ends with its 8-byte signature.
+				p.allReduce = min(p.allReduce, cut-8)
+			}
+		}
+	}
+	return p
+}
+
 // llBarrierMaxRanks bounds the one-round LL barrier: p-1 stores and loads
 // per rank are cheaper than log2(p) rounds of wake-ups while p is small
 // (`a2ad bench --op barrier --transport shm`: 2 ranks 0.6-0.8 us against
@@ -35,7 +70,7 @@ const llAllReduceBytes = 256
 // peer whose transport cannot watch keeps announcing. With A2A_ALGO=ll
 // every peer announces. Nil when no pair uses LL.
 func (c *Comm) llCutoffs() ([]int, []bool) {
-	forced := c.algo == algo.AlgoLL
+	forced := c.plan.algo == algo.AlgoLL
 	if c.size < 2 || (!forced && (c.cfg.Algo != "" || c.cfg.LLBytes < 0)) {
 		return nil, nil
 	}
@@ -63,10 +98,10 @@ func (c *Comm) llCutoffs() ([]int, []bool) {
 // comes from what every rank shares (the settings and the agreed link
 // classes, ClassLLCutoff), not from this rank's own peers. Negative: no LL.
 func (c *Comm) llPriceCutoffs() (local, remote int) {
-	if c.llCut == nil || c.algo == algo.AlgoLL {
+	if c.ll.cut == nil || c.plan.algo == algo.AlgoLL {
 		return -1, -1
 	}
-	return ClassLLCutoff(c.links.LocalClass, c.cfg.LLBytes), ClassLLCutoff(c.links.RemoteClass, c.cfg.LLBytes)
+	return ClassLLCutoff(c.plan.links.LocalClass, c.cfg.LLBytes), ClassLLCutoff(c.plan.links.RemoteClass, c.cfg.LLBytes)
 }
 
 // ClassLLCutoff is the LL cutoff of a pair whose link class is class under

@@ -8,13 +8,13 @@ import (
 )
 
 // planCollective plans collective k and returns the algorithm and the
-// schedule: c.sched, or for Barrier, whose plan depends on the Comm alone,
+// schedule: c.plan.sched, or for Barrier, whose plan depends on the Comm alone,
 // the one planned at its first call. Every choice depends only on what all
 // ranks share (world, sizes every rank passes identically, hosts, config), so
 // the ranks agree without a round.
 func (c *Comm) planCollective(k *coll, a *algo.CollArgs) (algo.Algo, *algo.Schedule, error) {
 	if k.name == "allreduce" {
-		p := &c.allReducePlan
+		p := &c.plan.allReduce
 		key := allReduceKey{bytes: a.Bytes, dtype: a.DType, op: a.Op, inPlace: a.InPlace, segmented: k.segmented}
 		if p.valid && p.key == key {
 			return p.algo, &p.sched, nil
@@ -24,7 +24,7 @@ func (c *Comm) planCollective(k *coll, a *algo.CollArgs) (algo.Algo, *algo.Sched
 		return choice, &p.sched, err
 	}
 	if k.name == "barrier" {
-		s, entry, planned := c.plans.lookup(k.name, algo.AlgoAuto, nil, nil)
+		s, entry, planned := c.plan.cache.lookup(k.name, algo.AlgoAuto, nil, nil)
 		if !planned {
 			if _, err := c.planInto(s, k, a); err != nil {
 				entry.forget()
@@ -33,24 +33,24 @@ func (c *Comm) planCollective(k *coll, a *algo.CollArgs) (algo.Algo, *algo.Sched
 		}
 		return s.Algo, s, nil
 	}
-	choice, err := c.planInto(&c.sched, k, a)
-	return choice, &c.sched, err
+	choice, err := c.planInto(&c.plan.sched, k, a)
+	return choice, &c.plan.sched, err
 }
 
 // planInto plans collective k into s and returns the algorithm.
 func (c *Comm) planInto(s *algo.Schedule, k *coll, a *algo.CollArgs) (algo.Algo, error) {
-	link := c.links.Flat(c.numHosts)
+	link := c.plan.links.Flat(c.topo.numHosts)
 	switch k.name {
 	case "allreduce":
-		choice := c.allReduceAlgo
-		if choice == algo.AlgoLL && a.Bytes > c.llAllReduce {
+		choice := c.plan.allReduceAlgo
+		if choice == algo.AlgoLL && a.Bytes > c.ll.allReduce {
 			choice = algo.AlgoAuto // a slot cannot carry it (or there are none)
 		}
-		if choice == algo.AlgoAuto && a.Bytes <= c.llAllReduce {
+		if choice == algo.AlgoAuto && a.Bytes <= c.ll.allReduce {
 			choice = algo.AlgoLL
 		}
 		if choice == algo.AlgoAuto {
-			choice = algo.ChooseAllReduce(c.size, a.Bytes, c.hosts, link)
+			choice = algo.ChooseAllReduce(c.size, a.Bytes, c.topo.hosts, link)
 			if k.segmented && choice == algo.AlgoRecursiveDoubling {
 				// Segments of a large AllReduce are bandwidth-bound: the
 				// ring's smaller messages won in measurement (2 ranks,
@@ -79,7 +79,7 @@ func (c *Comm) planInto(s *algo.Schedule, k *coll, a *algo.CollArgs) (algo.Algo,
 	case "scatterv":
 		return algo.AlgoDirect, algo.PlanScatterVDirect(s, *a)
 	case "barrier":
-		if c.llBarrier {
+		if c.ll.barrier {
 			return algo.AlgoLL, algo.PlanBarrierLL(s, *a)
 		}
 		return algo.AlgoDissemination, algo.PlanBarrierDissemination(s, *a)

@@ -2,6 +2,7 @@ package a2a
 
 import (
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/a2a-moe/a2a/a2a/algo"
@@ -106,7 +107,8 @@ func (t *tally) equal(o *tally) bool {
 // reporter publishes a Comm's traffic reports from its own goroutine.
 type reporter struct {
 	period time.Duration
-	t      tally // guarded by Comm.statMu
+	mu     sync.Mutex // guards t
+	t      tally
 	stop   chan struct{}
 	done   chan struct{}
 }
@@ -115,10 +117,10 @@ type reporter struct {
 // before the collective ends, so the engine's wait figures are its own.
 func (c *Comm) tallyOp(op string, a algo.Algo, err error) {
 	if r := c.rep; r != nil {
-		c.statMu.Lock()
 		peer, wait := c.eng.LastArrival()
+		r.mu.Lock()
 		r.t.add(op, a, peer, wait, err)
-		c.statMu.Unlock()
+		r.mu.Unlock()
 	}
 }
 
@@ -126,13 +128,13 @@ func (c *Comm) tallyOp(op string, a algo.Algo, err error) {
 // waited for, as long as the call lasted.
 func (c *Comm) tallyP2P(r *Request) {
 	if rep := c.rep; rep != nil {
-		c.statMu.Lock()
 		var wait time.Duration
 		if !r.start.IsZero() {
 			wait = time.Since(r.start)
 		}
+		rep.mu.Lock()
 		rep.t.add(r.name(), algo.AlgoDirect, r.peer, wait, r.err)
-		c.statMu.Unlock()
+		rep.mu.Unlock()
 	}
 }
 
@@ -176,9 +178,9 @@ func (c *Comm) runReports(r *reporter) {
 			final = true
 		case <-tick.C:
 		}
-		c.statMu.Lock()
+		r.mu.Lock()
 		r.t.copyTo(&cur)
-		c.statMu.Unlock()
+		r.mu.Unlock()
 		sent = append(sent[:0], c.tr.Stats().BytesSent...)
 		elapsed := time.Since(start)
 		changed := !cur.equal(&pub) || !slices.Equal(sent, pubSent)

@@ -25,14 +25,20 @@ import (
 type progressQueue struct {
 	eng *engine.Engine
 
-	mu       sync.Mutex
-	inbox    []*Request    // posted, not yet taken by a driver
-	inboxLen atomic.Int32  // len(inbox), for the driver's look without the lock
-	driving  bool          // a goroutine holds the driving role
-	tickets  uint64        // requests posted so far; a request's ticket is its index + 1
-	wake     chan struct{} // closed when the role is released or a request completes
-	collWant atomic.Int32  // collectives waiting for the role: the driver hands it over
-	sleepers atomic.Int32  // goroutines waiting on wake
+	mu sync.Mutex
+	// seq is the op sequence of the last collective begun (even; see Comm):
+	// taken under mu with the tickets, so every stream carries the calls in
+	// the order they were made. The running collective reads it unlocked.
+	seq uint64
+	// sendSeq and recvSeq number the point-to-point messages by peer.
+	sendSeq, recvSeq []uint64
+	inbox            []*Request    // posted, not yet taken by a driver
+	inboxLen         atomic.Int32  // len(inbox), for the driver's look without the lock
+	driving          bool          // a goroutine holds the driving role
+	tickets          uint64        // requests posted so far; a request's ticket is its index + 1
+	wake             chan struct{} // closed when the role is released or a request completes
+	collWant         atomic.Int32  // collectives waiting for the role: the driver hands it over
+	sleepers         atomic.Int32  // goroutines waiting on wake
 
 	// Owned by the driver.
 	reqs []*Request // posted requests not yet completed, in ticket order
@@ -41,7 +47,8 @@ type progressQueue struct {
 }
 
 func newProgressQueue(e *engine.Engine, size int) *progressQueue {
-	return &progressQueue{eng: e, wake: make(chan struct{}), mark: make([]uint32, 2*size)}
+	return &progressQueue{eng: e, wake: make(chan struct{}), mark: make([]uint32, 2*size),
+		sendSeq: make([]uint64, size), recvSeq: make([]uint64, size)}
 }
 
 // Request is a point-to-point call in flight (Isend, Irecv, a Group's
@@ -133,7 +140,7 @@ func (c *Comm) post(reqs ...*Request) {
 	}
 	q := c.queue
 	q.mu.Lock()
-	order := c.seq + 1
+	order := q.seq + 1
 	var stop error
 	if bad == nil {
 		stop = c.stoppedAt(order)
@@ -156,12 +163,12 @@ func (c *Comm) post(reqs ...*Request) {
 		r.ticket, r.order, r.posted = q.tickets, order, true
 		h := transport.Header{Kind: transport.OpSendRecv, Flags: transport.FlagLast, Epoch: e.Epoch(), Aux: uint64(uint32(r.tag))}
 		if r.send {
-			c.sendSeq[r.peer]++
-			h.Src, h.Seq = uint32(c.rank), c.sendSeq[r.peer]
+			q.sendSeq[r.peer]++
+			h.Src, h.Seq = uint32(c.rank), q.sendSeq[r.peer]
 			r.sop.Reset(h, r.sop.Data)
 		} else {
-			c.recvSeq[r.peer]++
-			h.Src, h.Seq = uint32(r.peer), c.recvSeq[r.peer]
+			q.recvSeq[r.peer]++
+			h.Src, h.Seq = uint32(r.peer), q.recvSeq[r.peer]
 			r.rop.Reset(h, r.rop.Dst, true)
 		}
 		q.inbox = append(q.inbox, r)
@@ -193,9 +200,9 @@ func (r *Request) Wait(ctx context.Context) (int, error) {
 		return 0, fault.New(fault.ErrInvalidArgument, r.c.rank, "%s: Wait on a request of a Group not posted", r.name())
 	}
 	c := r.c
-	c.life.RLock()
+	c.life.calls.RLock()
 	err := c.queue.waitFor(ctx, r)
-	c.life.RUnlock()
+	c.life.calls.RUnlock()
 	if err != nil {
 		return 0, err
 	}
@@ -238,13 +245,13 @@ func (r *Request) Test() (bool, int, error) {
 	}
 	if !r.done.Load() {
 		c := r.c
-		c.life.RLock()
+		c.life.calls.RLock()
 		q := c.queue
 		if q.take(false) {
 			q.drivePass()
 			q.release()
 		}
-		c.life.RUnlock()
+		c.life.calls.RUnlock()
 	}
 	if !r.done.Load() {
 		return false, 0, nil

@@ -14,7 +14,7 @@ import (
 // leave message, and whatever it hosted (the coordinator, if elected here)
 // is gone.
 func crash(c *Comm) {
-	c.closed.Store(true) // the test's cleanup must not leave on its behalf
+	c.life.closed.Store(true) // the test's cleanup must not leave on its behalf
 	c.stopReports()
 	c.tr.Close()
 	c.nc.Close()

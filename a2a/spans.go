@@ -55,10 +55,10 @@ type spanState struct {
 // per pair.
 func (c *Comm) AllToAllVSpans(ctx context.Context, send []byte, sendSpans [][]Span, recv []byte, recvSpans [][]Span) error {
 	return c.exchange(ctx, "alltoallv", func(seq uint64) (algo.Algo, []int, []int, error) {
-		if c.spans == nil {
-			c.spans = &spanState{sendCounts: make([]int, c.size), recvCounts: make([]int, c.size)}
+		if c.scratch.spans == nil {
+			c.scratch.spans = &spanState{sendCounts: make([]int, c.size), recvCounts: make([]int, c.size)}
 		}
-		st := c.spans
+		st := c.scratch.spans
 		if err := c.mapSpans(&st.send, st.sendCounts, "send", send, sendSpans); err != nil {
 			return algo.AlgoAuto, nil, nil, err
 		}
@@ -128,13 +128,13 @@ func (st *spanState) checkOverlap(rank int, spans [][]Span) error {
 // spansRun plans the exchange of the mapped spans on their virtual buffers
 // and runs it.
 func (c *Comm) spansRun(ctx context.Context, seq uint64) (algo.Algo, error) {
-	st := c.spans
-	a := c.algo
+	st := c.scratch.spans
+	a := c.plan.algo
 	if a != algo.AlgoPairwise {
 		a = algo.AlgoFullmesh
 	}
 	args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: st.sendCounts, RecvCounts: st.recvCounts, Streams: c.cfg.Streams, Window: c.cfg.Window}
-	sched, entry, planned := c.plans.lookup("alltoallvspans", a, st.sendCounts, st.recvCounts)
+	sched, entry, planned := c.plan.cache.lookup("alltoallvspans", a, st.sendCounts, st.recvCounts)
 	if !planned {
 		var err error
 		if a == algo.AlgoPairwise {
@@ -149,7 +149,7 @@ func (c *Comm) spansRun(ctx context.Context, seq uint64) (algo.Algo, error) {
 	}
 	c.setLastAlgo(a)
 	c.eng.SetVirtual(&st.send, &st.recv)
-	err := c.eng.Run(ctx, transport.OpAllToAllV, seq, 0, sched, &c.bufs)
+	err := c.eng.Run(ctx, transport.OpAllToAllV, seq, 0, sched, &c.scratch.bufs)
 	c.eng.SetVirtual(nil, nil)
 	st.send.Release() // do not keep the caller's buffers
 	st.recv.Release()

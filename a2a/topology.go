@@ -8,6 +8,30 @@ import (
 	"github.com/a2a-moe/a2a/a2a/control"
 )
 
+// topology is where the group's ranks run, the same on every rank: hosts
+// (ranks that may share memory) and machines (hosts that share a kernel's
+// cores).
+type topology struct {
+	hosts    []int // host ordinal of every rank
+	numHosts int
+	// evenHosts: every host runs as many ranks as the others, which staged
+	// needs.
+	evenHosts bool
+	// machine ordinal of every rank and the CPUs of each machine (see
+	// machineCores): where ranks outnumber cores the cost model bounds
+	// every algorithm by the machine's total work.
+	machines, machineCores []int
+}
+
+// newTopology reads the topology of the group nodes.
+func newTopology(nodes []control.NodeInfo) topology {
+	var t topology
+	t.hosts, t.numHosts = hostOrdinals(nodes)
+	t.evenHosts = evenHosts(t.hosts, t.numHosts)
+	t.machines, t.machineCores = machineCores(nodes)
+	return t
+}
+
 // evenHosts reports whether every host runs the same number of ranks.
 func evenHosts(hosts []int, numHosts int) bool {
 	per := make([]int, numHosts)
