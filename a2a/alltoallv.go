@@ -157,16 +157,47 @@ func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matri
 // alltoallv validates, plans and runs one AllToAllV-shaped exchange. matrix,
 // when not nil, is the global traffic matrix every rank holds identically.
 func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64, send []byte, sendCounts []int, recv []byte, recvCounts []int, matrix []int) (algo.Algo, error) {
-	if err := c.checkCounts("send", sendCounts, len(send)); err != nil {
+	if err := c.checkExchange(sendCounts, len(send), recvCounts, len(recv)); err != nil {
 		return algo.AlgoAuto, err
 	}
-	if err := c.checkCounts("recv", recvCounts, len(recv)); err != nil {
-		return algo.AlgoAuto, err
+	a := c.pickAllToAllV(kind, matrix)
+	sched, a, err := c.planAllToAllV(ctx, seq, a, sendCounts, recvCounts, matrix)
+	if err != nil {
+		return a, err
+	}
+	c.setLastAlgo(a)
+	c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = send, recv
+	err = c.eng.Run(ctx, kind, seq, 0, sched, &c.scratch.bufs)
+	c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = nil, nil
+	// Every pair exchanged something in this op (a message or a frame, even
+	// an empty one), so a peer that starts the next op has finished reading
+	// the slots of the previous epoch of the same parity: the LL epoch may
+	// advance. Only all-to-all shaped ops advance it; a rooted collective
+	// would not give that guarantee.
+	c.eng.NextLLEpoch()
+	return a, err
+}
+
+// checkExchange validates the counts of an AllToAllV-shaped exchange against
+// its buffers.
+func (c *Comm) checkExchange(sendCounts []int, sendLen int, recvCounts []int, recvLen int) error {
+	if err := c.checkCounts("send", sendCounts, sendLen); err != nil {
+		return err
+	}
+	if err := c.checkCounts("recv", recvCounts, recvLen); err != nil {
+		return err
 	}
 	if sendCounts[c.rank] != recvCounts[c.rank] {
-		return algo.AlgoAuto, fault.New(fault.ErrInvalidArgument, c.rank, "sendCounts[self]=%d != recvCounts[self]=%d", sendCounts[c.rank], recvCounts[c.rank])
+		return fault.New(fault.ErrInvalidArgument, c.rank, "sendCounts[self]=%d != recvCounts[self]=%d", sendCounts[c.rank], recvCounts[c.rank])
 	}
-	a := c.plan.algo // forced, or chosen at join from inputs every rank shares
+	return nil
+}
+
+// pickAllToAllV is the algorithm of an exchange of kind: the forced one, or
+// the one chosen at join from inputs every rank shares, or, with the global
+// matrix and no forcing, the choice for that matrix.
+func (c *Comm) pickAllToAllV(kind transport.OpKind, matrix []int) algo.Algo {
+	a := c.plan.algo
 	switch {
 	case kind == transport.OpCounts && (a == algo.AlgoStaged || a == algo.AlgoSkew):
 		a = algo.AlgoFullmesh // the small counts exchanges that staged and skew rely on
@@ -182,57 +213,65 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 		})
 		a = algo.AlgoFullmesh
 	}
+	return a
+}
+
+// planAllToAllV plans an exchange by algorithm a and returns the schedule
+// and the algorithm to report: ll when every block of this rank goes by LL.
+// Staged and skew need the global matrix, gathered in-band when matrix is
+// nil.
+func (c *Comm) planAllToAllV(ctx context.Context, seq uint64, a algo.Algo, sendCounts, recvCounts, matrix []int) (*algo.Schedule, algo.Algo, error) {
 	var err error
-	if (a == algo.AlgoStaged || a == algo.AlgoSkew) && matrix == nil {
-		if matrix, err = c.gatherMatrix(ctx, seq, sendCounts); err != nil {
-			return a, err
-		}
-	}
-	if a == algo.AlgoSkew {
-		err = algo.PlanSkew(&c.plan.sched, algo.SkewArgs{Rank: c.rank, World: c.size, Matrix: matrix, Streams: c.cfg.Streams, Window: 1})
-	}
-	if a == algo.AlgoStaged {
-		err = algo.PlanStaged(&c.plan.sched, algo.StagedArgs{Rank: c.rank, World: c.size, Matrix: matrix, Hosts: c.topo.hosts, Streams: c.cfg.Streams})
-	}
-	sched, allLL := &c.plan.sched, false
-	if err == nil && (a == algo.AlgoPairwise || a == algo.AlgoFullmesh || a == algo.AlgoLL) {
-		// These plans depend on the counts and the Comm's settings only.
-		entry, planned := (*cachedPlan)(nil), false
-		if sched, entry, planned = c.plan.cache.lookup("alltoallv", a, sendCounts, recvCounts); !planned {
-			args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts,
-				Streams: c.cfg.Streams, Window: c.cfg.Window, LLCutoff: c.ll.cut, LLQuiet: c.ll.quiet}
-			switch a {
-			case algo.AlgoPairwise:
-				err = algo.PlanPairwise(sched, args)
-			case algo.AlgoFullmesh:
-				err = algo.PlanFullmesh(sched, args)
-			default:
-				err = algo.PlanLL(sched, args)
+	if a == algo.AlgoStaged || a == algo.AlgoSkew {
+		if matrix == nil {
+			if matrix, err = c.gatherMatrix(ctx, seq, sendCounts); err != nil {
+				return nil, a, err
 			}
-			if err != nil {
-				entry.forget()
-			}
-			entry.allLL = args.AllLL()
 		}
-		allLL = entry.allLL
+		if a == algo.AlgoSkew {
+			err = algo.PlanSkew(&c.plan.sched, algo.SkewArgs{Rank: c.rank, World: c.size, Matrix: matrix, Streams: c.cfg.Streams, Window: 1})
+		} else {
+			err = algo.PlanStaged(&c.plan.sched, algo.StagedArgs{Rank: c.rank, World: c.size, Matrix: matrix, Hosts: c.topo.hosts, Streams: c.cfg.Streams})
+		}
+		if err != nil {
+			return nil, a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", a)
+		}
+		return &c.plan.sched, a, nil
 	}
+	sched, allLL, err := c.planFlat("alltoallv", a, algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts,
+		Streams: c.cfg.Streams, Window: c.cfg.Window, LLCutoff: c.ll.cut, LLQuiet: c.ll.quiet})
 	if err != nil {
-		return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", a)
+		return nil, a, err
 	}
 	if allLL {
 		a = algo.AlgoLL // for reports: no block of this rank went by frames
 	}
-	c.setLastAlgo(a)
-	c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = send, recv
-	err = c.eng.Run(ctx, kind, seq, 0, sched, &c.scratch.bufs)
-	c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = nil, nil
-	// Every pair exchanged something in this op (a message or a frame, even
-	// an empty one), so a peer that starts the next op has finished reading
-	// the slots of the previous epoch of the same parity: the LL epoch may
-	// advance. Only all-to-all shaped ops advance it; a rooted collective
-	// would not give that guarantee.
-	c.eng.NextLLEpoch()
-	return a, err
+	return sched, a, nil
+}
+
+// planFlat returns the plan of a flat AllToAllV (pairwise, fullmesh or ll)
+// for op, from the cache when a call with the same inputs planned it
+// before: these plans depend on the counts and the Comm's settings only.
+// allLL reports that every block of this rank goes by LL.
+func (c *Comm) planFlat(op string, a algo.Algo, args algo.AllToAllVArgs) (sched *algo.Schedule, allLL bool, err error) {
+	sched, entry, planned := c.plan.cache.lookup(op, a, args.SendCounts, args.RecvCounts)
+	if planned {
+		return sched, entry.allLL, nil
+	}
+	switch a {
+	case algo.AlgoPairwise:
+		err = algo.PlanPairwise(sched, args)
+	case algo.AlgoFullmesh:
+		err = algo.PlanFullmesh(sched, args)
+	default:
+		err = algo.PlanLL(sched, args)
+	}
+	if err != nil {
+		entry.forget()
+		return nil, false, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", a)
+	}
+	entry.allLL = args.AllLL()
+	return sched, entry.allLL, nil
 }
 
 // chooseForMatrix picks an algorithm from the global matrix; every rank holds

@@ -134,22 +134,13 @@ func (c *Comm) spansRun(ctx context.Context, seq uint64) (algo.Algo, error) {
 		a = algo.AlgoFullmesh
 	}
 	args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: st.sendCounts, RecvCounts: st.recvCounts, Streams: c.cfg.Streams, Window: c.cfg.Window}
-	sched, entry, planned := c.plan.cache.lookup("alltoallvspans", a, st.sendCounts, st.recvCounts)
-	if !planned {
-		var err error
-		if a == algo.AlgoPairwise {
-			err = algo.PlanPairwise(sched, args)
-		} else {
-			err = algo.PlanFullmesh(sched, args)
-		}
-		if err != nil {
-			entry.forget()
-			return a, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", a)
-		}
+	sched, _, err := c.planFlat("alltoallvspans", a, args)
+	if err != nil {
+		return a, err
 	}
 	c.setLastAlgo(a)
 	c.eng.SetVirtual(&st.send, &st.recv)
-	err := c.eng.Run(ctx, transport.OpAllToAllV, seq, 0, sched, &c.scratch.bufs)
+	err = c.eng.Run(ctx, transport.OpAllToAllV, seq, 0, sched, &c.scratch.bufs)
 	c.eng.SetVirtual(nil, nil)
 	st.send.Release() // do not keep the caller's buffers
 	st.recv.Release()
