@@ -73,7 +73,7 @@ type Comm struct {
 	ll      llPolicy
 	plan    planState
 	scratch scratch
-	rep     *reporter // traffic reports for a2ad's live view (report.go); nil when off
+	rep     *reporter // traffic reports for a2ad's live view (tally.go); nil when off
 }
 
 // lifecycle is what admits a call, and what stops it: Close, this rank's
