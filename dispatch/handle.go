@@ -262,7 +262,10 @@ func (h *Handle) exec() error {
 	return err
 }
 
-// runDispatch packs the rows, learns the receive counts and exchanges the rows.
+// runDispatch packs the rows, learns the receive counts and exchanges the
+// rows, in phases: the send layout, the pack, the counts exchange, the
+// receive layout, the rows exchange and the unpack of the received blocks
+// into segments.
 //
 // Rows for this rank's own experts never enter the collective: they are
 // copied straight from the tokens into the front of the receive buffer (one
@@ -270,19 +273,60 @@ func (h *Handle) exec() error {
 // the tokens that packs the other ranks' rows, and combine reads their
 // outputs where the experts wrote them. The receive buffer is sized for the
 // pack by what this rank sends (loads are usually about symmetric) and grown,
-// keeping those rows, if the counts then ask for more.
+// keeping those rows, if the counts then ask for more. With shared memory the
+// pack waits for the counts instead: it writes into the peers' receive
+// buffers, which exist only once they know what they receive.
 func (h *Handle) runDispatch() error {
 	start := time.Now()
-	d, p := h.d, &h.plan
-	P, rb, nLocal, me := d.size, d.rowBytes, d.nLocal, d.rank
-	le := binary.LittleEndian
+	d := h.d
+	sendLayout := h.layoutSend()
+	if !d.shared {
+		// Packed at once, while the counts are still unknown.
+		if err := h.growRecv(max(h.selfBytes+sendLayout, cap(h.recv)), 0); err != nil {
+			return err
+		}
+		h.pack()
+	}
+	if err := h.exchangeCounts(); err != nil {
+		return err
+	}
+	recvLayout := h.layoutRecv()
+	if d.shared {
+		if err := h.growRecv(recvLayout, 0); err != nil {
+			return err
+		}
+		if err := h.packShared(); err != nil {
+			return err
+		}
+	} else if err := h.growRecv(recvLayout, h.selfBytes); err != nil {
+		return err
+	}
+	if err := h.exchangeRows(); err != nil {
+		return err
+	}
+	if err := h.readBlockHeaders(); err != nil {
+		return err
+	}
+	h.indexSegments()
+	h.dispatchTime = time.Since(start)
+	h.combineTime = 0
+	if o := d.cfg.Observer; o != nil {
+		o.ObserveDispatch(h.dispatchTime, h.plan.ExpertRows, h.dropped, routing.Imbalance(h.plan.RankRows))
+	}
+	return nil
+}
 
-	// sendDispl is the layout of every block as if all were packed in
-	// one buffer (combine's slot offsets use it); the send buffer holds
-	// only the AllToAllV's blocks, and rowSrc/rowDelta map the one to the
-	// other (the blocks for shared-memory peers get their place later).
+// layoutSend lays out the blocks this rank sends and returns the size of the
+// whole send layout. sendDispl is the layout of every block as if all were
+// packed in one buffer (combine's slot offsets use it); the send buffer holds
+// only the AllToAllV's blocks, and rowSrc/rowDelta map the one to the other
+// (the blocks for shared-memory peers get their place later). With gather,
+// sendSpans gets room for one span per row the AllToAllV sends.
+func (h *Handle) layoutSend() int {
+	d, p := h.d, &h.plan
+	rb, me := d.rowBytes, d.rank
 	off, sent := 0, 0
-	for j := range P {
+	for j := range d.size {
 		h.sendDispl[j] = off
 		h.sendCounts[j], h.a2aSend[j] = 0, 0
 		if j != me {
@@ -297,7 +341,7 @@ func (h *Handle) runDispatch() error {
 	}
 	h.send = grow(h.send, sent)
 	h.gather = d.cfg.Counts == CountsInBand
-	for j := range P {
+	for j := range d.size {
 		if !d.sharedWith[j] {
 			h.rowSrc[j] = h.send
 		}
@@ -311,131 +355,153 @@ func (h *Handle) runDispatch() error {
 		h.sendSpans[j] = h.sendSpans[j][:n]
 	}
 	h.selfBytes = p.RankRows[me] * rb
-	if !d.shared {
-		// Packed at once, while the counts are still unknown.
-		if err := h.growRecv(max(h.selfBytes+off, cap(h.recv)), 0); err != nil {
-			return err
-		}
-		h.pack()
-	}
+	return off
+}
+
+// exchangeCounts learns how many bytes each rank sends this one
+// (recvCounts) and, in-band, how many rows for each local expert
+// (rowsFrom); with CountsNATS the rows per expert come later, in the
+// blocks' headers. This rank's rows for itself are known already.
+func (h *Handle) exchangeCounts() error {
+	d, p := h.d, &h.plan
+	P, me, nLocal := d.size, d.rank, d.nLocal
 	for l, e := range d.pl.PerRank[me] {
 		h.rowsFrom[me*nLocal+l] = p.ExpertRows[e]
 	}
-
 	if d.cfg.Counts == CountsInBand {
-		clear(h.hdrOut)
-		for j, es := range d.pl.PerRank {
-			if j == me {
-				continue
-			}
-			for l, e := range es {
-				le.PutUint32(h.hdrOut[4*(j*d.maxLocal+l):], uint32(p.ExpertRows[e]))
-			}
+		return h.exchangeCountsInBand()
+	}
+	h.matrix = growInts(h.matrix, P*P)
+	return d.comm.ExchangeCountsMatrix(h.ctx, h.sendCounts, h.recvCounts, h.matrix)
+}
+
+// exchangeCountsInBand sends every rank this rank's rows for each of its
+// experts and receives the same from them, with one fixed-size AllToAll of
+// maxLocal counts per pair.
+func (h *Handle) exchangeCountsInBand() error {
+	d, p := h.d, &h.plan
+	P, rb, me, nLocal := d.size, d.rowBytes, d.rank, d.nLocal
+	le := binary.LittleEndian
+	clear(h.hdrOut)
+	for j, es := range d.pl.PerRank {
+		if j == me {
+			continue
 		}
-		if err := d.comm.AllToAll(h.ctx, h.hdrOut, h.hdrIn); err != nil {
-			return err
-		}
-		for i := range P {
-			h.recvCounts[i] = 0
-			if i == me {
-				continue
-			}
-			total := 0
-			for l := range d.maxLocal {
-				n := int(le.Uint32(h.hdrIn[4*(i*d.maxLocal+l):]))
-				if l >= nLocal {
-					if n != 0 {
-						return h.mismatch(i, "sends %d rows for local expert %d of %d", n, l, nLocal)
-					}
-					continue
-				}
-				h.rowsFrom[i*nLocal+l] = n
-				total += n
-			}
-			h.recvCounts[i] = total * rb
-		}
-	} else {
-		h.matrix = growInts(h.matrix, P*P)
-		if err := d.comm.ExchangeCountsMatrix(h.ctx, h.sendCounts, h.recvCounts, h.matrix); err != nil {
-			return err
+		for l, e := range es {
+			le.PutUint32(h.hdrOut[4*(j*d.maxLocal+l):], uint32(p.ExpertRows[e]))
 		}
 	}
-	// Layout of recv: this rank's own rows, then the other ranks' blocks
-	// in rank order as the AllToAllV delivers them, then those written
-	// through shared memory, in rank order.
-	off = h.selfBytes
+	if err := d.comm.AllToAll(h.ctx, h.hdrOut, h.hdrIn); err != nil {
+		return err
+	}
 	for i := range P {
+		h.recvCounts[i] = 0
+		if i == me {
+			continue
+		}
+		total := 0
+		for l := range d.maxLocal {
+			n := int(le.Uint32(h.hdrIn[4*(i*d.maxLocal+l):]))
+			if l >= nLocal {
+				if n != 0 {
+					return h.mismatch(i, "sends %d rows for local expert %d of %d", n, l, nLocal)
+				}
+				continue
+			}
+			h.rowsFrom[i*nLocal+l] = n
+			total += n
+		}
+		h.recvCounts[i] = total * rb
+	}
+	return nil
+}
+
+// layoutRecv lays out recv and returns its size: this rank's own rows, then
+// the other ranks' blocks in rank order as the AllToAllV delivers them, then
+// those written through shared memory, in rank order.
+func (h *Handle) layoutRecv() int {
+	d := h.d
+	off := h.selfBytes
+	for i := range d.size {
 		h.a2aRecv[i] = 0
-		if i != me && !d.sharedWith[i] {
+		if i != d.rank && !d.sharedWith[i] {
 			h.recvDispl[i] = off
 			h.a2aRecv[i] = h.recvCounts[i]
 			off += h.recvCounts[i]
 		}
 	}
 	h.remoteRecv = off - h.selfBytes
-	for i := range P {
+	for i := range d.size {
 		if d.sharedWith[i] { // never this rank
 			h.recvDispl[i] = off
 			off += h.recvCounts[i]
 		}
 	}
-	h.recvDispl[me] = h.selfBytes
-	if d.shared {
-		if err := h.growRecv(off, 0); err != nil {
-			return err
-		}
-		if err := h.packShared(); err != nil {
-			return err
-		}
-	} else if err := h.growRecv(off, h.selfBytes); err != nil {
-		return err
-	}
-	if d.exchange {
-		// For the peers that wrote into recv through shared memory, this
-		// call's message from them (every pair exchanges one in an
-		// AllToAllV, empty or not) also says that they finished.
-		var err error
-		if h.gather {
-			for i := range P {
-				h.recvSpans[i] = h.recvSpans[i][:0]
-				if h.a2aRecv[i] > 0 {
-					h.recvSpans[i] = append(h.recvSpans[i], a2a.Span{Off: h.recvDispl[i], Len: h.a2aRecv[i]})
-				}
-			}
-			err = d.comm.AllToAllVSpans(h.ctx, h.tokens, h.sendSpans, h.recv, h.recvSpans)
-		} else {
-			err = d.comm.AllToAllV(h.ctx, h.send, h.a2aSend, h.recv[h.selfBytes:h.selfBytes+h.remoteRecv], h.a2aRecv)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	if d.hdrSelf > 0 {
-		for i := range P {
-			if i == me {
-				continue
-			}
-			blk := h.recv[h.recvDispl[i] : h.recvDispl[i]+h.recvCounts[i]]
-			if len(blk) < d.hdrSelf {
-				return h.mismatch(i, "sent a %d-byte block, shorter than its %d-byte header", len(blk), d.hdrSelf)
-			}
-			total := 0
-			for l := range nLocal {
-				n := int(le.Uint32(blk[4*l:]))
-				h.rowsFrom[i*nLocal+l] = n
-				total += n
-			}
-			if d.hdrSelf+total*rb != len(blk) {
-				return h.mismatch(i, "sent %d bytes with a header announcing %d rows of %d bytes", len(blk), total, rb)
-			}
-		}
-	}
+	h.recvDispl[d.rank] = h.selfBytes
+	return off
+}
 
+// exchangeRows runs the AllToAllV, if the group has one: from the tokens
+// themselves with gather, else from the send buffer. For the peers that
+// wrote into recv through shared memory, this call's message from them
+// (every pair exchanges one in an AllToAllV, empty or not) also says that
+// they finished.
+func (h *Handle) exchangeRows() error {
+	d := h.d
+	if !d.exchange {
+		return nil
+	}
+	if !h.gather {
+		return d.comm.AllToAllV(h.ctx, h.send, h.a2aSend, h.recv[h.selfBytes:h.selfBytes+h.remoteRecv], h.a2aRecv)
+	}
+	for i := range d.size {
+		h.recvSpans[i] = h.recvSpans[i][:0]
+		if h.a2aRecv[i] > 0 {
+			h.recvSpans[i] = append(h.recvSpans[i], a2a.Span{Off: h.recvDispl[i], Len: h.a2aRecv[i]})
+		}
+	}
+	return d.comm.AllToAllVSpans(h.ctx, h.tokens, h.sendSpans, h.recv, h.recvSpans)
+}
+
+// readBlockHeaders reads, with CountsNATS, each received block's header into
+// rowsFrom, and checks it against the block's size.
+func (h *Handle) readBlockHeaders() error {
+	d := h.d
+	if d.hdrSelf == 0 {
+		return nil
+	}
+	rb, nLocal := d.rowBytes, d.nLocal
+	for i := range d.size {
+		if i == d.rank {
+			continue
+		}
+		blk := h.recv[h.recvDispl[i] : h.recvDispl[i]+h.recvCounts[i]]
+		if len(blk) < d.hdrSelf {
+			return h.mismatch(i, "sent a %d-byte block, shorter than its %d-byte header", len(blk), d.hdrSelf)
+		}
+		total := 0
+		for l := range nLocal {
+			n := int(binary.LittleEndian.Uint32(blk[4*l:]))
+			h.rowsFrom[i*nLocal+l] = n
+			total += n
+		}
+		if d.hdrSelf+total*rb != len(blk) {
+			return h.mismatch(i, "sent %d bytes with a header announcing %d rows of %d bytes", len(blk), total, rb)
+		}
+	}
+	return nil
+}
+
+// indexSegments unpacks rowsFrom into the segments of recv, the rows per
+// local expert and the step's byte counts.
+func (h *Handle) indexSegments() {
+	d := h.d
+	P, rb, nLocal := d.size, d.rowBytes, d.nLocal
 	clear(h.expertRows)
 	h.sentBytes, h.recvBytes = 0, 0
 	for i := range P {
 		pos := h.recvDispl[i] + d.hdrSelf
-		if i == me {
+		if i == d.rank {
 			pos = 0
 		}
 		for l := range nLocal {
@@ -447,12 +513,6 @@ func (h *Handle) runDispatch() error {
 		h.sentBytes += int64(h.sendCounts[i])
 		h.recvBytes += int64(h.recvCounts[i])
 	}
-	h.dispatchTime = time.Since(start)
-	h.combineTime = 0
-	if o := d.cfg.Observer; o != nil {
-		o.ObserveDispatch(h.dispatchTime, p.ExpertRows, h.dropped, routing.Imbalance(p.RankRows))
-	}
-	return nil
 }
 
 // streamBytes is the size of a pack or combine output from which rows are
