@@ -379,16 +379,12 @@ func (h *Handle) exchangeCounts() error {
 // experts and receives the same from them, with one fixed-size AllToAll of
 // maxLocal counts per pair.
 func (h *Handle) exchangeCountsInBand() error {
-	d, p := h.d, &h.plan
-	P, rb, me, nLocal := d.size, d.rowBytes, d.rank, d.nLocal
-	le := binary.LittleEndian
+	d := h.d
+	P, rb, me, nLocal, maxLocal := d.size, d.rowBytes, d.rank, d.nLocal, d.maxLocal
 	clear(h.hdrOut)
-	for j, es := range d.pl.PerRank {
-		if j == me {
-			continue
-		}
-		for l, e := range es {
-			le.PutUint32(h.hdrOut[4*(j*d.maxLocal+l):], uint32(p.ExpertRows[e]))
+	for j, experts := range d.pl.PerRank {
+		if j != me {
+			putRowCounts(h.hdrOut[4*j*maxLocal:], experts, h.plan.ExpertRows)
 		}
 	}
 	if err := d.comm.AllToAll(h.ctx, h.hdrOut, h.hdrIn); err != nil {
@@ -399,17 +395,12 @@ func (h *Handle) exchangeCountsInBand() error {
 		if i == me {
 			continue
 		}
-		total := 0
-		for l := range d.maxLocal {
-			n := int(le.Uint32(h.hdrIn[4*(i*d.maxLocal+l):]))
-			if l >= nLocal {
-				if n != 0 {
-					return h.mismatch(i, "sends %d rows for local expert %d of %d", n, l, nLocal)
-				}
-				continue
+		counts := h.hdrIn[4*i*maxLocal : 4*(i+1)*maxLocal]
+		total := getRowCounts(h.rowsFrom[i*nLocal:(i+1)*nLocal], counts)
+		for l := nLocal; l < maxLocal; l++ {
+			if n := binary.LittleEndian.Uint32(counts[4*l:]); n != 0 {
+				return h.mismatch(i, "sends %d rows for local expert %d of %d", n, l, nLocal)
 			}
-			h.rowsFrom[i*nLocal+l] = n
-			total += n
 		}
 		h.recvCounts[i] = total * rb
 	}
@@ -479,12 +470,7 @@ func (h *Handle) readBlockHeaders() error {
 		if len(blk) < d.hdrSelf {
 			return h.mismatch(i, "sent a %d-byte block, shorter than its %d-byte header", len(blk), d.hdrSelf)
 		}
-		total := 0
-		for l := range nLocal {
-			n := int(binary.LittleEndian.Uint32(blk[4*l:]))
-			h.rowsFrom[i*nLocal+l] = n
-			total += n
-		}
+		total := getRowCounts(h.rowsFrom[i*nLocal:(i+1)*nLocal], blk)
 		if d.hdrSelf+total*rb != len(blk) {
 			return h.mismatch(i, "sent %d bytes with a header announcing %d rows of %d bytes", len(blk), total, rb)
 		}
@@ -515,6 +501,27 @@ func (h *Handle) indexSegments() {
 	}
 }
 
+// putRowCounts writes a row-count header, in-band or at the front of a
+// CountsNATS block: for each expert of the receiving rank, in its local
+// order, the rows this rank sends it (expertRows[e]) as a little-endian
+// uint32.
+func putRowCounts(hdr []byte, experts, expertRows []int) {
+	for l, e := range experts {
+		binary.LittleEndian.PutUint32(hdr[4*l:], uint32(expertRows[e]))
+	}
+}
+
+// getRowCounts reads the first len(rows) counts of a header putRowCounts
+// wrote into rows and returns their sum.
+func getRowCounts(rows []int, hdr []byte) (total int) {
+	for l := range rows {
+		n := int(binary.LittleEndian.Uint32(hdr[4*l:]))
+		rows[l] = n
+		total += n
+	}
+	return total
+}
+
 // streamBytes is the size of a pack or combine output from which rows are
 // written with streaming (non-temporal) stores, as Go's memmove does for
 // copies from 1 MiB: outputs that large leave the caches before anyone reads
@@ -534,7 +541,6 @@ const streamBytes = 1 << 20
 func (h *Handle) pack() {
 	d, p := h.d, &h.plan
 	P, rb, me := d.size, d.rowBytes, d.rank
-	le := binary.LittleEndian
 	for j := range P {
 		if j == me {
 			// Packed row r of this rank's experts lands at (r-RankStart)*rb of recv.
@@ -545,9 +551,7 @@ func (h *Handle) pack() {
 		if hb := d.hdr[j]; hb > 0 {
 			hdr := h.rowSrc[j][pos-h.rowDelta[j]:][:hb]
 			clear(hdr)
-			for l, e := range d.pl.PerRank[j] {
-				le.PutUint32(hdr[4*l:], uint32(p.ExpertRows[e]))
-			}
+			putRowCounts(hdr, d.pl.PerRank[j], p.ExpertRows)
 		}
 		h.rowBase[j] = pos + d.hdr[j] - p.RankStart[j]*rb
 	}
