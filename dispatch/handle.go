@@ -443,7 +443,7 @@ func (h *Handle) exchangeRows() error {
 		return nil
 	}
 	if !h.gather {
-		return d.comm.AllToAllV(h.ctx, h.send, h.a2aSend, h.recv[h.selfBytes:h.selfBytes+h.remoteRecv], h.a2aRecv)
+		return d.comm.AllToAllV(h.ctx, h.send, h.a2aSend, h.remoteRows(h.recv), h.a2aRecv)
 	}
 	for i := range d.size {
 		h.recvSpans[i] = h.recvSpans[i][:0]
@@ -452,6 +452,12 @@ func (h *Handle) exchangeRows() error {
 		}
 	}
 	return d.comm.AllToAllVSpans(h.ctx, h.tokens, h.sendSpans, h.recv, h.recvSpans)
+}
+
+// remoteRows is the part of b, laid out as recv, that holds the AllToAllV's
+// blocks: after this rank's own rows, before the shared-memory peers'.
+func (h *Handle) remoteRows(b []byte) []byte {
+	return b[h.selfBytes : h.selfBytes+h.remoteRecv]
 }
 
 // readBlockHeaders reads, with CountsNATS, each received block's header into
@@ -625,7 +631,7 @@ func (h *Handle) runCombine() error {
 		// The reverse of the dispatch: what came from rank i goes back to
 		// it, landing where this rank's rows for it were packed. The
 		// outputs for this rank's own rows stay where they are.
-		if err := d.comm.AllToAllV(h.ctx, h.expertOut[h.selfBytes:h.selfBytes+h.remoteRecv], h.a2aRecv, h.send, h.a2aSend); err != nil {
+		if err := d.comm.AllToAllV(h.ctx, h.remoteRows(h.expertOut), h.a2aRecv, h.send, h.a2aSend); err != nil {
 			return err
 		}
 	}
