@@ -198,45 +198,14 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 	if c == nil {
 		return nil, invalidf("nil Comm")
 	}
-	if cfg.DType == 0 {
-		cfg.DType = reduce.Float32
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	switch {
-	case cfg.Experts < 1:
-		return nil, invalidf("experts %d, want >= 1", cfg.Experts)
-	case cfg.K < 1 || cfg.K > cfg.Experts:
-		return nil, invalidf("top-k %d, want 1 <= k <= experts (%d)", cfg.K, cfg.Experts)
-	case cfg.Hidden < 1:
-		return nil, invalidf("hidden size %d, want >= 1", cfg.Hidden)
-	case cfg.DType != reduce.Float32 && cfg.DType != reduce.BFloat16 && cfg.DType != reduce.Float16:
-		return nil, invalidf("dtype %v, want float32, bfloat16 or float16", cfg.DType)
-	case cfg.Counts != CountsInBand && cfg.Counts != CountsNATS:
-		return nil, invalidf("counts mode %v", cfg.Counts)
-	case cfg.Rows != RowsAuto && cfg.Rows != RowsAllToAllV:
-		return nil, invalidf("row path %v", cfg.Rows)
-	case math.IsNaN(cfg.CapacityFactor) || math.IsInf(cfg.CapacityFactor, 0):
-		return nil, invalidf("capacity factor %v, want finite (<= 0: unlimited)", cfg.CapacityFactor)
-	case cfg.Hidden > math.MaxInt32/cfg.DType.Size():
-		return nil, invalidf("hidden size %d: rows over 2 GiB", cfg.Hidden)
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	rank, size := c.Rank(), c.Size()
-	pl := cfg.Placement
-	if pl == nil {
-		var err error
-		if pl, err = routing.Contiguous(cfg.Experts, size); err != nil {
-			return nil, wrapInvalid(err, "placement")
-		}
-	} else {
-		if err := pl.Validate(); err != nil {
-			return nil, wrapInvalid(err, "placement")
-		}
-		if pl.Experts != cfg.Experts || pl.Ranks != size {
-			return nil, invalidf("placement of %d experts over %d ranks, want %d experts over the Comm's %d ranks",
-				pl.Experts, pl.Ranks, cfg.Experts, size)
-		}
+	pl, err := cfg.placement(size)
+	if err != nil {
+		return nil, err
 	}
 	d := &Dispatcher{
 		comm: c, cfg: cfg, log: cfg.Logger, pl: pl,
@@ -266,6 +235,62 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 	d.log.Debug("dispatch: layer ready", "rank", rank, "ranks", size, "experts", cfg.Experts, "k", cfg.K,
 		"hidden", cfg.Hidden, "dtype", cfg.DType, "local_experts", d.nLocal, "counts", cfg.Counts, "shared_memory", d.shared)
 	return d, nil
+}
+
+// withDefaults returns cfg with its zero DType and Logger filled in.
+func (cfg Config) withDefaults() Config {
+	if cfg.DType == 0 {
+		cfg.DType = reduce.Float32
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg
+}
+
+// validate reports the first field of cfg (defaults filled in) out of range.
+// The placement is checked by placement, against the Comm's size.
+func (cfg Config) validate() error {
+	switch {
+	case cfg.Experts < 1:
+		return invalidf("experts %d, want >= 1", cfg.Experts)
+	case cfg.K < 1 || cfg.K > cfg.Experts:
+		return invalidf("top-k %d, want 1 <= k <= experts (%d)", cfg.K, cfg.Experts)
+	case cfg.Hidden < 1:
+		return invalidf("hidden size %d, want >= 1", cfg.Hidden)
+	case cfg.DType != reduce.Float32 && cfg.DType != reduce.BFloat16 && cfg.DType != reduce.Float16:
+		return invalidf("dtype %v, want float32, bfloat16 or float16", cfg.DType)
+	case cfg.Counts != CountsInBand && cfg.Counts != CountsNATS:
+		return invalidf("counts mode %v", cfg.Counts)
+	case cfg.Rows != RowsAuto && cfg.Rows != RowsAllToAllV:
+		return invalidf("row path %v", cfg.Rows)
+	case math.IsNaN(cfg.CapacityFactor) || math.IsInf(cfg.CapacityFactor, 0):
+		return invalidf("capacity factor %v, want finite (<= 0: unlimited)", cfg.CapacityFactor)
+	case cfg.Hidden > math.MaxInt32/cfg.DType.Size():
+		return invalidf("hidden size %d: rows over 2 GiB", cfg.Hidden)
+	}
+	return nil
+}
+
+// placement returns the layer's placement over ranks ranks: cfg.Placement,
+// checked, or the contiguous one if it is nil.
+func (cfg Config) placement(ranks int) (*routing.Placement, error) {
+	if cfg.Placement == nil {
+		pl, err := routing.Contiguous(cfg.Experts, ranks)
+		if err != nil {
+			return nil, wrapInvalid(err, "placement")
+		}
+		return pl, nil
+	}
+	pl := cfg.Placement
+	if err := pl.Validate(); err != nil {
+		return nil, wrapInvalid(err, "placement")
+	}
+	if pl.Experts != cfg.Experts || pl.Ranks != ranks {
+		return nil, invalidf("placement of %d experts over %d ranks, want %d experts over the Comm's %d ranks",
+			pl.Experts, pl.Ranks, cfg.Experts, ranks)
+	}
+	return pl, nil
 }
 
 // agree checks that every rank configured the same layer: each sends every
