@@ -109,11 +109,15 @@ func (a *AllToAllVArgs) Validate() error {
 	return nil
 }
 
-func (a *AllToAllVArgs) blockSize() int {
-	if a.BlockSize <= 0 {
+func (a *AllToAllVArgs) blockSize() int { return frameBlock(a.BlockSize) }
+
+// frameBlock is the largest frame for a BlockSize setting: the setting
+// itself, or DefaultBlockSize when it is 0 (or less).
+func frameBlock(blockSize int) int {
+	if blockSize <= 0 {
 		return DefaultBlockSize
 	}
-	return a.BlockSize
+	return blockSize
 }
 
 // FrameCount is the number of frames a message of n bytes travels as with the
@@ -121,9 +125,7 @@ func (a *AllToAllVArgs) blockSize() int {
 // message has at least one frame so that the receiver validates its length
 // even when it is empty.
 func FrameCount(n, blockSize int) int {
-	if blockSize <= 0 {
-		blockSize = DefaultBlockSize
-	}
+	blockSize = frameBlock(blockSize)
 	if n <= 0 {
 		return 1
 	}
@@ -162,6 +164,29 @@ func (s *Schedule) displacements(a *AllToAllVArgs) (sd, rd []int) {
 		ro += a.RecvCounts[i]
 	}
 	return sd, rd
+}
+
+// matrixDisplacements writes the send and receive block offsets of rank me
+// under the world*world traffic matrix into sd and rd (by peer): its send
+// buffer holds its row in peer order, its receive buffer its column.
+func matrixDisplacements(matrix []int, world, me int, sd, rd []int) {
+	so, ro := 0, 0
+	for j := range world {
+		sd[j], rd[j] = so, ro
+		so += matrix[me*world+j]
+		ro += matrix[j*world+me]
+	}
+}
+
+// negativeEntry reports the first negative entry of the world*world traffic
+// matrix that planner name was given, or nil.
+func negativeEntry(name string, matrix []int, world int) error {
+	for i, v := range matrix {
+		if v < 0 {
+			return fmt.Errorf("%s: matrix[%d][%d] = %d is negative", name, i/world, i%world, v)
+		}
+	}
+	return nil
 }
 
 // addMessage appends the frames of one message (a send of src or a receive

@@ -127,11 +127,7 @@ func (a *CollArgs) elem() int { return max(1, a.ElemSize) }
 // whole elements, so that every frame of a reduced message reduces on its
 // own, and never less than one element.
 func (a *CollArgs) block() int {
-	b := a.BlockSize
-	if b <= 0 {
-		b = DefaultBlockSize
-	}
-	e := a.elem()
+	b, e := frameBlock(a.BlockSize), a.elem()
 	return max(e, b-b%e)
 }
 

@@ -46,16 +46,11 @@ func PlanSkew(s *Schedule, a SkewArgs) error {
 	case a.Streams < 1 || a.Window < 0 || a.BlockSize < 0:
 		return fmt.Errorf("skew: streams %d, window %d, block size %d", a.Streams, a.Window, a.BlockSize)
 	}
-	for i, v := range a.Matrix {
-		if v < 0 {
-			return fmt.Errorf("skew: matrix[%d][%d] = %d is negative", i/p, i%p, v)
-		}
+	if err := negativeEntry("skew", a.Matrix, p); err != nil {
+		return err
 	}
 	s.Reset(AlgoSkew)
-	block := a.BlockSize
-	if block == 0 {
-		block = DefaultBlockSize
-	}
+	block := frameBlock(a.BlockSize)
 	window := max(a.Window, 1)
 	// Work storage: pairs (p*p), round of each pair (p*p), and per matching
 	// the busy flags of senders and receivers (2p-1 matchings suffice for a
@@ -100,12 +95,7 @@ func PlanSkew(s *Schedule, a SkewArgs) error {
 		}
 	}
 	me := a.Rank
-	so, ro := 0, 0
-	for j := range p {
-		sd[j], rd[j] = so, ro
-		so += a.Matrix[me*p+j]
-		ro += a.Matrix[j*p+me]
-	}
+	matrixDisplacements(a.Matrix, p, me, sd, rd)
 	if v := a.Matrix[me*p+me]; v > 0 {
 		s.Add(Step{Kind: StepCopy, Peer: me, Src: Span{Buf: BufSend, Off: sd[me], Len: v}, Dst: Span{Buf: BufRecv, Off: rd[me], Len: v}})
 	}

@@ -48,31 +48,21 @@ func PlanStaged(s *Schedule, a StagedArgs) error {
 	case a.Streams < 1 || a.BlockSize < 0:
 		return fmt.Errorf("staged: streams %d, block size %d", a.Streams, a.BlockSize)
 	}
-	for i, v := range a.Matrix {
-		if v < 0 {
-			return fmt.Errorf("staged: matrix[%d][%d] = %d is negative", i/w, i%w, v)
-		}
+	if err := negativeEntry("staged", a.Matrix, w); err != nil {
+		return err
 	}
 	s.Reset(AlgoStaged)
 	t, err := s.topology(a.Hosts)
 	if err != nil {
 		return err
 	}
-	block := a.BlockSize
-	if block == 0 {
-		block = DefaultBlockSize
-	}
+	block := frameBlock(a.BlockSize)
 	m := func(i, j int) int { return a.Matrix[i*w+j] }
 	me := a.Rank
 	h, l := t.host[me], t.local[me]
 	// Displacements of my send blocks (by destination) and receive blocks (by source).
 	sd, rd := t.sd, t.rd
-	so, ro := 0, 0
-	for j := range w {
-		sd[j], rd[j] = so, ro
-		so += m(me, j)
-		ro += m(j, me)
-	}
+	matrixDisplacements(a.Matrix, w, me, sd, rd)
 	// Staging: fwd[h'] is the segment this rank forwards to (h', l): the blocks
 	// of every local rank (in local order) destined for (h', l).
 	fwd, scratch := t.fwd, 0
