@@ -37,6 +37,32 @@ type StagedArgs struct {
 // scratch and a third round copies each block to its place. Hosts of different
 // sizes return ErrUnevenHosts.
 func PlanStaged(s *Schedule, a StagedArgs) error {
+	if err := a.validate(); err != nil {
+		return err
+	}
+	s.Reset(AlgoStaged)
+	t, err := s.topology(a.Hosts)
+	if err != nil {
+		return err
+	}
+	pl := stagedPlan{s: s, a: &a, t: &t, me: a.Rank, host: t.host[a.Rank], local: t.local[a.Rank], block: frameBlock(a.BlockSize)}
+	matrixDisplacements(a.Matrix, a.World, a.Rank, t.sd, t.rd)
+	staging := pl.stagingSegments()
+	pl.intraHostRound() // phase 1
+	s.EndRound()
+	scratch, copies := pl.interHostRound(staging) // phase 2
+	s.EndRound()
+	if copies { // segments from hosts of scattered ranks landed in scratch
+		pl.placeLandedRound(staging)
+		s.EndRound()
+	}
+	s.ScratchBytes = scratch
+	return nil
+}
+
+// validate reports arguments PlanStaged cannot plan before it writes a step;
+// uneven hosts are found later, by topology.
+func (a *StagedArgs) validate() error {
 	w := a.World
 	switch {
 	case w < 1 || a.Rank < 0 || a.Rank >= w:
@@ -48,101 +74,148 @@ func PlanStaged(s *Schedule, a StagedArgs) error {
 	case a.Streams < 1 || a.BlockSize < 0:
 		return fmt.Errorf("staged: streams %d, block size %d", a.Streams, a.BlockSize)
 	}
-	if err := negativeEntry("staged", a.Matrix, w); err != nil {
-		return err
-	}
-	s.Reset(AlgoStaged)
-	t, err := s.topology(a.Hosts)
-	if err != nil {
-		return err
-	}
-	block := frameBlock(a.BlockSize)
-	m := func(i, j int) int { return a.Matrix[i*w+j] }
-	me := a.Rank
-	h, l := t.host[me], t.local[me]
-	// Displacements of my send blocks (by destination) and receive blocks (by source).
-	sd, rd := t.sd, t.rd
-	matrixDisplacements(a.Matrix, w, me, sd, rd)
-	// Staging: fwd[h'] is the segment this rank forwards to (h', l): the blocks
-	// of every local rank (in local order) destined for (h', l).
-	fwd, scratch := t.fwd, 0
+	return negativeEntry("staged", a.Matrix, w)
+}
+
+// stagedPlan is what PlanStaged's rounds share: this rank's place in the
+// host topology, whose sd, rd and fwd hold its send and receive
+// displacements and its staging segments.
+type stagedPlan struct {
+	s           *Schedule
+	a           *StagedArgs
+	t           *hostTopology
+	me          int // this rank
+	host, local int // its host ordinal and local index
+	block       int
+}
+
+// m is the number of bytes rank i sends rank j.
+func (pl *stagedPlan) m(i, j int) int { return pl.a.Matrix[i*pl.a.World+j] }
+
+// stagingSegments lays out the staging area and returns its size: fwd[h'] is
+// the segment this rank forwards to (h', local), the blocks of every rank of
+// its host (in local order) destined for (h', local); fwd[hosts] is the end.
+func (pl *stagedPlan) stagingSegments() int {
+	t, fwd, scratch := pl.t, pl.t.fwd, 0
 	for hh := range t.hosts {
 		fwd[hh] = scratch
-		if hh != h {
+		if hh != pl.host {
 			for ll := range t.per {
-				scratch += m(t.member(h, ll), t.member(hh, l))
+				scratch += pl.m(t.member(pl.host, ll), t.member(hh, pl.local))
 			}
 		}
 	}
 	fwd[t.hosts] = scratch
-	// Phase 1: one round with every local peer (and the local copies).
-	for ll := range t.per {
-		p := t.member(h, ll)
-		for hh := range t.hosts { // blocks to (hh, ll), in host order on both sides
-			dst := t.member(hh, ll)
-			span := Span{Buf: BufSend, Off: sd[dst], Len: m(me, dst)}
-			switch {
-			case p != me:
-				s.addMessage(StepSend, p, span, a.Streams, block)
-			case hh == h: // my block for myself
-				if span.Len > 0 {
-					s.Add(Step{Kind: StepCopy, Peer: me, Src: span, Dst: Span{Buf: BufRecv, Off: rd[me], Len: span.Len}})
-				}
-			case span.Len > 0: // my own block to forward to (hh, l)
-				s.Add(Step{Kind: StepCopy, Peer: me, Src: span, Dst: Span{Buf: BufScratch, Off: fwd[hh] + t.before(a.Matrix, h, ll, hh, l), Len: span.Len}})
-			}
-		}
-		if p == me {
+	return scratch
+}
+
+// intraHostRound appends phase 1: one exchange with every local peer, and
+// the local copies.
+func (pl *stagedPlan) intraHostRound() {
+	for ll := range pl.t.per {
+		p := pl.t.member(pl.host, ll)
+		if p == pl.me {
+			pl.copyOwnBlocks(ll)
 			continue
 		}
-		for hh := range t.hosts { // blocks from (h, ll) to (hh, l)
-			n := m(p, t.member(hh, l))
-			dst := Span{Buf: BufRecv, Off: rd[p], Len: n}
-			if hh != h {
-				dst = Span{Buf: BufScratch, Off: fwd[hh] + t.before(a.Matrix, h, ll, hh, l), Len: n}
-			}
-			s.addMessage(StepRecv, p, dst, a.Streams, block)
+		pl.sendToLocalPeer(p, ll)
+		pl.recvFromLocalPeer(p, ll)
+	}
+}
+
+// stagingSpan is where, in this rank's staging segment for (hh, local), the
+// block of local rank (host, ll) goes.
+func (pl *stagedPlan) stagingSpan(ll, hh, n int) Span {
+	return Span{Buf: BufScratch, Off: pl.t.fwd[hh] + pl.t.before(pl.a.Matrix, pl.host, ll, hh, pl.local), Len: n}
+}
+
+// sendSpan is this rank's send block for rank dst.
+func (pl *stagedPlan) sendSpan(dst int) Span {
+	return Span{Buf: BufSend, Off: pl.t.sd[dst], Len: pl.m(pl.me, dst)}
+}
+
+// copyOwnBlocks copies, locally, this rank's blocks for local index ll (its
+// own): the block for itself into its receive buffer and those for (hh, ll)
+// on other hosts into its staging segments.
+func (pl *stagedPlan) copyOwnBlocks(ll int) {
+	for hh := range pl.t.hosts {
+		span := pl.sendSpan(pl.t.member(hh, ll))
+		switch {
+		case span.Len == 0:
+		case hh == pl.host: // my block for myself
+			pl.s.Add(Step{Kind: StepCopy, Peer: pl.me, Src: span, Dst: Span{Buf: BufRecv, Off: pl.t.rd[pl.me], Len: span.Len}})
+		default: // my own block to forward to (hh, local)
+			pl.s.Add(Step{Kind: StepCopy, Peer: pl.me, Src: span, Dst: pl.stagingSpan(ll, hh, span.Len)})
 		}
 	}
-	s.EndRound()
-	// Phase 2: exchange with the same local index on every other host.
-	landing := scratch
-	copies := false
+}
+
+// sendToLocalPeer sends local peer p, of local index ll, this rank's blocks
+// for (hh, ll) on every host, in host order.
+func (pl *stagedPlan) sendToLocalPeer(p, ll int) {
+	for hh := range pl.t.hosts {
+		pl.s.addMessage(StepSend, p, pl.sendSpan(pl.t.member(hh, ll)), pl.a.Streams, pl.block)
+	}
+}
+
+// recvFromLocalPeer receives local peer p's (local index ll) blocks for (hh,
+// local) on every host, in host order: its block for this rank into the
+// receive buffer, the others into their staging segments.
+func (pl *stagedPlan) recvFromLocalPeer(p, ll int) {
+	for hh := range pl.t.hosts {
+		n := pl.m(p, pl.t.member(hh, pl.local))
+		dst := Span{Buf: BufRecv, Off: pl.t.rd[p], Len: n}
+		if hh != pl.host {
+			dst = pl.stagingSpan(ll, hh, n)
+		}
+		pl.s.addMessage(StepRecv, p, dst, pl.a.Streams, pl.block)
+	}
+}
+
+// interHostRound appends phase 2, the exchange with the same local index on
+// every other host. A segment from a host whose ranks are consecutive lands
+// straight in the receive buffer; the others land in scratch after the
+// staging area (staging bytes), and copies reports whether any did. It
+// returns the scratch size.
+func (pl *stagedPlan) interHostRound(staging int) (scratch int, copies bool) {
+	t, fwd := pl.t, pl.t.fwd
+	scratch = staging
 	for d := 1; d < t.hosts; d++ {
-		to, from := (h+d)%t.hosts, (h-d+t.hosts)%t.hosts
-		s.addMessage(StepSend, t.member(to, l), Span{Buf: BufScratch, Off: fwd[to], Len: fwd[to+1] - fwd[to]}, a.Streams, block)
+		to, from := (pl.host+d)%t.hosts, (pl.host-d+t.hosts)%t.hosts
+		pl.s.addMessage(StepSend, t.member(to, pl.local), Span{Buf: BufScratch, Off: fwd[to], Len: fwd[to+1] - fwd[to]}, pl.a.Streams, pl.block)
 		n := 0
 		for ll := range t.per {
-			n += m(t.member(from, ll), me)
+			n += pl.m(t.member(from, ll), pl.me)
 		}
 		if t.consecutive(from) {
-			s.addMessage(StepRecv, t.member(from, l), Span{Buf: BufRecv, Off: rd[t.member(from, 0)], Len: n}, a.Streams, block)
+			pl.s.addMessage(StepRecv, t.member(from, pl.local), Span{Buf: BufRecv, Off: t.rd[t.member(from, 0)], Len: n}, pl.a.Streams, pl.block)
 			continue
 		}
-		s.addMessage(StepRecv, t.member(from, l), Span{Buf: BufScratch, Off: scratch, Len: n}, a.Streams, block)
+		pl.s.addMessage(StepRecv, t.member(from, pl.local), Span{Buf: BufScratch, Off: scratch, Len: n}, pl.a.Streams, pl.block)
 		scratch += n
 		copies = true
 	}
-	s.EndRound()
-	if copies {
-		off := landing
-		for d := 1; d < t.hosts; d++ {
-			from := (h - d + t.hosts) % t.hosts
-			if t.consecutive(from) {
-				continue
-			}
-			for ll := range t.per {
-				src := t.member(from, ll)
-				if n := m(src, me); n > 0 {
-					s.Add(Step{Kind: StepCopy, Peer: me, Src: Span{Buf: BufScratch, Off: off, Len: n}, Dst: Span{Buf: BufRecv, Off: rd[src], Len: n}})
-				}
-				off += m(src, me)
-			}
+	return scratch, copies
+}
+
+// placeLandedRound appends the third round: it copies each block of the
+// segments interHostRound landed in scratch (from offset landing on) to its
+// place in the receive buffer.
+func (pl *stagedPlan) placeLandedRound(landing int) {
+	t, off := pl.t, landing
+	for d := 1; d < t.hosts; d++ {
+		from := (pl.host - d + t.hosts) % t.hosts
+		if t.consecutive(from) {
+			continue
 		}
-		s.EndRound()
+		for ll := range t.per {
+			src := t.member(from, ll)
+			if n := pl.m(src, pl.me); n > 0 {
+				pl.s.Add(Step{Kind: StepCopy, Peer: pl.me, Src: Span{Buf: BufScratch, Off: off, Len: n}, Dst: Span{Buf: BufRecv, Off: t.rd[src], Len: n}})
+			}
+			off += pl.m(src, pl.me)
+		}
 	}
-	s.ScratchBytes = scratch
-	return nil
 }
 
 // hostTopology is the grouping of ranks by host, kept in the Schedule's work
