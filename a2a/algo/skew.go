@@ -35,6 +35,25 @@ type SkewArgs struct {
 // is deadlock-free under rendezvous. Empty pairs still exchange one empty
 // frame (the framing rule), in the last matchings.
 func PlanSkew(s *Schedule, a SkewArgs) error {
+	if err := a.validate(); err != nil {
+		return err
+	}
+	s.Reset(AlgoSkew)
+	p, me := a.World, a.Rank
+	w := s.skewStorage(p)
+	pairs := heaviestFirst(w.pairs, a.Matrix, p)
+	matchings := assignMatchings(pairs, w.round, w.busy, p)
+	matrixDisplacements(a.Matrix, p, me, w.sd, w.rd)
+	if v := a.Matrix[me*p+me]; v > 0 {
+		s.Add(Step{Kind: StepCopy, Peer: me, Src: Span{Buf: BufSend, Off: w.sd[me], Len: v}, Dst: Span{Buf: BufRecv, Off: w.rd[me], Len: v}})
+	}
+	s.addMatchingRounds(&a, w, matchings)
+	s.EndRound()
+	return nil
+}
+
+// validate reports arguments PlanSkew cannot plan.
+func (a *SkewArgs) validate() error {
 	p := a.World
 	switch {
 	case p < 1 || a.Rank < 0 || a.Rank >= p:
@@ -46,25 +65,37 @@ func PlanSkew(s *Schedule, a SkewArgs) error {
 	case a.Streams < 1 || a.Window < 0 || a.BlockSize < 0:
 		return fmt.Errorf("skew: streams %d, window %d, block size %d", a.Streams, a.Window, a.BlockSize)
 	}
-	if err := negativeEntry("skew", a.Matrix, p); err != nil {
-		return err
-	}
-	s.Reset(AlgoSkew)
-	block := frameBlock(a.BlockSize)
-	window := max(a.Window, 1)
-	// Work storage: pairs (p*p), round of each pair (p*p), and per matching
-	// the busy flags of senders and receivers (2p-1 matchings suffice for a
-	// greedy edge colouring of a bipartite graph of degree p-1).
+	return negativeEntry("skew", a.Matrix, p)
+}
+
+// skewWork is PlanSkew's work storage, carved from Schedule.work so that
+// re-planning allocates nothing: the pairs (p*p), the matching of each pair
+// (round, p*p, at s.work[p*p:2*p*p], where estimateSkew reads it), per
+// matching the busy flags of senders and receivers, and the displacements.
+type skewWork struct {
+	pairs, round, busy, sd, rd []int
+}
+
+// skewStorage returns PlanSkew's storage for p ranks with the busy flags
+// clear. 2p-1 matchings suffice for a greedy edge colouring of a bipartite
+// graph of degree p-1.
+func (s *Schedule) skewStorage(p int) skewWork {
 	maxM := max(2*p-1, 1)
 	need := 2*p*p + 2*maxM*p + 2*p
 	if cap(s.work) < need {
 		s.work = make([]int, need)
 	}
 	w := s.work[:need]
-	pairs, round := w[:p*p:p*p], w[p*p:2*p*p:2*p*p]
-	busy := w[2*p*p : 2*p*p+2*maxM*p]
-	sd, rd := w[2*p*p+2*maxM*p:2*p*p+2*maxM*p+p], w[2*p*p+2*maxM*p+p:]
-	clear(busy)
+	busyEnd := 2*p*p + 2*maxM*p
+	st := skewWork{pairs: w[0 : p*p : p*p], round: w[p*p : 2*p*p : 2*p*p], busy: w[2*p*p : busyEnd],
+		sd: w[busyEnd : busyEnd+p], rd: w[busyEnd+p:]}
+	clear(st.busy)
+	return st
+}
+
+// heaviestFirst fills pairs with every pair i*p+j of distinct ranks, the
+// heaviest under matrix first (ties in index order), and returns them.
+func heaviestFirst(pairs, matrix []int, p int) []int {
 	n := 0
 	for i := range p {
 		for j := range p {
@@ -76,11 +107,20 @@ func PlanSkew(s *Schedule, a SkewArgs) error {
 	}
 	pairs = pairs[:n]
 	slices.SortFunc(pairs, func(x, y int) int {
-		if a.Matrix[x] != a.Matrix[y] {
-			return a.Matrix[y] - a.Matrix[x] // heaviest first
+		if matrix[x] != matrix[y] {
+			return matrix[y] - matrix[x] // heaviest first
 		}
 		return x - y
 	})
+	return pairs
+}
+
+// assignMatchings puts each pair, in order, into the first matching where
+// its sender and its receiver are both free (busy holds, per matching, p
+// sender flags then p receiver flags), records it in round and returns the
+// number of matchings used.
+func assignMatchings(pairs, round, busy []int, p int) int {
+	maxM := len(busy) / (2 * p)
 	matchings := 0
 	for _, pr := range pairs {
 		i, j := pr/p, pr%p
@@ -94,28 +134,28 @@ func PlanSkew(s *Schedule, a SkewArgs) error {
 			}
 		}
 	}
-	me := a.Rank
-	matrixDisplacements(a.Matrix, p, me, sd, rd)
-	if v := a.Matrix[me*p+me]; v > 0 {
-		s.Add(Step{Kind: StepCopy, Peer: me, Src: Span{Buf: BufSend, Off: sd[me], Len: v}, Dst: Span{Buf: BufRecv, Off: rd[me], Len: v}})
-	}
+	return matchings
+}
+
+// addMatchingRounds appends this rank's sends and receives, matching by
+// matching, Window matchings to a round; the last round stays open.
+func (s *Schedule) addMatchingRounds(a *SkewArgs, w skewWork, matchings int) {
+	p, me, block, window := a.World, a.Rank, frameBlock(a.BlockSize), max(a.Window, 1)
 	for m := 0; m < matchings; m++ {
 		for j := range p {
-			if j != me && round[me*p+j] == m {
-				s.addMessage(StepSend, j, Span{Buf: BufSend, Off: sd[j], Len: a.Matrix[me*p+j]}, a.Streams, block)
+			if j != me && w.round[me*p+j] == m {
+				s.addMessage(StepSend, j, Span{Buf: BufSend, Off: w.sd[j], Len: a.Matrix[me*p+j]}, a.Streams, block)
 			}
 		}
 		for i := range p {
-			if i != me && round[i*p+me] == m {
-				s.addMessage(StepRecv, i, Span{Buf: BufRecv, Off: rd[i], Len: a.Matrix[i*p+me]}, a.Streams, block)
+			if i != me && w.round[i*p+me] == m {
+				s.addMessage(StepRecv, i, Span{Buf: BufRecv, Off: w.rd[i], Len: a.Matrix[i*p+me]}, a.Streams, block)
 			}
 		}
 		if (m+1)%window == 0 {
 			s.EndRound()
 		}
 	}
-	s.EndRound()
-	return nil
 }
 
 // EstimateSkew prices PlanSkew's rounds like the fullmesh estimate: per round
