@@ -1,6 +1,7 @@
 package algo
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -50,74 +51,114 @@ const (
 
 // validate reports arguments that no algorithm of collective name can plan.
 // Everything it checks is local, so a bad call is rejected before any byte
-// moves.
+// moves. The checks are cheap and have no effects, so all of them run and
+// the first failure, in the order below, is reported.
 func (a *CollArgs) validate(name string, needs collNeeds) error {
-	if a.World < 1 {
-		return fmt.Errorf("%s: world %d < 1", name, a.World)
-	}
-	if a.Rank < 0 || a.Rank >= a.World {
-		return fmt.Errorf("%s: rank %d out of range [0, %d)", name, a.Rank, a.World)
-	}
-	if a.Streams < 1 {
-		return fmt.Errorf("%s: streams %d < 1", name, a.Streams)
-	}
-	if a.BlockSize < 0 {
-		return fmt.Errorf("%s: block size %d < 0", name, a.BlockSize)
-	}
-	if a.ElemSize < 0 {
-		return fmt.Errorf("%s: element size %d < 0", name, a.ElemSize)
-	}
-	if needs&collReduces != 0 {
-		// Zero is invalid in package reduce, so an unset field is caught
-		// here rather than as a kernel error mid-operation.
-		if a.ElemSize == 0 {
-			return fmt.Errorf("%s: element size unset (a reduction must not split elements)", name)
-		}
-		if a.DType == 0 {
-			return fmt.Errorf("%s: dtype unset", name)
-		}
-		if a.Op == 0 {
-			return fmt.Errorf("%s: reduction op unset", name)
-		}
-	}
-	e := a.elem()
-	if needs&collNoData != 0 && (a.Bytes != 0 || a.Counts != nil) {
-		return fmt.Errorf("%s: carries no data, got %d bytes and %d counts", name, a.Bytes, len(a.Counts))
-	}
-	if needs&collCounts != 0 {
-		if len(a.Counts) != a.World {
-			return fmt.Errorf("%s: len(Counts)=%d, want world %d", name, len(a.Counts), a.World)
-		}
-		for i, n := range a.Counts {
-			if n < 0 {
-				return fmt.Errorf("%s: Counts[%d]=%d < 0", name, i, n)
-			}
-			if n%e != 0 {
-				return fmt.Errorf("%s: Counts[%d]=%d is not a multiple of the %d-byte element", name, i, n, e)
-			}
-		}
-	} else {
-		if a.Bytes < 0 {
-			return fmt.Errorf("%s: bytes %d < 0", name, a.Bytes)
-		}
-		if a.Bytes%e != 0 {
-			return fmt.Errorf("%s: %d bytes is not a multiple of the %d-byte element", name, a.Bytes, e)
-		}
-	}
-	if needs&collRooted != 0 && (a.Root < 0 || a.Root >= a.World) {
-		return fmt.Errorf("%s: root %d out of range [0, %d)", name, a.Root, a.World)
-	}
-	if a.Hosts != nil {
-		if len(a.Hosts) != a.World {
-			return fmt.Errorf("%s: len(Hosts)=%d, want world %d", name, len(a.Hosts), a.World)
-		}
-		for i, h := range a.Hosts {
-			if h < 0 {
-				return fmt.Errorf("%s: Hosts[%d]=%d < 0", name, i, h)
-			}
-		}
+	why := cmp.Or(
+		a.checkShape(),
+		a.checkReduction(needs),
+		a.checkData(needs),
+		a.checkRoot(needs),
+		a.checkHosts(),
+	)
+	if why != "" {
+		return fmt.Errorf("%s: %s", name, why)
 	}
 	return nil
+}
+
+// checkShape checks what every collective uses: world, rank, streams,
+// block and element sizes. It returns why they are invalid, or "".
+func (a *CollArgs) checkShape() string {
+	switch {
+	case a.World < 1:
+		return fmt.Sprintf("world %d < 1", a.World)
+	case a.Rank < 0 || a.Rank >= a.World:
+		return fmt.Sprintf("rank %d out of range [0, %d)", a.Rank, a.World)
+	case a.Streams < 1:
+		return fmt.Sprintf("streams %d < 1", a.Streams)
+	case a.BlockSize < 0:
+		return fmt.Sprintf("block size %d < 0", a.BlockSize)
+	case a.ElemSize < 0:
+		return fmt.Sprintf("element size %d < 0", a.ElemSize)
+	}
+	return ""
+}
+
+// checkReduction checks that a reducing collective names its element size,
+// type and operator. Zero is invalid in package reduce, so an unset field is
+// caught here rather than as a kernel error mid-operation.
+func (a *CollArgs) checkReduction(needs collNeeds) string {
+	switch {
+	case needs&collReduces == 0:
+	case a.ElemSize == 0:
+		return "element size unset (a reduction must not split elements)"
+	case a.DType == 0:
+		return "dtype unset"
+	case a.Op == 0:
+		return "reduction op unset"
+	}
+	return ""
+}
+
+// checkData checks the sizes: none for a collective without data, else
+// Counts for the V variants or Bytes, in whole elements.
+func (a *CollArgs) checkData(needs collNeeds) string {
+	e := a.elem()
+	if needs&collNoData != 0 && (a.Bytes != 0 || a.Counts != nil) {
+		return fmt.Sprintf("carries no data, got %d bytes and %d counts", a.Bytes, len(a.Counts))
+	}
+	if needs&collCounts != 0 {
+		return a.checkCounts(e)
+	}
+	switch {
+	case a.Bytes < 0:
+		return fmt.Sprintf("bytes %d < 0", a.Bytes)
+	case a.Bytes%e != 0:
+		return fmt.Sprintf("%d bytes is not a multiple of the %d-byte element", a.Bytes, e)
+	}
+	return ""
+}
+
+// checkCounts checks the V variants' Counts: one per rank, each whole
+// elements of e bytes.
+func (a *CollArgs) checkCounts(e int) string {
+	if len(a.Counts) != a.World {
+		return fmt.Sprintf("len(Counts)=%d, want world %d", len(a.Counts), a.World)
+	}
+	for i, n := range a.Counts {
+		if n < 0 {
+			return fmt.Sprintf("Counts[%d]=%d < 0", i, n)
+		}
+		if n%e != 0 {
+			return fmt.Sprintf("Counts[%d]=%d is not a multiple of the %d-byte element", i, n, e)
+		}
+	}
+	return ""
+}
+
+// checkRoot checks that a rooted collective's Root names a rank.
+func (a *CollArgs) checkRoot(needs collNeeds) string {
+	if needs&collRooted != 0 && (a.Root < 0 || a.Root >= a.World) {
+		return fmt.Sprintf("root %d out of range [0, %d)", a.Root, a.World)
+	}
+	return ""
+}
+
+// checkHosts checks Hosts, when given: a host per rank, none negative.
+func (a *CollArgs) checkHosts() string {
+	if a.Hosts == nil {
+		return ""
+	}
+	if len(a.Hosts) != a.World {
+		return fmt.Sprintf("len(Hosts)=%d, want world %d", len(a.Hosts), a.World)
+	}
+	for i, h := range a.Hosts {
+		if h < 0 {
+			return fmt.Sprintf("Hosts[%d]=%d < 0", i, h)
+		}
+	}
+	return ""
 }
 
 // elem is the element size, 1 when unset.
