@@ -163,16 +163,8 @@ type simulator struct {
 func (sim *simulator) load(r int) error {
 	rk := &sim.ranks[r]
 	s := rk.s
-	p := len(sim.ranks)
-	prev := 0
-	for i, e := range s.RoundEnds {
-		if e < prev || e > len(s.Steps) {
-			return fmt.Errorf("%w: rank %d: RoundEnds[%d]=%d out of order (previous %d, %d steps)", ErrBadSchedule, r, i, e, prev, len(s.Steps))
-		}
-		prev = e
-	}
-	if prev != len(s.Steps) {
-		return fmt.Errorf("%w: rank %d: steps [%d, %d) belong to no round (missing EndRound)", ErrBadSchedule, r, prev, len(s.Steps))
+	if err := checkRoundEnds(r, s); err != nil {
+		return err
 	}
 	rk.roundOf = make([]int, len(s.Steps))
 	rk.chanOf = make([]int, len(s.Steps))
@@ -184,72 +176,119 @@ func (sim *simulator) load(r int) error {
 		}
 		rk.roundOf[i] = round
 		st := &s.Steps[i]
-		bad := func(format string, args ...any) error {
-			return fmt.Errorf("%w: rank %d round %d step %d (%v): %s", ErrBadSchedule, r, round, i, st, fmt.Sprintf(format, args...))
-		}
-		switch st.Kind {
-		case StepSend, StepRecv, StepRecvReduce, StepStore, StepLoad:
-			if st.Peer < 0 || st.Peer >= p {
-				return bad("peer %d out of range [0, %d)", st.Peer, p)
-			}
-			if st.Stream < 0 {
-				return bad("negative stream")
-			}
-			stream := st.Stream
-			if st.Kind == StepStore || st.Kind == StepLoad {
-				stream = llStream
-			} else if st.CountOnly {
-				return bad("count-only is for LL stores and loads")
-			}
-			sp, key := st.Src, simKey{src: r, dst: st.Peer, stream: stream}
-			if isRecv(st.Kind) {
-				sp, key = recvSpan(st), simKey{src: st.Peer, dst: r, stream: stream}
-			}
-			if err := rk.checkSpan(sp, isRecv(st.Kind)); err != "" {
-				return bad("%s", err)
-			}
-			if st.Kind == StepRecvReduce {
-				if err := sim.checkReduce(rk, st); err != "" {
-					return bad("%s", err)
-				}
-			}
-			ci, ok := sim.chanIdx[key]
-			if !ok {
-				ci = len(sim.chans)
-				sim.chanIdx[key] = ci
-				sim.chans = append(sim.chans, simChan{simKey: key})
-			}
-			c := &sim.chans[ci]
-			rk.chanOf[i] = ci
-			if isSend(st.Kind) {
-				rk.seqOf[i] = len(c.sends)
-				c.sends = append(c.sends, i)
-			} else {
-				rk.seqOf[i] = len(c.recvs)
-				c.recvs = append(c.recvs, i)
-			}
-		case StepCopy:
-			if err := rk.checkSpan(st.Src, false); err != "" {
-				return bad("source: %s", err)
-			}
-			if err := rk.checkSpan(st.Dst, true); err != "" {
-				return bad("destination: %s", err)
-			}
-			if st.Src.Len != st.Dst.Len {
-				return bad("copies %d bytes into %d", st.Src.Len, st.Dst.Len)
-			}
-		case StepReduce:
-			if err := rk.checkSpan(st.Src, false); err != "" {
-				return bad("source: %s", err)
-			}
-			if err := sim.checkReduce(rk, st); err != "" {
-				return bad("%s", err)
-			}
-		default:
-			return bad("unknown step kind")
+		if why := sim.loadStep(r, i, st); why != "" {
+			return fmt.Errorf("%w: rank %d round %d step %d (%v): %s", ErrBadSchedule, r, round, i, st, why)
 		}
 	}
 	return nil
+}
+
+// checkRoundEnds checks that rank r's RoundEnds cut its steps into rounds:
+// in order, within the steps, the last ending with the last step.
+func checkRoundEnds(r int, s *Schedule) error {
+	prev := 0
+	for i, e := range s.RoundEnds {
+		if e < prev || e > len(s.Steps) {
+			return fmt.Errorf("%w: rank %d: RoundEnds[%d]=%d out of order (previous %d, %d steps)", ErrBadSchedule, r, i, e, prev, len(s.Steps))
+		}
+		prev = e
+	}
+	if prev != len(s.Steps) {
+		return fmt.Errorf("%w: rank %d: steps [%d, %d) belong to no round (missing EndRound)", ErrBadSchedule, r, prev, len(s.Steps))
+	}
+	return nil
+}
+
+// loadStep checks step i of rank r, and registers it with its channel when
+// it sends or receives. It returns why the step is malformed, or "".
+func (sim *simulator) loadStep(r, i int, st *Step) string {
+	rk := &sim.ranks[r]
+	switch st.Kind {
+	case StepSend, StepRecv, StepRecvReduce, StepStore, StepLoad:
+		if why := sim.checkTransfer(rk, st); why != "" {
+			return why
+		}
+		sim.register(r, i, st)
+		return ""
+	case StepCopy:
+		return rk.checkCopy(st)
+	case StepReduce:
+		if why := rk.checkSpan(st.Src, false); why != "" {
+			return "source: " + why
+		}
+		return sim.checkReduce(rk, st)
+	}
+	return "unknown step kind"
+}
+
+// checkTransfer returns why a step that sends or receives is malformed, or
+// "": its peer, its stream, the span it sends or lands in and, for a
+// RecvReduce, the reduction.
+func (sim *simulator) checkTransfer(rk *simRank, st *Step) string {
+	p := len(sim.ranks)
+	switch {
+	case st.Peer < 0 || st.Peer >= p:
+		return fmt.Sprintf("peer %d out of range [0, %d)", st.Peer, p)
+	case st.Stream < 0:
+		return "negative stream"
+	case st.CountOnly && st.Kind != StepStore && st.Kind != StepLoad:
+		return "count-only is for LL stores and loads"
+	}
+	sp := st.Src
+	if isRecv(st.Kind) {
+		sp = recvSpan(st)
+	}
+	if why := rk.checkSpan(sp, isRecv(st.Kind)); why != "" {
+		return why
+	}
+	if st.Kind == StepRecvReduce {
+		return sim.checkReduce(rk, st)
+	}
+	return ""
+}
+
+// checkCopy returns why a Copy step is malformed, or "".
+func (rk *simRank) checkCopy(st *Step) string {
+	if why := rk.checkSpan(st.Src, false); why != "" {
+		return "source: " + why
+	}
+	if why := rk.checkSpan(st.Dst, true); why != "" {
+		return "destination: " + why
+	}
+	if st.Src.Len != st.Dst.Len {
+		return fmt.Sprintf("copies %d bytes into %d", st.Src.Len, st.Dst.Len)
+	}
+	return ""
+}
+
+// register appends step i of rank r, which sends or receives, to its
+// channel: the ordered stream of (sender, receiver, stream), where LL
+// stores and loads have a slot of their own (llStream).
+func (sim *simulator) register(r, i int, st *Step) {
+	rk := &sim.ranks[r]
+	stream := st.Stream
+	if st.Kind == StepStore || st.Kind == StepLoad {
+		stream = llStream
+	}
+	key := simKey{src: r, dst: st.Peer, stream: stream}
+	if isRecv(st.Kind) {
+		key = simKey{src: st.Peer, dst: r, stream: stream}
+	}
+	ci, ok := sim.chanIdx[key]
+	if !ok {
+		ci = len(sim.chans)
+		sim.chanIdx[key] = ci
+		sim.chans = append(sim.chans, simChan{simKey: key})
+	}
+	c := &sim.chans[ci]
+	rk.chanOf[i] = ci
+	if isSend(st.Kind) {
+		rk.seqOf[i] = len(c.sends)
+		c.sends = append(c.sends, i)
+	} else {
+		rk.seqOf[i] = len(c.recvs)
+		c.recvs = append(c.recvs, i)
+	}
 }
 
 // checkReduce returns why the reduction of a Reduce or RecvReduce step cannot
