@@ -1,6 +1,7 @@
 package algo
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -483,79 +484,87 @@ func (sim *simulator) match(ci int) error {
 func (sim *simulator) checkHazards(r int, steps []Step) error {
 	rk := &sim.ranks[r]
 	sp := sim.spans[:0]
-	add := func(s Span, write bool, i int) {
-		if s.Len > 0 {
-			a := rk.addr(s)
-			sp = append(sp, simSpan{buf: s.Buf, lo: a, hi: a + uintptr(s.Len), write: write, step: i})
-		}
-	}
 	for i := range steps {
-		st := &steps[i]
-		switch st.Kind {
-		case StepSend:
-			add(st.Src, false, i)
-		case StepRecv:
-			add(st.Dst, true, i)
-		case StepStore:
-			if !st.CountOnly {
-				add(st.Src, false, i)
-			}
-		case StepLoad:
-			if !st.CountOnly {
-				add(st.Dst, true, i)
-			}
-		case StepCopy:
-			if !rk.noop(st) {
-				add(st.Src, false, i)
-				add(st.Dst, true, i)
-			}
-		case StepReduce:
-			add(st.Src, false, i)
-			add(st.Dst, true, i)
-		case StepRecvReduce:
-			add(st.Src, true, i)
-			if st.Dst != st.Src {
-				add(st.Dst, true, i)
-			}
-			if st.With.Len > 0 && rk.addr(st.With) != rk.addr(st.Dst) {
-				// A third operand exactly aliasing Dst (in place) is what
-				// a three-operand kernel supports; only other overlaps race.
-				add(st.With, false, i)
-			}
-		}
+		sp = rk.appendStepSpans(sp, &steps[i], i)
 	}
 	sim.spans = sp
-	slices.SortFunc(sp, func(a, b simSpan) int {
-		switch {
-		case a.lo < b.lo:
-			return -1
-		case a.lo > b.lo:
-			return 1
+	slices.SortFunc(sp, func(a, b simSpan) int { return cmp.Compare(a.lo, b.lo) })
+	other, x := firstOverlap(sp)
+	if x == nil {
+		return nil
+	}
+	where := fmt.Sprintf("the %v buffer", x.buf)
+	if other.buf != x.buf {
+		where = fmt.Sprintf("the %v and %v buffers (aliased)", other.buf, x.buf)
+	}
+	return fmt.Errorf("%w: rank %d round %d: step %v and step %v access overlapping bytes of %s concurrently",
+		ErrBadSchedule, r, rk.round, steps[other.step], steps[x.step], where)
+}
+
+// appendStepSpans appends to sp the memory that step i (st) of a round
+// reads and writes while the round runs.
+func (rk *simRank) appendStepSpans(sp []simSpan, st *Step, i int) []simSpan {
+	switch st.Kind {
+	case StepSend:
+		sp = rk.appendSpan(sp, st.Src, false, i)
+	case StepRecv:
+		sp = rk.appendSpan(sp, st.Dst, true, i)
+	case StepStore:
+		if !st.CountOnly {
+			sp = rk.appendSpan(sp, st.Src, false, i)
 		}
-		return 0
-	})
-	// Sorted by start, an earlier span overlaps the current one iff it ends
-	// after the current one starts; tracking the furthest-reaching earlier
-	// span (and earlier write) finds every conflicting pair class. Distinct
-	// buffers never share memory unless the caller aliased them, so one pass
-	// over all spans covers both cases.
+	case StepLoad:
+		if !st.CountOnly {
+			sp = rk.appendSpan(sp, st.Dst, true, i)
+		}
+	case StepCopy:
+		if !rk.noop(st) {
+			sp = rk.appendSpan(sp, st.Src, false, i)
+			sp = rk.appendSpan(sp, st.Dst, true, i)
+		}
+	case StepReduce:
+		sp = rk.appendSpan(sp, st.Src, false, i)
+		sp = rk.appendSpan(sp, st.Dst, true, i)
+	case StepRecvReduce:
+		sp = rk.appendSpan(sp, st.Src, true, i)
+		if st.Dst != st.Src {
+			sp = rk.appendSpan(sp, st.Dst, true, i)
+		}
+		if st.With.Len > 0 && rk.addr(st.With) != rk.addr(st.Dst) {
+			// A third operand exactly aliasing Dst (in place) is what
+			// a three-operand kernel supports; only other overlaps race.
+			sp = rk.appendSpan(sp, st.With, false, i)
+		}
+	}
+	return sp
+}
+
+// appendSpan appends the memory of s, read or written by step i, to sp; an
+// empty span touches nothing.
+func (rk *simRank) appendSpan(sp []simSpan, s Span, write bool, i int) []simSpan {
+	if s.Len <= 0 {
+		return sp
+	}
+	a := rk.addr(s)
+	return append(sp, simSpan{buf: s.Buf, lo: a, hi: a + uintptr(s.Len), write: write, step: i})
+}
+
+// firstOverlap returns the first span x of sp (sorted by start) that
+// overlaps an earlier span other where at least one of the two writes, or
+// nils. Sorted by start, an earlier span overlaps the current one iff it
+// ends after the current one starts; tracking the furthest-reaching earlier
+// span (and earlier write) finds every conflicting pair class. Distinct
+// buffers never share memory unless the caller aliased them, so one pass
+// over all spans covers both cases.
+func firstOverlap(sp []simSpan) (other, x *simSpan) {
 	var far, farWrite *simSpan
 	for i := range sp {
-		x := &sp[i]
-		var other *simSpan
+		x = &sp[i]
 		switch {
 		case farWrite != nil && farWrite.hi > x.lo:
-			other = farWrite
+			return farWrite, x
 		case x.write && far != nil && far.hi > x.lo:
-			other = far
-		}
-		if other != nil {
-			where := fmt.Sprintf("the %v buffer", x.buf)
-			if other.buf != x.buf {
-				where = fmt.Sprintf("the %v and %v buffers (aliased)", other.buf, x.buf)
-			}
-			return fmt.Errorf("%w: rank %d round %d: step %v and step %v access overlapping bytes of %s concurrently",
-				ErrBadSchedule, r, rk.round, steps[other.step], steps[x.step], where)
+			return far, x
 		}
 		if far == nil || x.hi > far.hi {
 			far = x
@@ -564,7 +573,7 @@ func (sim *simulator) checkHazards(r int, steps []Step) error {
 			farWrite = x
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // deadlock describes, for each stuck rank, what it waits for and why.
