@@ -17,7 +17,7 @@ func PlanAllGatherRing(s *Schedule, a CollArgs) error {
 		return err
 	}
 	s.resetColl(AlgoRing, &a)
-	l := evenLayout(BufRecv, 0, a.Bytes*a.World, a.elem(), a.World)
+	l := a.rankBlocks(BufRecv)
 	s.planAllGatherRing(&a, &l)
 	return nil
 }
@@ -30,9 +30,7 @@ func PlanAllGatherVRing(s *Schedule, a CollArgs) error {
 		return err
 	}
 	s.resetColl(AlgoRing, &a)
-	offs := s.ints(a.World + 1)
-	prefixInto(offs, a.Counts)
-	l := layout{buf: BufRecv, m: a.World, offs: offs}
+	l := s.rankBlocksV(&a, BufRecv)
 	s.planAllGatherRing(&a, &l)
 	return nil
 }

@@ -194,6 +194,21 @@ func prefixInto(offs, counts []int) {
 	}
 }
 
+// rankBlocks cuts buf into World blocks of Bytes, block i for rank i: the
+// buffer a gather collects into, a scatter sends from, an allgather fills.
+func (a *CollArgs) rankBlocks(buf Buf) layout {
+	return evenLayout(buf, 0, a.Bytes*a.World, a.elem(), a.World)
+}
+
+// rankBlocksV is rankBlocks for the V variants: block i has Counts[i] bytes,
+// at the prefix sum of the counts before it. The offsets are kept in s's
+// planner scratch.
+func (s *Schedule) rankBlocksV(a *CollArgs, buf Buf) layout {
+	offs := s.ints(a.World + 1)
+	prefixInto(offs, a.Counts)
+	return layout{buf: buf, m: a.World, offs: offs}
+}
+
 // layout cuts a region of one buffer into m chunks: evenly by whole elements
 // (chunk i gets elems/m elements, the first elems%m chunks one more, so some
 // may be empty) or, when offs is set, at explicit offsets (chunk i is

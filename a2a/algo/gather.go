@@ -16,7 +16,7 @@ func PlanGatherDirect(s *Schedule, a CollArgs) error {
 		return err
 	}
 	s.resetColl(AlgoDirect, &a)
-	l := evenLayout(BufRecv, 0, a.Bytes*a.World, a.elem(), a.World)
+	l := a.rankBlocks(BufRecv)
 	s.planGatherDirect(&a, &l)
 	return nil
 }
@@ -29,9 +29,7 @@ func PlanGatherVDirect(s *Schedule, a CollArgs) error {
 		return err
 	}
 	s.resetColl(AlgoDirect, &a)
-	offs := s.ints(a.World + 1)
-	prefixInto(offs, a.Counts)
-	l := layout{buf: BufRecv, m: a.World, offs: offs}
+	l := s.rankBlocksV(&a, BufRecv)
 	s.planGatherDirect(&a, &l)
 	return nil
 }

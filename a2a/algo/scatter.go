@@ -15,7 +15,7 @@ func PlanScatterDirect(s *Schedule, a CollArgs) error {
 		return err
 	}
 	s.resetColl(AlgoDirect, &a)
-	l := evenLayout(BufSend, 0, a.Bytes*a.World, a.elem(), a.World)
+	l := a.rankBlocks(BufSend)
 	s.planScatterDirect(&a, &l)
 	return nil
 }
@@ -28,9 +28,7 @@ func PlanScatterVDirect(s *Schedule, a CollArgs) error {
 		return err
 	}
 	s.resetColl(AlgoDirect, &a)
-	offs := s.ints(a.World + 1)
-	prefixInto(offs, a.Counts)
-	l := layout{buf: BufSend, m: a.World, offs: offs}
+	l := s.rankBlocksV(&a, BufSend)
 	s.planScatterDirect(&a, &l)
 	return nil
 }
