@@ -189,6 +189,22 @@ func negativeEntry(name string, matrix []int, world int) error {
 	return nil
 }
 
+// startFlat starts the plan of a flat AllToAllV algorithm (pairwise,
+// fullmesh): it validates a, resets s for algo and adds the local copy and
+// the LL round, and returns the block displacements. The copy rides with
+// the first exchange (the LL round when there is one), so an engine can do
+// it while it waits for the network instead of before touching it.
+func (s *Schedule) startFlat(algo Algo, a *AllToAllVArgs) (sd, rd []int, err error) {
+	if err := a.Validate(); err != nil {
+		return nil, nil, err
+	}
+	s.Reset(algo)
+	sd, rd = s.displacements(a)
+	s.addSelfCopy(a, sd, rd)
+	s.addLLRound(a, sd, rd)
+	return sd, rd, nil
+}
+
 // addMessage appends the frames of one message (a send of src or a receive
 // into dst) following the framing rule every alltoallv algorithm shares, so
 // that sender and receiver cut a message identically: frame f covers bytes

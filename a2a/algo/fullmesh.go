@@ -35,15 +35,12 @@ func fullmeshDistance(j, p int) int {
 // It writes into s, reusing its storage: planning into a reused Schedule
 // allocates nothing.
 func PlanFullmesh(s *Schedule, a AllToAllVArgs) error {
-	if err := a.Validate(); err != nil {
+	sd, rd, err := s.startFlat(AlgoFullmesh, &a)
+	if err != nil {
 		return err
 	}
-	s.Reset(AlgoFullmesh)
-	sd, rd := s.displacements(&a)
 	r, p, block := a.Rank, a.World, a.blockSize()
 	c := fullmeshWindow(a.Window, p)
-	s.addSelfCopy(&a, sd, rd)
-	s.addLLRound(&a, sd, rd)
 	for j0 := 0; j0 < p-1; j0 += c {
 		// Like pairwise, frame f of every message of the window forms
 		// sub-round f, so at most one block per message is in flight; each

@@ -12,17 +12,11 @@ package algo
 // It writes into s, reusing its storage: planning into a reused Schedule
 // allocates nothing.
 func PlanPairwise(s *Schedule, a AllToAllVArgs) error {
-	if err := a.Validate(); err != nil {
+	sd, rd, err := s.startFlat(AlgoPairwise, &a)
+	if err != nil {
 		return err
 	}
-	s.Reset(AlgoPairwise)
-	sd, rd := s.displacements(&a)
 	r, p, block := a.Rank, a.World, a.blockSize()
-	// The local copy rides with the first exchange (the LL round when there
-	// is one), so an engine can do it while it waits for the network instead
-	// of before touching it.
-	s.addSelfCopy(&a, sd, rd)
-	s.addLLRound(&a, sd, rd)
 	for k := 1; k < p; k++ {
 		// Frame f of both directions forms sub-round f, so at most one
 		// block per direction is in flight: a message far larger than a
