@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/transport"
 	"github.com/a2a-moe/a2a/a2a/transport/shm"
 	"github.com/a2a-moe/a2a/a2a/transport/tcp"
@@ -80,7 +79,7 @@ func TestTransportPerPair(t *testing.T) {
 				if got := c.TransportName(); got != tc.want {
 					t.Errorf("rank %d: TransportName %q, want %q", r, got, tc.want)
 				}
-				if l := c.Links(); l != algo.DefaultLinksFor(tc.wantLocal, "tcp") {
+				if l := c.Links(); l != BuiltinLinks().Table(tc.wantLocal, "tcp") {
 					t.Errorf("rank %d: links %+v, want the built-in %s/tcp table", r, l, tc.wantLocal)
 				}
 				for p := range 4 {
@@ -140,7 +139,8 @@ type unavailable struct{}
 
 var errNoDevice = errors.New("no device")
 
-func (unavailable) Name() string { return "nodev" }
+func (unavailable) Name() string                         { return "nodev" }
+func (unavailable) Capabilities() transport.Capabilities { return transport.Capabilities{} }
 func (unavailable) Listen(context.Context, transport.Self) (transport.Endpoint, error) {
 	return nil, errNoDevice
 }

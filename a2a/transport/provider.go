@@ -13,12 +13,17 @@ import (
 // the Transports of several providers into one (NewMixed).
 //
 // Adding a data plane is one package that implements Provider plus one entry
-// in the communicator's provider list; nothing else names it.
+// in the communicator's provider list; nothing else names it: the layers
+// above read what they need of it from its Capabilities.
 type Provider interface {
 	// Name names the provider and its link class: "shm", "verbs", "tcp".
 	// It is the key of the provider's address in the rendezvous, the value
 	// of A2A_TRANSPORT that forces it, and the link table's class.
 	Name() string
+	// Capabilities says what the provider's links offer. It depends on the
+	// provider's settings only, so every rank configured alike sees the
+	// same.
+	Capabilities() Capabilities
 	// Listen prepares this rank's endpoint. It fails when the provider
 	// cannot serve on this machine (no device, no library, no permission),
 	// with an error that says why.
@@ -86,4 +91,29 @@ type Poller interface {
 // caller storing to and polling one peer skips the routing hop.
 type PeerSlots interface {
 	SlotsOf(peer int) Slots
+}
+
+// Capabilities are what a provider's links offer. The cost model, the LL
+// protocol and the MoE dispatcher read them instead of comparing provider
+// names.
+type Capabilities struct {
+	// Cost is the built-in price of one of its links, used where nothing
+	// was measured (a2ad tune, A2A_LINKS=probe).
+	Cost Cost
+	// SlotBytes is the payload of one LL slot of the one-sided window its
+	// transports open to a peer (Slots, watched by SlotWatcher); 0 when it
+	// has none and LL messages travel as frames.
+	SlotBytes int
+	// MapsMemory: the ranks it links share a host and may map each other's
+	// memory, so a layer above may move bytes between them through mapped
+	// segments of its own instead of through the transport.
+	MapsMemory bool
+}
+
+// Cost is the alpha-beta price of a link: a message costs Alpha seconds
+// plus Beta seconds per byte, and Lanes messages may move at once at full
+// rate (the cost model's algo.Link).
+type Cost struct {
+	Alpha, Beta float64
+	Lanes       int
 }
