@@ -103,6 +103,7 @@ type planState struct {
 	// written only when it changes, so a steady loop of calls costs a load.
 	lastAlgo  atomic.Uint32
 	links     algo.Links    // the link table all ranks agreed on at join
+	classes   linkClasses   // what the data planes the Comm may use offer
 	chooser   algo.Chooser  // the automatic AllToAllV choice
 	sched     algo.Schedule // the plan of a call the cache does not keep
 	cache     planCache
@@ -151,7 +152,7 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 	}
 	a, _ := parseAlgo(cfg.Algo)
 	ar, _ := parseAllReduceAlgo(cfg.AlgoAllReduce)
-	c := &Comm{cfg: cfg, log: cfg.Logger, plan: planState{algo: a, allReduceAlgo: ar}, life: lifecycle{closing: make(chan struct{})}}
+	c := &Comm{cfg: cfg, log: cfg.Logger, plan: planState{algo: a, allReduceAlgo: ar, classes: newLinkClasses(cfg.allProviders())}, life: lifecycle{closing: make(chan struct{})}}
 	if err := c.join(ctx); err != nil {
 		c.teardown()
 		return nil, err

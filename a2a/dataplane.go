@@ -30,13 +30,18 @@ func DefaultProviders(cfg Config) []transport.Provider {
 	}
 }
 
-// providers is the list Join uses: Config.Providers or the defaults, cut to
-// the one Config.Transport forces.
-func (cfg Config) providers() ([]transport.Provider, error) {
-	all := cfg.Providers
-	if all == nil {
-		all = DefaultProviders(cfg)
+// allProviders is Config.Providers or the defaults.
+func (cfg Config) allProviders() []transport.Provider {
+	if cfg.Providers != nil {
+		return cfg.Providers
 	}
+	return DefaultProviders(cfg)
+}
+
+// providers is the list Join uses: allProviders, cut to the one
+// Config.Transport forces.
+func (cfg Config) providers() ([]transport.Provider, error) {
+	all := cfg.allProviders()
 	if cfg.Transport == "" || cfg.Transport == "auto" {
 		return all, nil
 	}

@@ -13,7 +13,7 @@ import (
 
 // Link table settings (Config.Links).
 const (
-	LinksDefault = ""      // the built-in algo.DefaultLinks
+	LinksDefault = ""      // the providers' built-in links (transport.Capabilities.Cost)
 	LinksProbe   = "probe" // measured at join by rank 0 against one peer of each class
 )
 
@@ -39,13 +39,13 @@ func (c *Comm) Links() algo.Links { return c.plan.links }
 // their settings differ; a join without probing costs one small Broadcast.
 func (c *Comm) agreeLinks(ctx context.Context) error {
 	localClass, remoteClass := c.linkClasses()
-	c.plan.links = algo.DefaultLinksFor(localClass, remoteClass)
+	c.plan.links = c.plan.classes.builtin().Table(localClass, remoteClass)
 	if c.rank == 0 && c.cfg.Links != LinksDefault && c.cfg.Links != LinksProbe {
 		l, err := algo.LoadLinks(c.cfg.Links)
 		if err != nil {
 			return fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "A2A_LINKS")
 		}
-		c.plan.links = l.For(localClass, remoteClass)
+		c.plan.links = l.For(localClass, remoteClass, c.plan.classes.builtin())
 	}
 	if c.size < 2 {
 		return nil
@@ -155,11 +155,11 @@ func (c *Comm) probeLink(ctx context.Context, peer int) (algo.Link, error) {
 
 // linkClasses names the data planes that play the link table's roles on
 // this rank: the provider of its first peer on this host and of its first
-// peer on another host. A role no pair plays is named after the default
-// providers' (shm, tcp) so that it still has a price. Rank 0's names travel
-// with the table, so every rank holds the same.
+// peer on another host. A role no pair plays is named as linkClasses says,
+// so that it still has a price. Rank 0's names travel with the table, so
+// every rank holds the same.
 func (c *Comm) linkClasses() (local, remote string) {
-	local, remote = algo.ClassShm, algo.ClassTCP
+	local, remote = c.plan.classes.local, c.plan.classes.remote
 	foundLocal, foundRemote := false, false
 	for r := range c.size {
 		name := c.PeerTransport(r)

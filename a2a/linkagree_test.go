@@ -32,14 +32,14 @@ func TestLinksAgreed(t *testing.T) {
 		check func(algo.Links) error
 	}{
 		{"defaults", LinksDefault, func(l algo.Links) error {
-			if l != algo.DefaultLinks() {
+			if l != BuiltinLinks().Table("shm", "tcp") {
 				return fmt.Errorf("%+v, want the defaults", l)
 			}
 			return nil
 		}},
 		{"file", file, func(l algo.Links) error {
 			// The file names no classes, so it prices the ones in use.
-			if want := fromFile.For(algo.ClassShm, algo.ClassTCP); l != want {
+			if want := fromFile.For("shm", "tcp", BuiltinLinks()); l != want {
 				return fmt.Errorf("%+v, want %+v", l, want)
 			}
 			return nil
@@ -48,10 +48,10 @@ func TestLinksAgreed(t *testing.T) {
 			if err := l.Validate(); err != nil {
 				return err
 			}
-			if l.LocalClass != algo.ClassShm || l.RemoteClass != algo.ClassTCP {
+			if l.LocalClass != "shm" || l.RemoteClass != "tcp" {
 				return fmt.Errorf("%+v: classes, want shm and tcp", l)
 			}
-			if l.Local == algo.DefaultLinks().Local || l.Remote == algo.DefaultLinks().Remote {
+			if l.Local == BuiltinLinks().Table("shm", "tcp").Local || l.Remote == BuiltinLinks().Table("shm", "tcp").Remote {
 				return fmt.Errorf("%+v: a class kept its default", l)
 			}
 			if l.Local.Alpha <= 0 || l.Local.Alpha > 0.1 || l.Remote.Alpha <= 0 || l.Remote.Alpha > 0.1 {

@@ -2,7 +2,6 @@ package a2a
 
 import (
 	"github.com/a2a-moe/a2a/a2a/algo"
-	"github.com/a2a-moe/a2a/a2a/transport/shm"
 )
 
 // llPolicy is which blocks of an AllToAllV and which collectives go by the
@@ -96,23 +95,10 @@ func (c *Comm) llCutoffs() ([]int, []bool) {
 // llPriceCutoffs is the LL cutoff the automatic choice prices a pair of one
 // host and of two hosts with. It must be the same on every rank, so it
 // comes from what every rank shares (the settings and the agreed link
-// classes, ClassLLCutoff), not from this rank's own peers. Negative: no LL.
+// classes, linkClasses.llCutoff), not from this rank's own peers. Negative: no LL.
 func (c *Comm) llPriceCutoffs() (local, remote int) {
 	if c.ll.cut == nil || c.plan.algo == algo.AlgoLL {
 		return -1, -1
 	}
-	return ClassLLCutoff(c.plan.links.LocalClass, c.cfg.LLBytes), ClassLLCutoff(c.plan.links.RemoteClass, c.cfg.LLBytes)
-}
-
-// ClassLLCutoff is the LL cutoff of a pair whose link class is class under
-// automatic selection, for Config.LLBytes llBytes: a class with one-sided
-// slots (shm, verbs) caps llBytes at the providers' slot; TCP, which has
-// none, takes llBytes in frames. Under auto every pair is quiet
-// (algo.AllToAllVArgs.LLQuiet): shm and verbs watch a slot
-// (transport.SlotWatcher). `a2ad plan` prices with it as a Comm does.
-func ClassLLCutoff(class string, llBytes int) int {
-	if class == algo.ClassTCP {
-		return llBytes
-	}
-	return min(llBytes, shm.DefaultSlotBytes) // verbs slots are as large
+	return c.plan.classes.llCutoff(c.plan.links.LocalClass, c.cfg.LLBytes), c.plan.classes.llCutoff(c.plan.links.RemoteClass, c.cfg.LLBytes)
 }

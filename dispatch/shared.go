@@ -271,7 +271,7 @@ func (d *Dispatcher) probeShared(ctx context.Context) error {
 // colocated says whether another rank shares this rank's host.
 func (d *Dispatcher) probe(ctx context.Context, canMap []byte, colocated bool) error {
 	c, P, me := d.comm, d.size, d.rank
-	willing := colocated && d.cfg.Rows == RowsAuto && hostPeersOnShm(c, me)
+	willing := colocated && d.cfg.Rows == RowsAuto && hostPeersMapMemory(c, me)
 	send, recv := make([]byte, descriptorBytes*P), make([]byte, descriptorBytes*P)
 	var probe *segment
 	if willing {
@@ -321,21 +321,22 @@ func (d *Dispatcher) probe(ctx context.Context, canMap []byte, colocated bool) e
 	return c.AllGather(ctx, mine, canMap)
 }
 
-// colocation reports whether some host holds two ranks of c's group (the
-// same on every rank) and whether rank me's host does.
-// hostPeersOnShm reports whether the data plane reaches every other rank
-// of me's host through shared memory. Rows go through shared memory only
+// hostPeersMapMemory reports whether the data plane links this rank (me)
+// with every other rank of its host through links that map memory
+// (transport.Capabilities.MapsMemory). Rows go through shared memory only
 // where the data plane does: a network transport forced between the ranks
 // of a host (A2A_TRANSPORT=tcp or verbs) means the bytes must cross it.
-func hostPeersOnShm(c *a2a.Comm, me int) bool {
+func hostPeersMapMemory(c *a2a.Comm, me int) bool {
 	for j := range c.Size() {
-		if j != me && c.Host(j) == c.Host(me) && c.PeerTransport(j) != "shm" {
+		if j != me && c.Host(j) == c.Host(me) && !c.PeerCapabilities(j).MapsMemory {
 			return false
 		}
 	}
 	return true
 }
 
+// colocation reports whether some host holds two ranks of c's group (the
+// same on every rank) and whether rank me's host does.
 func colocation(c *a2a.Comm, me int) (some, mine bool) {
 	ranks := make(map[int]int, c.Size()) // per host
 	for r := range c.Size() {

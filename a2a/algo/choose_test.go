@@ -32,22 +32,22 @@ func TestChooser(t *testing.T) {
 		}
 		return h
 	}
-	slow := DefaultLinks()
+	slow := testLinks()
 	slow.Remote.Alpha = 200e-6
 	for _, c := range []struct {
 		name   string
 		args   ChoiceArgs
 		priced []Algo // candidates with an estimate
 	}{
-		{"two ranks", ChoiceArgs{World: 2, Streams: 1, Window: 4, Links: DefaultLinks()}, []Algo{AlgoPairwise}},
-		{"no matrix", ChoiceArgs{World: 8, Streams: 1, Window: 4, Hosts: hostsOf(8, 4), Links: DefaultLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
-		{"one host uniform", ChoiceArgs{World: 8, Streams: 1, Window: 4, Matrix: uniform(8, 1<<10), Links: DefaultLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
+		{"two ranks", ChoiceArgs{World: 2, Streams: 1, Window: 4, Links: testLinks()}, []Algo{AlgoPairwise}},
+		{"no matrix", ChoiceArgs{World: 8, Streams: 1, Window: 4, Hosts: hostsOf(8, 4), Links: testLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
+		{"one host uniform", ChoiceArgs{World: 8, Streams: 1, Window: 4, Matrix: uniform(8, 1<<10), Links: testLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
 		{"hosts, small, slow links", ChoiceArgs{World: 8, Streams: 1, Window: 4, Matrix: uniform(8, 1<<10), Hosts: hostsOf(8, 2), Links: slow}, []Algo{AlgoPairwise, AlgoFullmesh, AlgoStaged}},
-		{"hosts, large", ChoiceArgs{World: 8, Streams: 2, Window: 4, Matrix: uniform(8, 1<<20), Hosts: hostsOf(8, 2), Links: DefaultLinks()}, []Algo{AlgoPairwise, AlgoFullmesh, AlgoStaged}},
-		{"one per host", ChoiceArgs{World: 4, Streams: 1, Window: 4, Matrix: uniform(4, 1<<10), Hosts: hostsOf(4, 1), Links: DefaultLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
-		{"uneven hosts", ChoiceArgs{World: 3, Streams: 1, Window: 4, Matrix: uniform(3, 1<<10), Hosts: []int{0, 0, 1}, Links: DefaultLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
-		{"hot receiver", ChoiceArgs{World: 8, Streams: 1, Window: 4, Matrix: hot(8, 1<<12), Links: DefaultLinks()}, []Algo{AlgoPairwise, AlgoFullmesh, AlgoSkew}},
-		{"hot, too many ranks", ChoiceArgs{World: 300, Streams: 1, Window: 4, Matrix: hot(300, 64), Links: DefaultLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
+		{"hosts, large", ChoiceArgs{World: 8, Streams: 2, Window: 4, Matrix: uniform(8, 1<<20), Hosts: hostsOf(8, 2), Links: testLinks()}, []Algo{AlgoPairwise, AlgoFullmesh, AlgoStaged}},
+		{"one per host", ChoiceArgs{World: 4, Streams: 1, Window: 4, Matrix: uniform(4, 1<<10), Hosts: hostsOf(4, 1), Links: testLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
+		{"uneven hosts", ChoiceArgs{World: 3, Streams: 1, Window: 4, Matrix: uniform(3, 1<<10), Hosts: []int{0, 0, 1}, Links: testLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
+		{"hot receiver", ChoiceArgs{World: 8, Streams: 1, Window: 4, Matrix: hot(8, 1<<12), Links: testLinks()}, []Algo{AlgoPairwise, AlgoFullmesh, AlgoSkew}},
+		{"hot, too many ranks", ChoiceArgs{World: 300, Streams: 1, Window: 4, Matrix: hot(300, 64), Links: testLinks()}, []Algo{AlgoPairwise, AlgoFullmesh}},
 	} {
 		var ch Chooser
 		cands, pick := ch.Price(c.args)
@@ -102,7 +102,7 @@ func TestChooserCrowdedMachine(t *testing.T) {
 	}
 	hosts := []int{0, 0, 1, 1, 2, 2, 3, 3}
 	oneMachine := make([]int, p)
-	links := DefaultLinks()
+	links := testLinks()
 	for _, c := range []struct {
 		name     string
 		machines []int
@@ -165,7 +165,7 @@ func TestChooserCrowdedRelay(t *testing.T) {
 	}
 	hosts := []int{0, 0, 1, 1, 2, 2, 3, 3}
 	for _, remoteAlpha := range []float64{0, 200e-6} { // 0: the built-in
-		links := DefaultLinks()
+		links := testLinks()
 		if remoteAlpha > 0 {
 			links.Remote.Alpha = remoteAlpha
 		}
@@ -206,7 +206,7 @@ func TestChooserLL(t *testing.T) {
 		return m
 	}
 	hosts := []int{0, 0, 1, 1, 2, 2, 3, 3}
-	links := DefaultLinks()
+	links := testLinks()
 	links.Remote.Alpha = 200e-6
 	for _, c := range []struct {
 		name       string

@@ -10,7 +10,7 @@ import (
 
 // Links is the link table: one alpha-beta Link per role, Local for two
 // ranks of one host and Remote for ranks of different hosts, and the link
-// class (the data plane: "shm", "verbs", "tcp") that plays each role.
+// class (the name of the data plane's provider) that plays each role.
 // Every rank of a communicator holds the same table (rank 0's, which it
 // measures or loads and then broadcasts at join), so the cost of every
 // candidate, computed from the table and a counts matrix every rank holds,
@@ -22,48 +22,34 @@ type Links struct {
 	RemoteClass string `json:"remote_class,omitempty"`
 }
 
-// Link classes with a built-in Link (ClassLink).
-const (
-	ClassShm   = "shm"
-	ClassTCP   = "tcp"
-	ClassVerbs = "verbs"
-)
+// ClassLinks are the built-in links of the link classes a communicator may
+// use, by class name (the data planes' providers say theirs), used where
+// nothing was measured.
+type ClassLinks map[string]Link
 
-// ClassLink is the built-in Link of a link class, used when nothing was
-// measured: shared memory at about 1 µs per message and 8 GB/s, DefaultLink
-// for TCP, and RDMA verbs at 3 µs and 10 GB/s (a 100 Gb/s NIC; Soft-RoCE is
-// far slower, so measure it with `a2ad tune`). An unknown class gets
-// DefaultLink.
-func ClassLink(class string) Link {
-	switch class {
-	case ClassShm:
-		return Link{Alpha: 1e-6, Beta: 1 / 8e9, Lanes: 1}
-	case ClassVerbs:
-		return Link{Alpha: 3e-6, Beta: 1 / 10e9, Lanes: 1}
+// Link is the built-in Link of class; DefaultLink for a class not listed.
+func (cl ClassLinks) Link(class string) Link {
+	if l, ok := cl[class]; ok {
+		return l
 	}
 	return DefaultLink()
 }
 
-// DefaultLinks is the built-in table of a communicator whose ranks of one
-// host talk through shared memory and whose hosts talk through TCP.
-func DefaultLinks() Links { return DefaultLinksFor(ClassShm, ClassTCP) }
-
-// DefaultLinksFor is the built-in table for the given classes of the two
-// roles.
-func DefaultLinksFor(local, remote string) Links {
-	return Links{Local: ClassLink(local), Remote: ClassLink(remote), LocalClass: local, RemoteClass: remote}
+// Table is the built-in table for the given classes of the two roles.
+func (cl ClassLinks) Table(local, remote string) Links {
+	return Links{Local: cl.Link(local), Remote: cl.Link(remote), LocalClass: local, RemoteClass: remote}
 }
 
 // For returns the table for a communicator whose roles are played by the
 // classes local and remote: a role whose class differs from the one l was
-// measured with takes that class's built-in Link (a table without classes,
-// as older `a2ad tune` files, fits any).
-func (l Links) For(local, remote string) Links {
+// measured with takes that class's built-in Link from builtin (a table
+// without classes, as older `a2ad tune` files, fits any).
+func (l Links) For(local, remote string, builtin ClassLinks) Links {
 	if l.LocalClass != "" && l.LocalClass != local {
-		l.Local = ClassLink(local)
+		l.Local = builtin.Link(local)
 	}
 	if l.RemoteClass != "" && l.RemoteClass != remote {
-		l.Remote = ClassLink(remote)
+		l.Remote = builtin.Link(remote)
 	}
 	l.LocalClass, l.RemoteClass = local, remote
 	return l

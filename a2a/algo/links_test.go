@@ -67,10 +67,10 @@ func TestLinksFile(t *testing.T) {
 	if _, err := LoadLinks(filepath.Join(dir, "missing.json")); err == nil {
 		t.Error("missing file accepted")
 	}
-	if err := DefaultLinks().Validate(); err != nil {
+	if err := testLinks().Validate(); err != nil {
 		t.Error(err)
 	}
-	if DefaultLinks().Flat(1) != DefaultLinks().Local || DefaultLinks().Flat(3) != DefaultLinks().Remote {
+	if testLinks().Flat(1) != testLinks().Local || testLinks().Flat(3) != testLinks().Remote {
 		t.Error("Flat picks the wrong class")
 	}
 }
@@ -168,7 +168,7 @@ func TestLowerBoundHosts(t *testing.T) {
 }
 
 func TestLinksFor(t *testing.T) {
-	measured := Links{Local: Link{Alpha: 2e-6, Beta: 1e-10, Lanes: 1}, Remote: Link{Alpha: 7e-6, Beta: 1e-9, Lanes: 2}, LocalClass: ClassShm, RemoteClass: ClassTCP}
+	measured := Links{Local: Link{Alpha: 2e-6, Beta: 1e-10, Lanes: 1}, Remote: Link{Alpha: 7e-6, Beta: 1e-9, Lanes: 2}, LocalClass: "shm", RemoteClass: "tcp"}
 	unclassed := measured
 	unclassed.LocalClass, unclassed.RemoteClass = "", ""
 	for _, c := range []struct {
@@ -177,17 +177,29 @@ func TestLinksFor(t *testing.T) {
 		local, remote string
 		want          Links
 	}{
-		{"same classes", measured, ClassShm, ClassTCP, measured},
-		{"remote now verbs", measured, ClassShm, ClassVerbs, Links{Local: measured.Local, Remote: ClassLink(ClassVerbs), LocalClass: ClassShm, RemoteClass: ClassVerbs}},
-		{"tcp inside a host", measured, ClassTCP, ClassTCP, Links{Local: ClassLink(ClassTCP), Remote: measured.Remote, LocalClass: ClassTCP, RemoteClass: ClassTCP}},
-		{"a table without classes fits any", unclassed, ClassVerbs, ClassVerbs, Links{Local: measured.Local, Remote: measured.Remote, LocalClass: ClassVerbs, RemoteClass: ClassVerbs}},
-		{"defaults", DefaultLinks(), ClassShm, ClassVerbs, DefaultLinksFor(ClassShm, ClassVerbs)},
+		{"same classes", measured, "shm", "tcp", measured},
+		{"remote now verbs", measured, "shm", "verbs", Links{Local: measured.Local, Remote: testClasses.Link("verbs"), LocalClass: "shm", RemoteClass: "verbs"}},
+		{"tcp inside a host", measured, "tcp", "tcp", Links{Local: testClasses.Link("tcp"), Remote: measured.Remote, LocalClass: "tcp", RemoteClass: "tcp"}},
+		{"a table without classes fits any", unclassed, "verbs", "verbs", Links{Local: measured.Local, Remote: measured.Remote, LocalClass: "verbs", RemoteClass: "verbs"}},
+		{"defaults", testLinks(), "shm", "verbs", testClasses.Table("shm", "verbs")},
 	} {
-		if got := c.in.For(c.local, c.remote); got != c.want {
+		if got := c.in.For(c.local, c.remote, testClasses); got != c.want {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
 	}
-	if ClassLink("nosuch") != DefaultLink() || ClassLink(ClassShm) == ClassLink(ClassTCP) {
-		t.Error("ClassLink")
+	if testClasses.Link("nosuch") != DefaultLink() || testClasses.Link("shm") == testClasses.Link("tcp") {
+		t.Error("ClassLinks.Link")
 	}
 }
+
+// testClasses are built-in links as the default data planes give them
+// (a2a.BuiltinLinks): shared memory, TCP and verbs.
+var testClasses = ClassLinks{
+	"shm":   {Alpha: 1e-6, Beta: 1 / 8e9, Lanes: 1},
+	"tcp":   DefaultLink(),
+	"verbs": {Alpha: 3e-6, Beta: 1 / 10e9, Lanes: 1},
+}
+
+// testLinks is the built-in table of a communicator whose ranks of one host
+// talk through shared memory and whose hosts talk through TCP.
+func testLinks() Links { return testClasses.Table("shm", "tcp") }

@@ -26,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
 
+	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/control"
 	"github.com/a2a-moe/a2a/internal/natsd"
@@ -644,7 +645,7 @@ func TestTuneAndPlanWithLinks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if links == algo.DefaultLinks() {
+	if links == a2a.BuiltinLinks().Table("shm", "tcp") {
 		t.Errorf("tune wrote the built-in table %+v", links)
 	}
 	out, err := a2ad(t, ctx, "plan", "-n", "8", "--hosts", "2", "--sizes", "1K", "--rounds", "0", "--links", file).CombinedOutput()

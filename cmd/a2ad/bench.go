@@ -84,8 +84,17 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 // --transport (A2A_TRANSPORT).
 var (
 	benchAlgos      = []string{"auto", "pairwise", "fullmesh", "staged", "skew", "ll"}
-	benchTransports = []string{"auto", "shm", "verbs", "tcp"}
+	benchTransports = transportNames()
 )
+
+// transportNames is auto and the names of a2a's default data planes.
+func transportNames() []string {
+	names := []string{"auto"}
+	for _, p := range a2a.DefaultProviders(a2a.Config{}) {
+		names = append(names, p.Name())
+	}
+	return names
+}
 
 // benchHelp closes `a2ad bench -h`.
 const benchHelp = `Each row is one size, with nccl-tests' columns:

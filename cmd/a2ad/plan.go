@@ -10,7 +10,6 @@ import (
 
 	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/a2a/algo"
-	"github.com/a2a-moe/a2a/a2a/transport/shm"
 )
 
 // cmdPlan prints, without running anything, the AllToAllV schedule every
@@ -19,7 +18,7 @@ import (
 func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
 	algos := fs.String("algo", "all", "candidates: all, or a comma list of pairwise, fullmesh, skew, staged, ll")
-	llBytes := fs.Int("ll-bytes", shm.DefaultSlotBytes, "LL cutoff for the ll candidate: the shm slot size")
+	llBytes := fs.Int("ll-bytes", a2a.ClassCapabilities("shm").SlotBytes, "LL cutoff for the ll candidate: the shm slot size")
 	n := fs.Int("n", 8, "ranks")
 	sizes := fs.String("sizes", "64K", "per-peer bytes: MIN:MAX (x2 steps) or a comma list")
 	distFlag := fs.String("dist", "uniform", "traffic: uniform | zipf:S | lognormal:SIGMA | hot:F")
@@ -32,18 +31,18 @@ func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	machines := fs.Int("machines", 0, "machines the hosts share (consecutive hosts per machine; 0: one per host), e.g. 1 for the test bed's namespaces")
 	cores := fs.Int("cores", 0, "CPUs each machine gives the job (0: a core per rank); fewer than its ranks bound every estimate by the machine's total work")
 	linksFile := fs.String("links", "", "link table written by \"a2ad tune\" (default: built-in)")
-	localClass := fs.String("local-class", algo.ClassShm, "data plane between ranks of one host (shm, tcp, verbs): prices the local role")
-	remoteClass := fs.String("remote-class", algo.ClassTCP, "data plane between hosts (tcp, verbs): prices the remote role")
+	localClass := fs.String("local-class", "shm", "data plane between ranks of one host (shm, tcp, verbs): prices the local role")
+	remoteClass := fs.String("remote-class", "tcp", "data plane between hosts (tcp, verbs): prices the remote role")
 	if err := parseFlags(fs, args); err != nil {
 		return usageError{err}
 	}
-	links := algo.DefaultLinksFor(*localClass, *remoteClass)
+	links := a2a.BuiltinLinks().Table(*localClass, *remoteClass)
 	if *linksFile != "" {
 		l, err := algo.LoadLinks(*linksFile)
 		if err != nil {
 			return usageError{err}
 		}
-		links = l.For(*localClass, *remoteClass)
+		links = l.For(*localClass, *remoteClass, a2a.BuiltinLinks())
 	}
 	szs, err := parseSizes(*sizes)
 	if err != nil {
