@@ -4,6 +4,7 @@ package launch
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -100,6 +101,7 @@ func (e *RankError) Error() string {
 // exited says nothing about them. The error wraps the context's cause too.
 var ErrInterrupted = errors.New("interrupted")
 
+// exit is a reaped rank and what exec.Cmd.Wait said about it.
 type exit struct {
 	rank int
 	err  error
@@ -110,144 +112,219 @@ type exit struct {
 // naming the first failure. Cancelling ctx terminates all ranks, and Run
 // returns ErrInterrupted unless a rank had failed before.
 func Run(ctx context.Context, spec Spec) error {
+	j, err := newJob(spec)
+	if err != nil {
+		return err
+	}
+	if err := j.start(); err != nil {
+		return err
+	}
+	return j.watch(ctx)
+}
+
+// job is one Run: the spec with its defaults filled in and the ranks it
+// started.
+type job struct {
+	spec           Spec
+	world          int
+	grace          time.Duration
+	stdout, stderr io.Writer
+	outMu          sync.Mutex // one line at a time on stdout and stderr
+	bindTo         []int      // CPU of each rank; nil: unbound
+	cmds           []*exec.Cmd
+	exits          chan exit // every rank's, once reaped
+}
+
+// newJob checks spec and fills in its defaults.
+func newJob(spec Spec) (*job, error) {
 	if spec.N < 1 {
-		return fmt.Errorf("launch: need at least one rank, got %d", spec.N)
+		return nil, fmt.Errorf("launch: need at least one rank, got %d", spec.N)
 	}
-	world := spec.World
-	if world == 0 {
-		world = spec.N
+	j := &job{spec: spec, world: cmp.Or(spec.World, spec.N), grace: cmp.Or(spec.Grace, 2*time.Second),
+		stdout: spec.Stdout, stderr: spec.Stderr, cmds: make([]*exec.Cmd, spec.N), exits: make(chan exit, spec.N)}
+	if spec.RankOffset < 0 || spec.RankOffset+spec.N > j.world {
+		return nil, fmt.Errorf("launch: ranks %d..%d outside world size %d", spec.RankOffset, spec.RankOffset+spec.N-1, j.world)
 	}
-	if spec.RankOffset < 0 || spec.RankOffset+spec.N > world {
-		return fmt.Errorf("launch: ranks %d..%d outside world size %d", spec.RankOffset, spec.RankOffset+spec.N-1, world)
+	if j.stdout == nil {
+		j.stdout = os.Stdout
 	}
-	grace := spec.Grace
-	if grace == 0 {
-		grace = 2 * time.Second
+	if j.stderr == nil {
+		j.stderr = os.Stderr
 	}
-	stdout, stderr := spec.Stdout, spec.Stderr
-	if stdout == nil {
-		stdout = os.Stdout
-	}
-	if stderr == nil {
-		stderr = os.Stderr
-	}
-	var outMu sync.Mutex
-	var bindTo []int
 	if spec.BindVia != "" {
 		if c := cpus.Allowed(); spec.N <= len(c) {
-			bindTo = c
+			j.bindTo = c
 		}
 	}
-	cmds := make([]*exec.Cmd, spec.N)
-	exits := make(chan exit, spec.N)
-	for i := range spec.N {
-		rank := spec.RankOffset + i
-		cmd := exec.Command(spec.Prog, spec.Args...)
-		if bindTo != nil {
-			cmd = exec.Command(spec.BindVia, append([]string{"pin", strconv.Itoa(bindTo[i]), spec.Prog}, spec.Args...)...)
-		}
-		cmd.Env = append(os.Environ(),
-			"A2A_NATS_URL="+spec.NATSURL,
-			"A2A_GROUP="+spec.Group,
-			"A2A_SECRET="+spec.Secret,
-			fmt.Sprintf("A2A_RANK=%d", rank),
-			fmt.Sprintf("A2A_WORLD_SIZE=%d", world),
-			fmt.Sprintf("A2A_LOCAL_RANK=%d", i),
-			fmt.Sprintf("A2A_LOCAL_SIZE=%d", spec.N),
-		)
-		cmd.Env = append(cmd.Env, spec.Env...)
-		// Each rank in its own process group so its children die with it.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		prefix := fmt.Sprintf("[rank %d] ", rank)
-		showOut := spec.Prefix || i == 0
-		outPrefix := prefix
-		if !spec.Prefix {
-			outPrefix = ""
-		}
-		so, err := cmd.StdoutPipe()
-		if err != nil {
+	return j, nil
+}
+
+// start starts every rank. When one fails to start, those started before
+// it are killed.
+func (j *job) start() error {
+	for i := range j.spec.N {
+		if err := j.startRank(i); err != nil {
 			return err
 		}
-		se, err := cmd.StderrPipe()
-		if err != nil {
-			return err
-		}
-		if err := cmd.Start(); err != nil {
-			killAll(cmds, syscall.SIGKILL)
-			return fmt.Errorf("launch: start rank %d: %w", rank, err)
-		}
-		cmds[i] = cmd
-		var drained sync.WaitGroup
-		drained.Add(2)
-		go copyLines(&drained, &outMu, so, stdout, outPrefix, showOut)
-		go copyLines(&drained, &outMu, se, stderr, prefix, true)
-		go func() {
-			drained.Wait() // exec.Cmd: Wait only after the pipes are read to EOF
-			exits <- exit{rank: rank, err: cmd.Wait()}
-		}()
 	}
-	// When a rank fails, the others usually fail right after it (they lose
-	// their peer), sometimes before the launcher even reaps the first one.
-	// So failures are collected for a short settle window before the rest
-	// are terminated, and the root cause is the rank killed by a signal if
-	// there is one (a crash or kill -9 outside our control), else the earliest.
-	const settle = 200 * time.Millisecond
-	var failures []exit
-	ours := -1 // failures[ours:] came after we terminated the ranks ourselves
-	terminated := false
-	var settleTimer, killTimer <-chan time.Time
-	var interrupted error // ctx's cause, when ctx ended the job
-	expended := 0         // ranks lost that Expendable allowed
-	// terminate stops the ranks still running, once: SIGTERM now, SIGKILL
-	// after the grace period.
-	terminate := func() {
-		if terminated {
-			return
-		}
-		terminated, ours = true, len(failures)
-		killAll(cmds, syscall.SIGTERM)
-		killTimer = time.After(grace)
+	return nil
+}
+
+// startRank starts the i-th rank started here, copies its output lines
+// and reaps it into j.exits.
+func (j *job) startRank(i int) error {
+	rank := j.spec.RankOffset + i
+	cmd := j.command(i)
+	prefix := fmt.Sprintf("[rank %d] ", rank)
+	showOut := j.spec.Prefix || i == 0
+	outPrefix := prefix
+	if !j.spec.Prefix {
+		outPrefix = ""
 	}
-	for remaining := spec.N; remaining > 0; {
+	so, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	se, err := cmd.StderrPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		killAll(j.cmds, syscall.SIGKILL)
+		return fmt.Errorf("launch: start rank %d: %w", rank, err)
+	}
+	j.cmds[i] = cmd
+	var drained sync.WaitGroup
+	drained.Add(2)
+	go copyLines(&drained, &j.outMu, so, j.stdout, outPrefix, showOut)
+	go copyLines(&drained, &j.outMu, se, j.stderr, prefix, true)
+	go func() {
+		drained.Wait() // exec.Cmd: Wait only after the pipes are read to EOF
+		j.exits <- exit{rank: rank, err: cmd.Wait()}
+	}()
+	return nil
+}
+
+// command is the i-th rank's command: the program, through the BindVia
+// trampoline when bound, with the A2A_* environment that places it in the
+// job.
+func (j *job) command(i int) *exec.Cmd {
+	spec := j.spec
+	cmd := exec.Command(spec.Prog, spec.Args...)
+	if j.bindTo != nil {
+		cmd = exec.Command(spec.BindVia, append([]string{"pin", strconv.Itoa(j.bindTo[i]), spec.Prog}, spec.Args...)...)
+	}
+	cmd.Env = append(os.Environ(),
+		"A2A_NATS_URL="+spec.NATSURL,
+		"A2A_GROUP="+spec.Group,
+		"A2A_SECRET="+spec.Secret,
+		fmt.Sprintf("A2A_RANK=%d", spec.RankOffset+i),
+		fmt.Sprintf("A2A_WORLD_SIZE=%d", j.world),
+		fmt.Sprintf("A2A_LOCAL_RANK=%d", i),
+		fmt.Sprintf("A2A_LOCAL_SIZE=%d", spec.N),
+	)
+	cmd.Env = append(cmd.Env, spec.Env...)
+	// Each rank in its own process group so its children die with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	return cmd
+}
+
+// settle is how long failures are collected before the other ranks are
+// terminated.
+//
+// When a rank fails, the others usually fail right after it (they lose
+// their peer), sometimes before the launcher even reaps the first one.
+// So failures are collected for a short settle window before the rest
+// are terminated, and the root cause is the rank killed by a signal if
+// there is one (a crash or kill -9 outside our control), else the earliest.
+const settle = 200 * time.Millisecond
+
+// watcher is what Run learns while it reaps the ranks.
+type watcher struct {
+	j           *job
+	failures    []exit
+	ours        int // failures[ours:] came after we terminated the ranks ourselves; -1 until then
+	terminated  bool
+	settleTimer <-chan time.Time
+	killTimer   <-chan time.Time
+	interrupted error // ctx's cause, when ctx ended the job
+	expended    int   // ranks lost that Expendable allowed
+}
+
+// watch reaps every rank, terminating the rest when one fails or ctx ends,
+// and says how the job ended.
+func (j *job) watch(ctx context.Context) error {
+	w := &watcher{j: j, ours: -1}
+	for remaining := j.spec.N; remaining > 0; {
 		select {
-		case ex := <-exits:
+		case ex := <-j.exits:
 			remaining--
-			if ex.err == nil {
-				continue
-			}
-			if !terminated && expended < spec.Expendable && signaled(ex.err) {
-				expended++
-				outMu.Lock()
-				fmt.Fprintf(stderr, "launch: rank %d %s; the others carry on without it\n", ex.rank, describe(ex.err))
-				outMu.Unlock()
-				continue
-			}
-			failures = append(failures, ex)
-			if !terminated && settleTimer == nil {
-				settleTimer = time.After(settle)
-			}
-		case <-settleTimer:
-			settleTimer = nil
-			terminate()
-		case <-killTimer:
-			killAll(cmds, syscall.SIGKILL)
+			w.exited(ex)
+		case <-w.settleTimer:
+			w.settleTimer = nil
+			w.terminate()
+		case <-w.killTimer:
+			killAll(j.cmds, syscall.SIGKILL)
 		case <-ctx.Done():
-			if len(failures) == 0 {
-				interrupted = fmt.Errorf("%w: %w", ErrInterrupted, context.Cause(ctx))
+			if len(w.failures) == 0 {
+				w.interrupted = fmt.Errorf("%w: %w", ErrInterrupted, context.Cause(ctx))
 			}
-			terminate()
+			w.terminate()
 			ctx = context.Background() // a nil Done channel: never again
 		}
 	}
-	if interrupted != nil {
-		return interrupted
+	return w.result()
+}
+
+// exited takes in a rank's exit: a success, a death Expendable allows, or a
+// failure that ends the job after the settle window.
+func (w *watcher) exited(ex exit) {
+	if ex.err == nil {
+		return
 	}
-	if len(failures) == 0 {
+	if !w.terminated && w.expended < w.j.spec.Expendable && signaled(ex.err) {
+		w.expended++
+		w.j.outMu.Lock()
+		fmt.Fprintf(w.j.stderr, "launch: rank %d %s; the others carry on without it\n", ex.rank, describe(ex.err))
+		w.j.outMu.Unlock()
+		return
+	}
+	w.failures = append(w.failures, ex)
+	if !w.terminated && w.settleTimer == nil {
+		w.settleTimer = time.After(settle)
+	}
+}
+
+// terminate stops the ranks still running, once: SIGTERM now, SIGKILL
+// after the grace period.
+func (w *watcher) terminate() {
+	if w.terminated {
+		return
+	}
+	w.terminated, w.ours = true, len(w.failures)
+	killAll(w.j.cmds, syscall.SIGTERM)
+	w.killTimer = time.After(w.j.grace)
+}
+
+// result is Run's error once every rank is reaped.
+func (w *watcher) result() error {
+	if w.interrupted != nil {
+		return w.interrupted
+	}
+	if len(w.failures) == 0 {
 		return nil
 	}
+	ours := w.ours
 	if ours < 0 {
-		ours = len(failures)
+		ours = len(w.failures)
 	}
+	return rootCause(w.failures, ours)
+}
+
+// rootCause names the failure that ended the job: the first rank killed by
+// a signal among those that failed before we terminated the ranks
+// (failures[:ours]), else the earliest. The others are listed after it.
+func rootCause(failures []exit, ours int) *RankError {
 	root := 0
 	for i, f := range failures[:ours] {
 		if signaled(f.err) {
