@@ -149,21 +149,59 @@ func (r benchRow) wrongText() string {
 	return strconv.Itoa(*r.Wrong)
 }
 
+// cmdBench measures one collective, nccl-tests style: as the launcher it
+// starts the ranks, each a copy of itself with --worker that measures and,
+// on rank 0, prints the rows.
 func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
+	f, sizes, d, err := parseBench(args)
+	if err != nil {
+		return err
+	}
+	if f.worker {
+		return benchWorker(ctx, log, f, sizes, d)
+	}
+	if f.n < 1 {
+		return usagef("-n %d: need at least one rank", f.n)
+	}
+	if f.bind != "core" && f.bind != "none" {
+		return usagef("--bind %q: core or none", f.bind)
+	}
+	var env []string
+	if f.trans != "" {
+		env = append(env, "A2A_TRANSPORT="+f.trans)
+	}
+	return launchSelf(ctx, log, "bench", args, launch.Spec{N: f.n, NATSURL: f.nats, BindVia: bindVia(f.bind), Env: env})
+}
+
+// parseBench parses and checks the flags the launcher and its workers share.
+func parseBench(args []string) (benchFlags, []int, dist, error) {
 	var f benchFlags
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	f.register(fs)
 	if err := parseFlags(fs, args); err != nil {
-		return usageError{err}
+		return f, nil, dist{}, usageError{err}
 	}
 	sizes, err := parseSizes(f.sizes)
 	if err != nil {
-		return usageError{err}
+		return f, nil, dist{}, usageError{err}
 	}
 	d, err := parseDist(f.dist)
 	if err != nil {
-		return usageError{err}
+		return f, nil, dist{}, usageError{err}
 	}
+	if err := f.validateChoices(); err != nil {
+		return f, nil, dist{}, err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if err := f.validateForOp(d, set); err != nil {
+		return f, nil, dist{}, err
+	}
+	return f, sizes, d, nil
+}
+
+// validateChoices checks the flags that take one of a list of values.
+func (f *benchFlags) validateChoices() error {
 	if !slices.Contains(benchOpNames, f.op) {
 		return usagef("unknown --op %q: valid ops are %s", f.op, strings.Join(benchOpNames, ", "))
 	}
@@ -185,6 +223,13 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	if f.trans != "" && !slices.Contains(benchTransports, f.trans) {
 		return usagef("--transport %q: %s", f.trans, strings.Join(benchTransports, ", "))
 	}
+	return nil
+}
+
+// validateForOp checks the flags that only some ops take: the traffic
+// distribution, the element type, the reduction and the root. set holds
+// the flags given on the command line.
+func (f *benchFlags) validateForOp(d dist, set map[string]bool) error {
 	if f.op != "alltoallv" && d.kind != "uniform" {
 		return usagef("--op %s moves equal blocks: --dist must be uniform", f.op)
 	}
@@ -194,8 +239,6 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	if _, err := parseRedop(f.redop); err != nil {
 		return usageError{err}
 	}
-	set := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 	switch {
 	case (set["d"] || set["dtype"]) && f.op == "barrier":
 		return usagef("--dtype: barrier moves no data")
@@ -206,20 +249,7 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	case f.root < 0 || !f.worker && f.root >= f.n:
 		return usagef("--root %d: not a rank of %d", f.root, f.n)
 	}
-	if f.worker {
-		return benchWorker(ctx, log, f, sizes, d)
-	}
-	if f.n < 1 {
-		return usagef("-n %d: need at least one rank", f.n)
-	}
-	if f.bind != "core" && f.bind != "none" {
-		return usagef("--bind %q: core or none", f.bind)
-	}
-	var env []string
-	if f.trans != "" {
-		env = append(env, "A2A_TRANSPORT="+f.trans)
-	}
-	return launchSelf(ctx, log, "bench", args, launch.Spec{N: f.n, NATSURL: f.nats, BindVia: bindVia(f.bind), Env: env})
+	return nil
 }
 
 func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []int, d dist) error {
