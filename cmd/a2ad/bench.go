@@ -252,18 +252,10 @@ func (f *benchFlags) validateForOp(d dist, set map[string]bool) error {
 	return nil
 }
 
+// benchWorker is one rank of the benchmark: it joins the job, measures every
+// size and, on rank 0, prints the rows.
 func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []int, d dist) error {
-	c, err := joinWorker(ctx, log, func(cfg *a2a.Config) {
-		if f.algo != "" && f.algo != "all" {
-			cfg.Algo = f.algo
-		}
-		if f.streams > 0 {
-			cfg.Streams = f.streams
-		}
-		if f.window > 0 {
-			cfg.Window = f.window
-		}
-	})
+	c, err := joinWorker(ctx, log, f.configure)
 	if err != nil {
 		return err
 	}
@@ -280,62 +272,105 @@ func benchWorker(ctx context.Context, log *slog.Logger, f benchFlags, sizes []in
 		return usagef("--root %d: not a rank of %d", f.root, n)
 	}
 	if rank == 0 && !f.json {
-		spin, yield := c.WaitPolicy()
-		fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s counts=%s streams=%d window=%d seed=%d transport=%s spin=%v yield=%v timing=%s alloc=%s\n",
-			f.op, n, d, f.counts, c.Config().Streams, c.Config().Window, f.seed, c.TransportName(), spin, yield, f.timing, f.alloc)
-		fmt.Printf("# %10s %12s %8s %6s %5s %-12s %10s %10s %10s %11s %11s %7s\n",
-			"size", "count", "type", "redop", "root", "algo", "avg_us", "p50_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "#wrong")
+		printBenchHeader(c, f, d)
 	}
 	b := newBench(c, f)
-	algos := []string{""} // the Comm's own setting
-	if f.algo == "all" {
-		algos = benchAlgos // auto first
-	}
 	for _, size := range sizes {
-		var auto, best benchRow
+		measureSize := b.measureSize
 		if f.algo == "all" {
-			// An untimed first point at each size: the first algorithm
-			// measured there otherwise pays what its warm-up iterations
-			// do not cover (TCP windows and buffers growing, ranks settling
-			// on their cores), and auto, which goes first, would be
-			// compared with forced algorithms that did not pay it.
-			if err := c.SetAlgo(algos[0]); err != nil {
-				return err
-			}
-			if _, err := b.point(ctx, size, d); err != nil {
-				return fmt.Errorf("size %d, warm-up: %w", size, err)
-			}
+			measureSize = b.compareAlgos
 		}
-		for _, a := range algos {
-			if f.algo == "all" {
-				if err := c.SetAlgo(a); err != nil {
-					return err
-				}
-			}
-			row, err := b.point(ctx, size, d)
-			if err != nil {
-				return fmt.Errorf("size %d, algo %s: %w", size, cmp.Or(a, f.algo, "default"), err)
-			}
-			if f.algo == "all" {
-				row.Forced = a
-				if a == "auto" {
-					auto = row
-					row.Algo = "auto>" + row.Algo
-				} else if best.Forced == "" || row.P50 < best.P50 {
-					best = row
-				}
-			}
-			if rank == 0 {
-				printRow(f.json, row)
-			}
-			if row.Check == "fail" {
-				return fmt.Errorf("size %d: %d elements of the results are wrong", size, *row.Wrong)
-			}
+		if err := measureSize(ctx, size, d); err != nil {
+			return err
 		}
-		if f.algo == "all" && rank == 0 && !f.json {
-			fmt.Printf("# size %d: auto ran %s, p50 %.2f us; best forced %s, p50 %.2f us; auto/best %.2f\n",
-				size, auto.Algo, auto.P50, best.Forced, best.P50, auto.P50/best.P50)
+	}
+	return nil
+}
+
+// configure sets what the flags override in a worker's configuration.
+func (f *benchFlags) configure(cfg *a2a.Config) {
+	if f.algo != "" && f.algo != "all" {
+		cfg.Algo = f.algo
+	}
+	if f.streams > 0 {
+		cfg.Streams = f.streams
+	}
+	if f.window > 0 {
+		cfg.Window = f.window
+	}
+}
+
+// printBenchHeader prints the comment lines that open the text output: the
+// run's settings and the column names.
+func printBenchHeader(c *a2a.Comm, f benchFlags, d dist) {
+	spin, yield := c.WaitPolicy()
+	fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s counts=%s streams=%d window=%d seed=%d transport=%s spin=%v yield=%v timing=%s alloc=%s\n",
+		f.op, c.Size(), d, f.counts, c.Config().Streams, c.Config().Window, f.seed, c.TransportName(), spin, yield, f.timing, f.alloc)
+	fmt.Printf("# %10s %12s %8s %6s %5s %-12s %10s %10s %10s %11s %11s %7s\n",
+		"size", "count", "type", "redop", "root", "algo", "avg_us", "p50_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "#wrong")
+}
+
+// measureSize measures one size under the Comm's own algorithm setting and
+// prints its row.
+func (b *bench) measureSize(ctx context.Context, size int, d dist) error {
+	row, err := b.point(ctx, size, d)
+	if err != nil {
+		return fmt.Errorf("size %d, algo %s: %w", size, cmp.Or(b.f.algo, "default"), err)
+	}
+	return b.report(size, row)
+}
+
+// compareAlgos measures one size under auto and then each forced algorithm
+// (--algo all), prints their rows and a comment line comparing auto to the
+// best forced one.
+func (b *bench) compareAlgos(ctx context.Context, size int, d dist) error {
+	c := b.c
+	// An untimed first point at each size: the first algorithm measured
+	// there otherwise pays what its warm-up iterations do not cover (TCP
+	// windows and buffers growing, ranks settling on their cores), and
+	// auto, which goes first, would be compared with forced algorithms
+	// that did not pay it.
+	if err := c.SetAlgo(benchAlgos[0]); err != nil {
+		return err
+	}
+	if _, err := b.point(ctx, size, d); err != nil {
+		return fmt.Errorf("size %d, warm-up: %w", size, err)
+	}
+	var auto, best benchRow
+	for _, a := range benchAlgos { // auto first
+		if err := c.SetAlgo(a); err != nil {
+			return err
 		}
+		row, err := b.point(ctx, size, d)
+		if err != nil {
+			return fmt.Errorf("size %d, algo %s: %w", size, a, err)
+		}
+		row.Forced = a
+		if a == "auto" {
+			auto = row
+			row.Algo = "auto>" + row.Algo
+		} else if best.Forced == "" || row.P50 < best.P50 {
+			best = row
+		}
+		if err := b.report(size, row); err != nil {
+			return err
+		}
+	}
+	if c.Rank() == 0 && !b.f.json {
+		fmt.Printf("# size %d: auto ran %s, p50 %.2f us; best forced %s, p50 %.2f us; auto/best %.2f\n",
+			size, auto.Algo, auto.P50, best.Forced, best.P50, auto.P50/best.P50)
+	}
+	return nil
+}
+
+// report prints a row on rank 0 and fails when --check found wrong
+// elements.
+func (b *bench) report(size int, row benchRow) error {
+	if b.c.Rank() == 0 {
+		printRow(b.f.json, row)
+	}
+	if row.Check == "fail" {
+		return fmt.Errorf("size %d: %d elements of the results are wrong", size, *row.Wrong)
 	}
 	return nil
 }
