@@ -73,10 +73,33 @@ type options struct {
 	killStep     int
 }
 
+// parseFlags parses and checks the command line.
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	o := options{corruptRank: -1, killRank: -1}
 	fs := flag.NewFlagSet("moe", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	var text textFlags
+	o.register(fs, &text)
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := o.decode(text); err != nil {
+		return o, err
+	}
+	return o, o.validate()
+}
+
+// textFlags are the flags given as text that options holds decoded.
+type textFlags struct {
+	skew, dtype, counts, rows string
+}
+
+// register defines the flags on fs: most set o's fields, the others text's,
+// which decode reads into o.
+func (o *options) register(fs *flag.FlagSet, text *textFlags) {
 	fs.IntVar(&o.ranks, "n", 4, "local ranks")
 	fs.IntVar(&o.experts, "experts", 16, "experts E in the layer")
 	fs.IntVar(&o.k, "k", 2, "experts per token (top-k)")
@@ -85,12 +108,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.ffn, "ffn", 128, "inner size of each expert's feed-forward network")
 	fs.IntVar(&o.steps, "steps", 5, "steps")
 	fs.IntVar(&o.microbatches, "microbatches", 1, "micro-batches per step; with 2 or more, the exchange of one overlaps the expert compute of the previous")
-	skew := fs.String("skew", "0", "router skew: S or zipf:S, the Zipf exponent of the experts' popularity (0: uniform)")
+	fs.StringVar(&text.skew, "skew", "0", "router skew: S or zipf:S, the Zipf exponent of the experts' popularity (0: uniform)")
 	fs.Float64Var(&o.capacity, "capacity", 1.25, "capacity factor: each expert takes at most ceil(T*k/E*factor) of a rank's T tokens (<= 0: unlimited)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of tokens, router logits and expert weights")
-	dtype := fs.String("dtype", "float32", "element type of token rows: float32 or bfloat16")
-	counts := fs.String("counts", "inband", "how ranks learn receive counts: inband (data plane) or nats (control plane)")
-	rows := fs.String("rows", "auto", "how rows travel: auto (shared memory when every rank is on this host) or alltoallv")
+	fs.StringVar(&text.dtype, "dtype", "float32", "element type of token rows: float32 or bfloat16")
+	fs.StringVar(&text.counts, "counts", "inband", "how ranks learn receive counts: inband (data plane) or nats (control plane)")
+	fs.StringVar(&text.rows, "rows", "auto", "how rows travel: auto (shared memory when every rank is on this host) or alltoallv")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1", "host the /metrics servers listen on")
 	fs.IntVar(&o.metricsPort, "metrics-port", 0, "rank r serves /metrics on port BASE+r (0: any free port)")
 	fs.DurationVar(&o.interval, "interval", 0, "pause between steps")
@@ -100,42 +123,45 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.corruptRank, "corrupt-rank", -1, "testing: this rank alters one output element, so verification must fail")
 	fs.IntVar(&o.killRank, "kill-rank", -1, "this rank (1..n-1) kills itself with SIGKILL at --kill-step; the others shrink the group, re-place its experts and carry on")
 	fs.IntVar(&o.killStep, "kill-step", 2, "the step at which --kill-rank dies")
-	if err := fs.Parse(args); err != nil {
-		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
+}
+
+// decode sets the fields of the flags given as text.
+func (o *options) decode(text textFlags) error {
 	var err error
-	if o.skew, err = strconv.ParseFloat(strings.TrimPrefix(*skew, "zipf:"), 64); err != nil || o.skew < 0 {
-		return o, fmt.Errorf("--skew %q: want S or zipf:S with S >= 0", *skew)
+	if o.skew, err = strconv.ParseFloat(strings.TrimPrefix(text.skew, "zipf:"), 64); err != nil || o.skew < 0 {
+		return fmt.Errorf("--skew %q: want S or zipf:S with S >= 0", text.skew)
 	}
-	if o.dtype, err = reduce.ParseDType(*dtype); err != nil || (o.dtype != reduce.Float32 && o.dtype != reduce.BFloat16) {
-		return o, fmt.Errorf("--dtype %q: float32 or bfloat16", *dtype)
+	if o.dtype, err = reduce.ParseDType(text.dtype); err != nil || (o.dtype != reduce.Float32 && o.dtype != reduce.BFloat16) {
+		return fmt.Errorf("--dtype %q: float32 or bfloat16", text.dtype)
 	}
-	if o.counts, err = dispatch.ParseCountsMode(*counts); err != nil {
-		return o, fmt.Errorf("--counts %q: inband or nats", *counts)
+	if o.counts, err = dispatch.ParseCountsMode(text.counts); err != nil {
+		return fmt.Errorf("--counts %q: inband or nats", text.counts)
 	}
-	if o.rows, err = dispatch.ParseRowPath(*rows); err != nil {
-		return o, fmt.Errorf("--rows %q: auto or alltoallv", *rows)
+	if o.rows, err = dispatch.ParseRowPath(text.rows); err != nil {
+		return fmt.Errorf("--rows %q: auto or alltoallv", text.rows)
 	}
+	return nil
+}
+
+// validate checks the values against each other.
+func (o *options) validate() error {
 	switch {
 	case o.ranks < 1:
-		return o, fmt.Errorf("-n %d: want at least one rank", o.ranks)
+		return fmt.Errorf("-n %d: want at least one rank", o.ranks)
 	case o.experts < 1 || o.k < 1 || o.k > o.experts:
-		return o, fmt.Errorf("--experts %d --k %d: want 1 <= k <= experts", o.experts, o.k)
+		return fmt.Errorf("--experts %d --k %d: want 1 <= k <= experts", o.experts, o.k)
 	case o.tokens < 0 || o.hidden < 1 || o.ffn < 1 || o.steps < 0:
-		return o, fmt.Errorf("--tokens, --hidden, --ffn and --steps must be positive")
+		return fmt.Errorf("--tokens, --hidden, --ffn and --steps must be positive")
 	case o.microbatches < 1 || o.microbatches > max(o.tokens, 1):
-		return o, fmt.Errorf("--microbatches %d: want 1..tokens", o.microbatches)
+		return fmt.Errorf("--microbatches %d: want 1..tokens", o.microbatches)
 	case o.metricsPort < 0 || o.metricsPort > 65535:
-		return o, fmt.Errorf("--metrics-port %d", o.metricsPort)
+		return fmt.Errorf("--metrics-port %d", o.metricsPort)
 	case o.killRank == 0 || o.killRank < -1 || (!o.worker && o.killRank >= o.ranks):
-		return o, fmt.Errorf("--kill-rank %d: want 1..n-1 (rank 0 prints the run)", o.killRank)
+		return fmt.Errorf("--kill-rank %d: want 1..n-1 (rank 0 prints the run)", o.killRank)
 	case o.killRank > 0 && (o.killStep < 0 || o.killStep >= o.steps):
-		return o, fmt.Errorf("--kill-step %d: want 0..steps-1", o.killStep)
+		return fmt.Errorf("--kill-step %d: want 0..steps-1", o.killStep)
 	}
-	return o, nil
+	return nil
 }
 
 func main() {
