@@ -47,87 +47,104 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	if err != nil {
 		return err
 	}
-	defer func() { c.Close() }() // the last communicator: a shrink replaces it
-	obs.WatchTransport(func() uint64 { return c.Stats().Rejected })
-	obs.WatchPeerBytes(c.Stats)
-	rank, size := c.Rank(), c.Size()
-	if err := metrics.RegisterControlRejects(prometheus.WrapRegistererWith(
-		prometheus.Labels{"group": cfg.Group, "rank": strconv.Itoa(rank)}, reg), c.ControlRejects); err != nil {
+	m := &membership{c: c}
+	defer func() { m.c.Close() }() // the last communicator: a shrink replaces it
+	if err := watchComm(c, obs, reg, cfg.Group); err != nil {
 		return err
-	}
-
-	port := 0
-	if o.metricsPort > 0 {
-		port = o.metricsPort + rank
 	}
 	sctx, stopServer := context.WithCancel(ctx)
 	defer stopServer()
-	addr, err := metrics.Serve(sctx, net.JoinHostPort(o.metricsAddr, strconv.Itoa(port)), reg)
-	if err != nil {
-		return err
-	}
-	urls, err := gatherStrings(ctx, c, "http://"+addr+"/metrics")
+	urls, err := serveMetrics(sctx, c, o, reg)
 	if err != nil {
 		return err
 	}
 
-	layer := dispatch.Config{
+	m.layer = dispatch.Config{
 		Experts: o.experts, K: o.k, Hidden: o.hidden, DType: o.dtype,
 		CapacityFactor: o.capacity, Counts: o.counts, Rows: o.rows, Observer: obs, Logger: log,
 	}
-	d, err := dispatch.New(ctx, c, layer)
-	if err != nil {
+	if m.d, err = dispatch.New(ctx, c, m.layer); err != nil {
 		return err
 	}
-	defer func() { d.Close() }() // the last dispatcher: a shrink replaces it
+	defer func() { m.d.Close() }() // the last dispatcher: a shrink replaces it
 
 	out := io.Discard
-	if rank == 0 {
+	if c.Rank() == 0 {
 		out = stdout
-		printHeader(out, o, size, d.Placement(), urls, c.TransportName(), rowPaths(d))
+		printHeader(out, o, c.Size(), m.d.Placement(), urls, c.TransportName(), rowPaths(m.d))
 	}
-	r := newRankState(o, d, rank)
-	agg := newAggregate(o, size)
+	if err := m.runSteps(ctx, o, newRankState(o, m.d, c.Rank()), out); err != nil {
+		return err
+	}
+	if o.killRank > 0 {
+		fmt.Fprintf(out, "metrics: a2a_shrinks_total %v, a2a_membership_size %v\n", gauge(reg, "a2a_shrinks_total"), gauge(reg, "a2a_membership_size"))
+	}
+	fmt.Fprintf(out, "all %d steps verified on %d ranks\n", o.steps, m.c.Size())
+	if o.hold > 0 {
+		fmt.Fprintf(out, "holding for %v (metrics stay up)\n", o.hold)
+		sleep(ctx, o.hold) // interrupted is fine: the work is done
+	}
+	return nil
+}
+
+// watchComm adds what c knows to the rank's metrics: the data plane's
+// rejected connections, the bytes per peer and the control messages
+// rejected.
+func watchComm(c *a2a.Comm, obs *metrics.Observer, reg *prometheus.Registry, group string) error {
+	obs.WatchTransport(func() uint64 { return c.Stats().Rejected })
+	obs.WatchPeerBytes(c.Stats)
+	return metrics.RegisterControlRejects(prometheus.WrapRegistererWith(
+		prometheus.Labels{"group": group, "rank": strconv.Itoa(c.Rank())}, reg), c.ControlRejects)
+}
+
+// serveMetrics serves the rank's /metrics until ctx ends and returns every
+// rank's URL, which it learns from the others through c.
+func serveMetrics(ctx context.Context, c *a2a.Comm, o options, reg *prometheus.Registry) ([]string, error) {
+	port := 0
+	if o.metricsPort > 0 {
+		port = o.metricsPort + c.Rank()
+	}
+	addr, err := metrics.Serve(ctx, net.JoinHostPort(o.metricsAddr, strconv.Itoa(port)), reg)
+	if err != nil {
+		return nil, err
+	}
+	return gatherStrings(ctx, c, "http://"+addr+"/metrics")
+}
+
+// membership is the rank's group as it stands: the communicator, the
+// dispatcher and the layer's configuration, all of which a shrink replaces.
+type membership struct {
+	c     *a2a.Comm
+	d     *dispatch.Dispatcher
+	layer dispatch.Config
+}
+
+// runSteps runs and verifies the steps. When a peer dies under --kill-rank,
+// it shrinks the group to the survivors and redoes the step.
+func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out io.Writer) error {
+	agg := newAggregate(o, m.c.Size())
 	for step := 0; step < o.steps; {
-		if step == o.killStep && rank == o.killRank {
+		if step == o.killStep && r.rank == o.killRank {
 			// As kill -9 from outside would: no leave, no flush, no cleanup.
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
 		res, err := r.step(ctx, step)
 		if err == nil {
-			err = agg.gather(ctx, c, res)
+			err = agg.gather(ctx, m.c, res)
 		}
 		if err != nil {
 			if o.killRank < 0 || !errors.Is(err, a2a.ErrPeerLost) {
 				return fmt.Errorf("step %d: %w", step, err)
 			}
-			// A peer died: carry on with the survivors and redo the step.
-			start, lossErr := time.Now(), err
-			d.Close()
-			shrunk, err := c.Shrink(ctx)
-			if err != nil {
-				return fmt.Errorf("step %d: shrinking after %v: %w", step, lossErr, err)
-			}
-			c = shrunk
-			pl, err := d.Placement().Shrink(c.FormerRanks())
-			if err != nil {
+			if err := m.shrink(ctx, step, err, out); err != nil {
 				return err
 			}
-			layer.Placement = pl
-			if d, err = dispatch.New(ctx, c, layer); err != nil {
-				return fmt.Errorf("step %d: dispatcher after the shrink: %w", step, err)
-			}
-			r.d, agg = d, newAggregate(o, c.Size())
-			fmt.Fprintf(out, "step %d: lost a rank; shrunk to %d ranks (former ranks %v) in %v, experts re-placed: %s\n",
-				step, c.Size(), c.FormerRanks(), time.Since(start).Round(time.Millisecond), expertsPerRank(pl))
+			r.d, agg = m.d, newAggregate(o, m.c.Size())
 			continue
 		}
 		agg.print(out, step)
-		if bad := agg.failed(); len(bad) > 0 {
-			if res.mismatches > 0 {
-				return fmt.Errorf("step %d: verification failed: %d output elements differ from the reference, first: %s", step, res.mismatches, res.first)
-			}
-			return fmt.Errorf("step %d: verification failed on ranks %v", step, bad)
+		if err := verified(agg, res, step); err != nil {
+			return err
 		}
 		if o.interval > 0 && step+1 < o.steps {
 			if !sleep(ctx, o.interval) {
@@ -136,16 +153,44 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 		}
 		step++
 	}
-	size = c.Size()
-	if o.killRank > 0 {
-		fmt.Fprintf(out, "metrics: a2a_shrinks_total %v, a2a_membership_size %v\n", gauge(reg, "a2a_shrinks_total"), gauge(reg, "a2a_membership_size"))
-	}
-	fmt.Fprintf(out, "all %d steps verified on %d ranks\n", o.steps, size)
-	if o.hold > 0 {
-		fmt.Fprintf(out, "holding for %v (metrics stay up)\n", o.hold)
-		sleep(ctx, o.hold) // interrupted is fine: the work is done
-	}
 	return nil
+}
+
+// shrink carries on without the peer whose loss failed step: it shrinks the
+// group to the survivors, re-places the experts on them and builds the
+// dispatcher anew.
+func (m *membership) shrink(ctx context.Context, step int, lossErr error, out io.Writer) error {
+	start := time.Now()
+	m.d.Close()
+	shrunk, err := m.c.Shrink(ctx)
+	if err != nil {
+		return fmt.Errorf("step %d: shrinking after %v: %w", step, lossErr, err)
+	}
+	m.c = shrunk
+	pl, err := m.d.Placement().Shrink(m.c.FormerRanks())
+	if err != nil {
+		return err
+	}
+	m.layer.Placement = pl
+	if m.d, err = dispatch.New(ctx, m.c, m.layer); err != nil {
+		return fmt.Errorf("step %d: dispatcher after the shrink: %w", step, err)
+	}
+	fmt.Fprintf(out, "step %d: lost a rank; shrunk to %d ranks (former ranks %v) in %v, experts re-placed: %s\n",
+		step, m.c.Size(), m.c.FormerRanks(), time.Since(start).Round(time.Millisecond), expertsPerRank(pl))
+	return nil
+}
+
+// verified fails the step when any rank's outputs differed from its
+// reference, naming this rank's first mismatch when it has one.
+func verified(agg *aggregate, res *stepResult, step int) error {
+	bad := agg.failed()
+	if len(bad) == 0 {
+		return nil
+	}
+	if res.mismatches > 0 {
+		return fmt.Errorf("step %d: verification failed: %d output elements differ from the reference, first: %s", step, res.mismatches, res.first)
+	}
+	return fmt.Errorf("step %d: verification failed on ranks %v", step, bad)
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
