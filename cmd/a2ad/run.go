@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"flag"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -87,10 +84,10 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 // The server listens on loopback, so the password never crosses a network.
 func launchRanks(ctx context.Context, log *slog.Logger, spec launch.Spec) error {
 	if spec.Group == "" {
-		spec.Group = "job-" + randomHex(6)
+		spec.Group = launch.NewGroup("job")
 	}
 	if spec.Secret == "" {
-		spec.Secret = randomHex(16)
+		spec.Secret = launch.NewSecret()
 	}
 	if spec.NATSURL == "" {
 		ranks := natsd.NewUser(spec.Group, control.Subjects(spec.Group))
@@ -163,12 +160,4 @@ func resolveProg(p string) (string, error) {
 		return filepath.Abs(p)
 	}
 	return p, nil
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(fmt.Sprintf("crypto/rand: %v", err))
-	}
-	return hex.EncodeToString(b)
 }

@@ -23,8 +23,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -196,7 +194,7 @@ func launchRanks(ctx context.Context, log *slog.Logger, o options, args []string
 		return err
 	}
 	url, plane := o.natsURL, "NATS control plane at "+o.natsURL+" (--nats)"
-	group, secret := "moe-"+randomHex(6), randomHex(16)
+	group, secret := launch.NewGroup("moe"), launch.NewSecret()
 	var env []string
 	if url == "" {
 		// The embedded server lets in the ranks (a user limited to the
@@ -237,14 +235,6 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(fmt.Sprintf("crypto/rand: %v", err))
-	}
-	return hex.EncodeToString(b)
 }
 
 func logLevel() slog.Level {

@@ -6,6 +6,8 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -61,6 +63,21 @@ type Spec struct {
 	// returns nil when every other rank succeeds. A rank that exits with an
 	// error still ends the job.
 	Expendable int
+}
+
+// NewGroup is a fresh group (job) name for Spec.Group: prefix, a dash and
+// 12 random hex digits, so that jobs sharing a control plane never meet.
+func NewGroup(prefix string) string { return prefix + "-" + randomHex(6) }
+
+// NewSecret is a fresh job secret for Spec.Secret: 128 random bits in hex.
+func NewSecret() string { return randomHex(16) }
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b)
 }
 
 // ExecPinned binds the calling process to cpu and replaces it with prog. It is

@@ -118,3 +118,27 @@ func TestRunExpendable(t *testing.T) {
 		})
 	}
 }
+
+// TestNewGroupAndSecret: fresh names and secrets have their documented
+// shape and differ from call to call.
+func TestNewGroupAndSecret(t *testing.T) {
+	hexDigits := func(s string, n int) bool {
+		if len(s) != n {
+			return false
+		}
+		for _, c := range s {
+			if !strings.ContainsRune("0123456789abcdef", c) {
+				return false
+			}
+		}
+		return true
+	}
+	g1, g2 := NewGroup("job"), NewGroup("job")
+	if !strings.HasPrefix(g1, "job-") || !hexDigits(strings.TrimPrefix(g1, "job-"), 12) || g1 == g2 {
+		t.Errorf("NewGroup(\"job\") = %q, then %q: want job- and 12 fresh hex digits", g1, g2)
+	}
+	s1, s2 := NewSecret(), NewSecret()
+	if !hexDigits(s1, 32) || s1 == s2 {
+		t.Errorf("NewSecret() = %q, then %q: want 32 fresh hex digits", s1, s2)
+	}
+}
