@@ -27,8 +27,8 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	if f.n < 1 {
 		return usagef("-n %d: need at least one rank", f.n)
 	}
-	if f.bind != "core" && f.bind != "none" {
-		return usagef("--bind %q: core or none", f.bind)
+	if err := checkBind(f.bind); err != nil {
+		return err
 	}
 	var env []string
 	if f.trans != "" {

@@ -55,8 +55,8 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 		}
 		slices.Sort(env)
 	}
-	if *bind != "core" && *bind != "none" {
-		return usagef("--bind %q: core or none", *bind)
+	if err := checkBind(*bind); err != nil {
+		return err
 	}
 	prog := fs.Args()
 	if len(prog) == 0 {
@@ -141,6 +141,14 @@ func joinWorker(ctx context.Context, log *slog.Logger, adjust func(*a2a.Config))
 // unless there are more ranks than cores.
 func bindFlag(fs *flag.FlagSet) *string {
 	return fs.String("bind", "core", "bind each rank to a core (core) or let the scheduler place them (none); oversubscribed ranks are never bound")
+}
+
+// checkBind checks a --bind value.
+func checkBind(bind string) error {
+	if bind != "core" && bind != "none" {
+		return usagef("--bind %q: core or none", bind)
+	}
+	return nil
 }
 
 // bindVia is the launcher's trampoline for a --bind value.
