@@ -172,9 +172,12 @@ func (m *membership) shrink(ctx context.Context, step int, lossErr error, out io
 		return err
 	}
 	m.layer.Placement = pl
-	if m.d, err = dispatch.New(ctx, m.c, m.layer); err != nil {
+	d, err := dispatch.New(ctx, m.c, m.layer)
+	if err != nil {
+		// m.d stays the closed dispatcher, which closes again harmlessly.
 		return fmt.Errorf("step %d: dispatcher after the shrink: %w", step, err)
 	}
+	m.d = d
 	fmt.Fprintf(out, "step %d: lost a rank; shrunk to %d ranks (former ranks %v) in %v, experts re-placed: %s\n",
 		step, m.c.Size(), m.c.FormerRanks(), time.Since(start).Round(time.Millisecond), expertsPerRank(pl))
 	return nil
