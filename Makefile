@@ -2,8 +2,9 @@
 GO       ?= go
 BIN      := bin
 A2AD     := $(BIN)/a2ad
-# Packages whose tests run under the race detector within the time budget.
-RACE_PKGS := ./a2a/... ./internal/... ./routing/... ./dispatch/... ./examples/...
+# Packages whose tests run under the race detector within the time budget: the
+# commands one by one, as cmd/a2ad's are not among them.
+RACE_PKGS := ./a2a/... ./internal/... ./cmd/a2acheck ./cmd/delayswitch ./cmd/soak ./routing/... ./dispatch/... ./examples/...
 PKGS      := ./...
 
 .PHONY: all build demo test deps fmt-check vet unit bench bench-go bench-a2ad compare clean test-hosts test-hosts-if-root
@@ -15,8 +16,8 @@ build:
 	$(GO) build $(PKGS)
 	$(GO) build -o $(A2AD) ./cmd/a2ad
 	$(GO) build -o $(BIN)/moe ./examples/moe
-	$(GO) build -o $(BIN)/delayswitch ./internal/cmd/delayswitch
-	$(GO) build -o $(BIN)/soak ./internal/cmd/soak
+	$(GO) build -o $(BIN)/delayswitch ./cmd/delayswitch
+	$(GO) build -o $(BIN)/soak ./cmd/soak
 
 # The main job: the MoE expert-routing demo on 4 local ranks (route, dispatch,
 # expert FFNs, combine, verified against a single-process reference).
@@ -57,7 +58,7 @@ test-rdma: build
 	@mkdir -p $(BIN)/rdma-tests
 	$(GO) test -c -o $(BIN)/rdma-tests/verbs.test ./verbs
 	$(GO) test -c -o $(BIN)/rdma-tests/transport-verbs.test ./a2a/transport/verbs
-	$(GO) build -o $(BIN)/rdma-tests/a2acheck ./internal/cmd/a2acheck
+	$(GO) build -o $(BIN)/rdma-tests/a2acheck ./cmd/a2acheck
 	$(GO) test -count=1 -run TestBuildOutsideTheRepository ./internal/modtest -args -newcomer-out $(abspath $(BIN))/rdma-tests/newcomer
 	./scripts/rdma-lab.sh run -- scripts/rdma-tests.sh
 
@@ -74,7 +75,7 @@ test-rdma-if-root:
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-rdma; \
 	else echo "test-rdma: skipped: needs root to install qemu and the lab's packages (run make test-rdma as root)"; fi
 
-# Soak (internal/cmd/soak; docs/TESTING.md): random verified operations on 4 rank processes,
+# Soak (cmd/soak; docs/TESTING.md): random verified operations on 4 rank processes,
 # sessions mixing data planes and algorithms, then leak checks (goroutines, fds, /dev/shm,
 # live heap < +2% after warm-up). Half the time on one machine (one posed host on shm or tcp, or
 # two posed hosts), half across the test bed's network namespaces (as root). The seed is

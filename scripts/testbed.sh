@@ -26,7 +26,7 @@
 # of vh<i> in the bridge namespace): a host's traffic to another crosses its own eth0 and the
 # other's vh, D/2 each. Ranks of one host talk over lo, unshaped. Without sch_netem, --rate
 # uses tbf on the same link ends, and --delay replaces the bridge with the user-space delay
-# line internal/cmd/delayswitch (bin/delayswitch from make build, else built with go into
+# line cmd/delayswitch (bin/delayswitch from make build, else built with go into
 # the log directory; run in the bridge namespace): an L2 learning switch over AF_PACKET
 # sockets on vh0..vh<H-1> that forwards every frame D after it arrived, so host-to-host
 # frames, which cross it once, take D. It
@@ -57,7 +57,7 @@
 # and, with more ranks than cores, do not busy-poll unless A2A_SPIN says so.
 #
 # --soak DURATION (e.g. 15s, 5m) runs, instead of the checks and the benchmark, the soak
-# (internal/cmd/soak, bin/soak from make build) as one job across the hosts: random verified
+# (cmd/soak, bin/soak from make build) as one job across the hosts: random verified
 # operations in sessions that mix auto (shm inside a host, TCP between) and forced TCP, then
 # every rank's leak check; it passes when every rank prints PASS. The seed is printed.
 #
@@ -462,7 +462,7 @@ elif [ "$USER_DELAY" = 1 ]; then
 	command -v "$GO" >/dev/null 2>&1 ||
 		die 2 "--delay: this kernel lacks tc netem (CONFIG_NET_SCH_NETEM / module sch_netem), there is no bin/delayswitch (make build) and no go ($GO) to build the user-space delay line"
 	SWITCH=$LOGDIR/delayswitch
-	if ! out=$(cd "$ROOT" && "$GO" build -o "$SWITCH" ./internal/cmd/delayswitch 2>&1); then
+	if ! out=$(cd "$ROOT" && "$GO" build -o "$SWITCH" ./cmd/delayswitch 2>&1); then
 		die 2 "--delay: building the user-space delay line failed: $out"
 	fi
 fi
