@@ -1,0 +1,340 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/a2a-moe/a2a/internal/natsd"
+)
+
+// launchersDoc is the page whose commands TestLaunchersDoc runs.
+const launchersDoc = "../../docs/LAUNCHERS.md"
+
+// docLaunchers are the commands of docs/LAUNCHERS.md that start ranks; every
+// one must appear on the page.
+var docLaunchers = []string{"mpirun", "mpiexec", "srun", "torchrun"}
+
+// TestLaunchersDoc runs docs/LAUNCHERS.md as a new user would: the a2ad serve
+// line, then every launcher line after the exports that precede it, each to 4
+// verified ranks reporting the launcher and group the page's table says.
+// Only what one machine cannot do as written is replaced (docSession).
+func TestLaunchersDoc(t *testing.T) {
+	blocks := shellBlocks(t, launchersDoc)
+	s := newDocSession(t)
+	serveAt := slices.IndexFunc(blocks, func(b []string) bool { return slices.ContainsFunc(b, isServe) })
+	if serveAt < 0 {
+		t.Fatalf("%s: no a2ad serve line", launchersDoc)
+	}
+	s.startServe(t, blocks[serveAt])
+
+	// The lines after the serve's block: exports, which every later launcher
+	// line runs after, and the launcher lines.
+	var setup []string
+	seen := map[string]int{}
+	for _, block := range blocks[serveAt+1:] {
+		for _, line := range block {
+			name := strings.Fields(line)[0]
+			switch {
+			case name == "go":
+				// go build of a2acheck: TestMain built it from this checkout.
+			case slices.Contains(docLaunchers, name):
+				seen[name]++
+				setup := slices.Clone(setup)
+				t.Run(fmt.Sprintf("%s#%d", name, seen[name]), func(t *testing.T) {
+					s.runLauncher(t, setup, line)
+				})
+			default:
+				setup = append(setup, line)
+			}
+		}
+	}
+	for _, name := range docLaunchers {
+		if seen[name] == 0 {
+			t.Errorf("%s shows no %s line", launchersDoc, name)
+		}
+	}
+}
+
+// isServe reports whether a command starts a2ad serve.
+func isServe(cmd string) bool { return strings.HasPrefix(cmd, "a2ad serve ") }
+
+// shellBlocks returns the commands of the ```sh blocks of the Markdown file
+// at path, block by block: lines continued with a backslash joined, blank
+// and comment lines left out.
+func shellBlocks(t *testing.T, path string) [][]string {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks [][]string
+	var block []string
+	in, cont := false, ""
+	for n, line := range strings.Split(string(raw), "\n") {
+		switch {
+		case !in && strings.TrimSpace(line) == "```sh":
+			in, block = true, nil
+		case in && strings.TrimSpace(line) == "```":
+			if cont != "" {
+				t.Fatalf("%s:%d: the block ends in a continued line", path, n+1)
+			}
+			in, blocks = false, append(blocks, block)
+		case in:
+			line = cont + strings.TrimSpace(line)
+			if c, ok := strings.CutSuffix(line, `\`); ok {
+				cont = c
+				continue
+			}
+			cont = ""
+			if line != "" && !strings.HasPrefix(line, "#") {
+				block = append(block, line)
+			}
+		}
+	}
+	if len(blocks) == 0 {
+		t.Fatalf("%s: no sh blocks", path)
+	}
+	return blocks
+}
+
+// A docSession runs a page's commands on this machine as a user would run
+// them on a cluster, with what one machine cannot do as written replaced:
+//   - the home directory is a temporary one, and the commands run in a
+//     directory holding the rank program as ./prog and ./a2acheck;
+//   - node0 and node1 are localhost, 0.0.0.0 is 127.0.0.1, and the ports
+//     4222 (NATS) and 9464 (a2ad serve's /metrics) free ones, so that tests
+//     running at once do not meet; a2ad serve's /metrics, on by default,
+//     gets a free port too;
+//   - mpirun and mpiexec are Debian's Open MPI and Hydra, run as root and
+//     oversubscribed with their daemons on lo (set by their environment
+//     variables, not on the command line); srun, torchrun and hostname are
+//     the stand-ins of testdata/launchers.
+type docSession struct {
+	dir      string // where the commands run
+	env      []string
+	rewrites *strings.Replacer
+}
+
+func newDocSession(t *testing.T) *docSession {
+	t.Helper()
+	s := &docSession{dir: t.TempDir()}
+	home, bin := t.TempDir(), t.TempDir()
+	for _, name := range []string{"prog", "a2acheck"} {
+		if err := os.Symlink(checkBin, filepath.Join(s.dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Scripts rather than links: Hydra looks for its proxy next to the
+	// path it was started by.
+	for name, launcher := range map[string][2]string{"mpirun": {"mpirun.openmpi", "openmpi-bin"}, "mpiexec": {"mpiexec.hydra", "mpich"}} {
+		script := fmt.Sprintf("#!/bin/sh\nexec %s \"$@\"\n", need(t, launcher[0], launcher[1]))
+		if err := os.WriteFile(filepath.Join(bin, name), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	standins, err := filepath.Abs(filepath.Join("testdata", "launchers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.env = append(cleanEnv(), "HOME="+home,
+		"PATH="+strings.Join([]string{bin, standins, filepath.Dir(a2adBin), os.Getenv("PATH")}, string(os.PathListSeparator)),
+		"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_rmaps_base_oversubscribe=1",
+		"OMPI_MCA_btl=self,tcp", "OMPI_MCA_btl_tcp_if_include=lo", "OMPI_MCA_oob_tcp_if_include=lo",
+		"HYDRA_LAUNCHER=fork", "HYDRA_IFACE=lo")
+	s.rewrites = strings.NewReplacer("node0", "localhost", "node1", "localhost", "0.0.0.0", "127.0.0.1",
+		"4222", strconv.Itoa(freePort(t)), "9464", strconv.Itoa(freePort(t)),
+		"a2ad serve ", "a2ad serve --metrics 127.0.0.1:0 ")
+	return s
+}
+
+// script is the commands as one bash script, rewritten for this machine.
+func (s *docSession) script(cmds []string) string {
+	return s.rewrites.Replace(strings.Join(cmds, "\n"))
+}
+
+// run runs a bash script in the session's directory and environment (plus
+// env), and returns its output.
+func (s *docSession) run(t *testing.T, script string, env []string) ([]byte, error) {
+	t.Helper()
+	cmd := command(t, "bash", "-e", "-c", script)
+	cmd.Dir, cmd.Env = s.dir, append(slices.Clone(s.env), env...)
+	return cmd.CombinedOutput()
+}
+
+// startServe runs block up to its a2ad serve line, which keeps running until
+// the test ends, and waits until a2ad says the control plane is ready.
+func (s *docSession) startServe(t *testing.T, block []string) {
+	t.Helper()
+	at := slices.IndexFunc(block, isServe)
+	checkServeListen(t, block[at])
+	cmds := append(slices.Clone(block[:at]), "exec "+block[at])
+	cmd := exec.Command("bash", "-e", "-c", s.script(cmds))
+	cmd.Dir, cmd.Env = s.dir, s.env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	t.Cleanup(func() {
+		// a2ad serve shuts down on SIGTERM; anything it left behind goes
+		// with its process group.
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			t.Errorf("a2ad serve did not stop on SIGTERM")
+		}
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	})
+	ready := make(chan bool, 1)
+	var out bytes.Buffer
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			out.WriteString(sc.Text() + "\n")
+			if strings.HasPrefix(sc.Text(), "a2ad: control plane ready at ") {
+				ready <- true
+			}
+		}
+		close(ready)
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	select {
+	case ok := <-ready:
+		if !ok {
+			<-exited
+			t.Fatalf("%s\nexited before it was ready:\n%s%s", s.script(cmds), out.String(), stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s\nnot ready after 30 s (a2ad serve printed no 'control plane ready')", s.script(cmds))
+	}
+}
+
+// checkServeListen fails the test when the a2ad serve line would listen
+// beyond loopback without TLS or --insecure, which a2ad serve refuses
+// (natsd.ErrInsecure): the session listens on 127.0.0.1 instead of the
+// page's 0.0.0.0, where nothing would be refused.
+func checkServeListen(t *testing.T, line string) {
+	t.Helper()
+	args := strings.Fields(line)
+	listen := "127.0.0.1:4222" // a2ad serve's default
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, "--listen="); ok {
+			listen = v
+		} else if a == "--listen" && i+1 < len(args) {
+			listen = args[i+1]
+		}
+	}
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		t.Fatalf("%q: --listen %q: %v", line, listen, err)
+	}
+	if !natsd.Loopback(host) && !slices.Contains(args, "--insecure") && !slices.Contains(args, "--tls-cert") {
+		t.Fatalf("%q listens on %s without --tls-cert or --insecure: a2ad serve refuses that (%v)", line, host, natsd.ErrInsecure)
+	}
+}
+
+// runLauncher runs setup then line, a launcher command of docs/LAUNCHERS.md,
+// and checks the ranks it started.
+func (s *docSession) runLauncher(t *testing.T, setup []string, line string) {
+	name := strings.Fields(line)[0]
+	var env []string
+	var w want
+	scripts := []string{s.script(append(slices.Clone(setup), line))}
+	fourOnOneHost := func(r int) (int, int) { return r, 4 }
+	switch name {
+	case "mpirun":
+		// On its own host mpirun passes its whole environment: only the
+		// flags show whether ranks on other hosts would get the exports.
+		for _, v := range s.exported(t, setup) {
+			if !strings.Contains(line+" ", " -x "+v+" ") {
+				t.Errorf("%q does not pass %s with -x: the ranks on other hosts would not get it", line, v)
+			}
+		}
+		w = want{launcher: "openmpi", group: regexp.MustCompile(`^openmpi-[0-9]+$`), ranks: 4, local: fourOnOneHost}
+	case "mpiexec":
+		w = want{launcher: "pmi", group: regexp.MustCompile(`^job-[0-9]+-[0-9]+$`), ranks: 4, local: fourOnOneHost}
+	case "srun":
+		// The batch script's environment: a job of 4 tasks.
+		job := strconv.Itoa(int(rand.Uint32() % 1e6))
+		env = []string{"SLURM_JOB_ID=" + job, "SLURM_NTASKS=4", "SLURM_NNODES=1"}
+		w = want{launcher: "slurm", group: regexp.MustCompile("^slurm-" + job + "-0$"), ranks: 4,
+			local: func(r int) (int, int) { return r, 0 }}
+	case "torchrun":
+		// The page runs node 0's line; node 1 runs the same with --node-rank 1.
+		if !strings.Contains(line, "--node-rank 0") {
+			t.Fatalf("%q: no --node-rank 0 for node 1 to replace", line)
+		}
+		scripts = append(scripts, strings.Replace(scripts[0], "--node-rank 0", "--node-rank 1", 1))
+		w = want{launcher: "torchrun", group: regexp.MustCompile(`^torchrun-none-localhost-29500$`), ranks: 4,
+			local: func(r int) (int, int) { return r % 2, 2 }}
+	}
+	outs := make([][]byte, len(scripts))
+	errs := make([]error, len(scripts))
+	done := make(chan int)
+	for i, script := range scripts {
+		go func() {
+			outs[i], errs[i] = s.run(t, script, env)
+			done <- i
+		}()
+	}
+	for range scripts {
+		<-done
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("%s\n%v\n%s", scripts[i], err, outs[i])
+		}
+	}
+	checkRanks(t, bytes.Join(outs, nil), w)
+}
+
+// exported returns the names of the A2A_* variables setup exports.
+func (s *docSession) exported(t *testing.T, setup []string) []string {
+	t.Helper()
+	out, err := s.run(t, s.script(append(slices.Clone(setup), "env")), nil)
+	if err != nil {
+		t.Fatalf("%s\n%v\n%s", s.script(setup), err, out)
+	}
+	var names []string
+	for _, kv := range strings.Split(string(out), "\n") {
+		if k, _, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "A2A_") {
+			names = append(names, k)
+		}
+	}
+	if len(names) == 0 {
+		t.Fatalf("the exports before the launcher lines set no A2A_ variable:\n%s", s.script(setup))
+	}
+	return names
+}
+
+// freePort returns a TCP port of 127.0.0.1 that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
