@@ -20,8 +20,11 @@ import (
 	"github.com/a2a-moe/a2a/internal/natsd"
 )
 
-// launchersDoc is the page whose commands TestLaunchersDoc runs.
-const launchersDoc = "../../docs/LAUNCHERS.md"
+// The pages whose commands the tests run as they stand.
+const (
+	launchersDoc = "../../docs/LAUNCHERS.md"
+	multihostDoc = "../../docs/MULTIHOST.md"
+)
 
 // docLaunchers are the commands of docs/LAUNCHERS.md that start ranks; every
 // one must appear on the page.
@@ -66,6 +69,34 @@ func TestLaunchersDoc(t *testing.T) {
 			t.Errorf("%s shows no %s line", launchersDoc, name)
 		}
 	}
+}
+
+// TestMultihostDoc runs docs/MULTIHOST.md's control plane: its a2ad serve
+// line, then 4 ranks configured by its exports and the A2A_* variables its
+// table names.
+func TestMultihostDoc(t *testing.T) {
+	blocks := shellBlocks(t, multihostDoc)
+	at := slices.IndexFunc(blocks, func(b []string) bool { return slices.ContainsFunc(b, isServe) })
+	if at < 0 {
+		t.Fatalf("%s: no a2ad serve line", multihostDoc)
+	}
+	block := blocks[at]
+	serve := slices.IndexFunc(block, isServe)
+	s := newDocSession(t)
+	s.startServe(t, block[:serve+1])
+	group := fmt.Sprintf("multihost-%d", rand.Uint32())
+	startRanks := fmt.Sprintf(`export A2A_GROUP=%s A2A_WORLD_SIZE=%d
+pids=()
+for ((r = 0; r < A2A_WORLD_SIZE; r++)); do A2A_RANK=$r ./prog & pids+=($!); done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+exit "$rc"`, group, ranks)
+	out, err := s.run(t, s.script(append(slices.Clone(block[serve+1:]), startRanks)), nil)
+	if err != nil {
+		t.Fatalf("ranks: %v\n%s", err, out)
+	}
+	checkRanks(t, out, want{launcher: "", group: regexp.MustCompile("^" + group + "$"), ranks: ranks,
+		local: func(int) (int, int) { return -1, 0 }})
 }
 
 // isServe reports whether a command starts a2ad serve.
