@@ -149,23 +149,10 @@ func checkBounds(p []byte) error {
 	bad := func(format string, args ...any) error {
 		return fault.New(fault.ErrMismatch, -1, "control: malformed message: "+format, args...)
 	}
-	pos := 0
-	// size reads a big-endian length of w bytes at pos.
-	size := func(w int) (int, bool) {
-		if len(p)-pos < w {
-			return 0, false
-		}
-		n := 0
-		for _, b := range p[pos : pos+w] {
-			n = n<<8 | int(b)
-		}
-		pos += w
-		return n, true
-	}
 	var left [maxNesting + 1]int // elements still to read, by nesting level
 	depth := 0
 	left[0] = 1
-	for {
+	for pos := 0; ; {
 		for depth > 0 && left[depth] == 0 {
 			depth--
 		}
@@ -177,56 +164,24 @@ func checkBounds(p []byte) error {
 			return bad("ends after %d bytes", pos)
 		}
 		c := p[pos]
-		pos++
-		var skip, elems, w int // bytes to skip, elements that follow, width of a length
-		switch {
-		case c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3: // fixint, nil, bool
-		case c <= 0x8f:
-			elems = 2 * int(c&0x0f)
-		case c <= 0x9f:
-			elems = int(c & 0x0f)
-		case c <= 0xbf:
-			skip = int(c & 0x1f)
-		case c == 0xc4 || c == 0xd9: // bin8, str8
-			w = 1
-		case c == 0xc5 || c == 0xda:
-			w = 2
-		case c == 0xc6 || c == 0xdb:
-			w = 4
-		case c == 0xc7, c == 0xc8, c == 0xc9: // ext8/16/32: length, type, data
-			n, ok := size(1 << (c - 0xc7))
-			if !ok {
-				return bad("ends inside a length")
-			}
-			skip = n + 1
-		case c == 0xca || c == 0xce || c == 0xd2:
-			skip = 4
-		case c == 0xcb || c == 0xcf || c == 0xd3:
-			skip = 8
-		case c == 0xcc || c == 0xd0:
-			skip = 1
-		case c == 0xcd || c == 0xd1:
-			skip = 2
-		case c >= 0xd4 && c <= 0xd8: // fixext: type and 1..16 bytes
-			skip = 1 + 1<<(c-0xd4)
-		case c == 0xdc || c == 0xdd || c == 0xde || c == 0xdf: // array16/32, map16/32
-			n, ok := size(2 << ((c - 0xdc) & 1))
-			if !ok {
-				return bad("ends inside a length")
-			}
-			elems = n
-			if c >= 0xde {
-				elems = 2 * n
-			}
-		default: // 0xc1 is never used
-			return bad("byte %#x at offset %d", c, pos-1)
+		f := msgpackFormats[c]
+		if !f.valid {
+			return bad("byte %#x at offset %d", c, pos)
 		}
-		if w > 0 {
-			n, ok := size(w)
-			if !ok {
+		pos++
+		n := int(c & f.lenBits)
+		if f.lenWidth > 0 {
+			if len(p)-pos < f.lenWidth {
 				return bad("ends inside a length")
 			}
-			skip = n
+			n = bigEndian(p[pos : pos+f.lenWidth])
+			pos += f.lenWidth
+		}
+		skip, elems := f.fixed, 0 // bytes to skip, elements that follow
+		if f.perLen == 0 {
+			skip += n
+		} else {
+			elems = f.perLen * n
 		}
 		if skip > len(p)-pos {
 			return bad("%d bytes declared at offset %d, %d left", skip, pos, len(p)-pos)
@@ -243,6 +198,68 @@ func checkBounds(p []byte) error {
 			left[depth] = elems
 		}
 	}
+}
+
+// bigEndian reads b as an unsigned big-endian integer (at most four bytes).
+func bigEndian(b []byte) int {
+	n := 0
+	for _, x := range b {
+		n = n<<8 | int(x)
+	}
+	return n
+}
+
+// msgpackFormat says how far a msgpack value reaches, by its first byte: a
+// length n, taken from the byte's low bits (lenBits) or from the lenWidth
+// bytes that follow it (big-endian), counts bytes (perLen 0), elements
+// (perLen 1) or key-value pairs (perLen 2); fixed more bytes follow
+// whatever the length (a number's, an ext's type).
+type msgpackFormat struct {
+	valid    bool
+	lenBits  byte
+	lenWidth int
+	perLen   int
+	fixed    int
+}
+
+// msgpackFormats describes every first byte of a msgpack value (the
+// specification's format table). Read-only.
+var msgpackFormats = msgpackFormatTable()
+
+func msgpackFormatTable() [256]msgpackFormat {
+	var t [256]msgpackFormat
+	set := func(from, to int, f msgpackFormat) {
+		f.valid = true
+		for c := from; c <= to; c++ {
+			t[c] = f
+		}
+	}
+	set(0x00, 0x7f, msgpackFormat{})                         // positive fixint
+	set(0x80, 0x8f, msgpackFormat{lenBits: 0x0f, perLen: 2}) // fixmap
+	set(0x90, 0x9f, msgpackFormat{lenBits: 0x0f, perLen: 1}) // fixarray
+	set(0xa0, 0xbf, msgpackFormat{lenBits: 0x1f})            // fixstr
+	set(0xc0, 0xc0, msgpackFormat{})                         // nil; 0xc1 is never used
+	set(0xc2, 0xc3, msgpackFormat{})                         // false, true
+	for i, w := range []int{1, 2, 4} {
+		set(0xc4+i, 0xc4+i, msgpackFormat{lenWidth: w})           // bin8/16/32
+		set(0xc7+i, 0xc7+i, msgpackFormat{lenWidth: w, fixed: 1}) // ext8/16/32: length, type, data
+		set(0xd9+i, 0xd9+i, msgpackFormat{lenWidth: w})           // str8/16/32
+	}
+	set(0xca, 0xca, msgpackFormat{fixed: 4}) // float32
+	set(0xcb, 0xcb, msgpackFormat{fixed: 8}) // float64
+	for i, w := range []int{1, 2, 4, 8} {
+		set(0xcc+i, 0xcc+i, msgpackFormat{fixed: w}) // uint8..64
+		set(0xd0+i, 0xd0+i, msgpackFormat{fixed: w}) // int8..64
+	}
+	for i := range 5 {
+		set(0xd4+i, 0xd4+i, msgpackFormat{fixed: 1 + 1<<i}) // fixext1..16: type and data
+	}
+	set(0xdc, 0xdc, msgpackFormat{lenWidth: 2, perLen: 1}) // array16
+	set(0xdd, 0xdd, msgpackFormat{lenWidth: 4, perLen: 1}) // array32
+	set(0xde, 0xde, msgpackFormat{lenWidth: 2, perLen: 2}) // map16
+	set(0xdf, 0xdf, msgpackFormat{lenWidth: 4, perLen: 2}) // map32
+	set(0xe0, 0xff, msgpackFormat{})                       // negative fixint
+	return t
 }
 
 type pingMsg struct {
