@@ -489,55 +489,15 @@ func (s *Service) fail(g *group, subj string, kind error, detail string) []outMs
 
 // join handles one join, refresh or withdraw. Called with s.mu held.
 func (s *Service) join(g *group, req *joinReq, reply string, now time.Time) []outMsg {
-	f := g.form
-	if f != nil && f.epoch != 0 {
-		if r, ok := f.byID[req.ID]; ok {
-			if req.Withdraw {
-				// The rank gave up (its ctx expired) just as the roster completed:
-				// the others would only find out by heartbeat, so tell them now.
-				if f.aborted {
-					return nil
-				}
-				f.aborted = true
-				b, _ := msgpack.Marshal(&abortMsg{Epoch: f.epoch, Origin: r, Kind: kindCode(fault.ErrTimeout), Rank: r,
-					Detail: fmt.Sprintf("rank %d gave up joining as the roster completed", r)})
-				return []outMsg{{groupSubject(g.name, opAbort), g.name, f.epoch, sealed(b)}}
-			}
-			// A refresh that crossed the formed reply, or a lost reply: resend.
-			return s.formedReply(g, f, []string{reply})
-		}
-		if req.Withdraw {
-			delete(g.waiting, req.ID)
-			return nil
-		}
-		if !f.dead(now) {
-			// The formation may be over without our knowing yet (leave and abort
-			// messages race this join; a killed rank takes PeerTimeout to
-			// notice): hold the joiner for two of its PeerTimeouts before
-			// calling it one member too many.
-			timeout := time.Duration(req.TimeoutMS) * time.Millisecond
-			for id, w := range g.waiting {
-				if now.Sub(w.last) > w.timeout {
-					delete(g.waiting, id)
-				}
-			}
-			w := g.waiting[req.ID]
-			if w == nil {
-				w = &waitingJoiner{first: now}
-				g.waiting[req.ID] = w
-			}
-			w.last, w.timeout = now, timeout
-			if now.Sub(w.first) < 2*timeout {
-				return s.reply(g, reply, &joinResp{Status: stAck, World: f.world, Busy: f.epoch})
-			}
-			delete(g.waiting, req.ID)
-			return s.fail(g, reply, fault.ErrInvalidArgument, fmt.Sprintf(
-				"group %q is already formed with %d ranks (epoch %d): more members than WorldSize", g.name, f.world, f.epoch))
+	if f := g.form; f != nil && f.epoch != 0 {
+		if out, handled := s.joinFormed(g, f, req, reply, now); handled {
+			return out
 		}
 		s.log.Info("dissolving formation", "group", g.name, "epoch", f.epoch)
-		g.form, f = nil, nil
+		g.form = nil
 	}
 	delete(g.waiting, req.ID)
+	f := g.form // forming, if not nil
 	if req.Withdraw {
 		if f != nil {
 			delete(f.joiners, req.ID)
@@ -561,17 +521,7 @@ func (s *Service) join(g *group, req *joinReq, reply string, now time.Time) []ou
 		g.form = f
 	}
 	if kind, detail := f.conflict(req); kind != nil {
-		s.log.Warn("join rejected, failing the roster", "group", g.name, "detail", detail)
-		var out []outMsg
-		for id, j := range f.joiners {
-			if id != req.ID {
-				out = append(out, s.fail(g, j.reply, kind, detail)...)
-			}
-		}
-		g.form = nil
-		g.failKind, g.failDetail = kind, detail
-		g.failUntil = now.Add(time.Duration(max(req.TimeoutMS, 100)) * time.Millisecond)
-		return append(out, s.fail(g, reply, kind, detail)...)
+		return s.failRoster(g, f, req, reply, kind, detail, now)
 	}
 	j := f.joiners[req.ID]
 	if j == nil {
@@ -583,6 +533,90 @@ func (s *Service) join(g *group, req *joinReq, reply string, now time.Time) []ou
 	if len(f.joiners) == f.world {
 		return s.complete(g, f, now)
 	}
+	return s.reply(g, reply, f.ack())
+}
+
+// joinFormed handles a join, refresh or withdraw while the group has a
+// formed roster f. It reports false, with nothing to send, when f is dead:
+// the caller dissolves it and goes on as if the group had none. Called with
+// s.mu held.
+func (s *Service) joinFormed(g *group, f *formation, req *joinReq, reply string, now time.Time) ([]outMsg, bool) {
+	if r, ok := f.byID[req.ID]; ok {
+		if req.Withdraw {
+			return s.abortWithdrawn(g, f, r), true
+		}
+		// A refresh that crossed the formed reply, or a lost reply: resend.
+		return s.formedReply(g, f, []string{reply}), true
+	}
+	if req.Withdraw {
+		delete(g.waiting, req.ID)
+		return nil, true
+	}
+	if f.dead(now) {
+		return nil, false
+	}
+	return s.hold(g, f, req, reply, now), true
+}
+
+// abortWithdrawn tells the members of f that rank r gave up (its ctx
+// expired) just as the roster completed: the others would only find out by
+// heartbeat. Called with s.mu held.
+func (s *Service) abortWithdrawn(g *group, f *formation, r int) []outMsg {
+	if f.aborted {
+		return nil
+	}
+	f.aborted = true
+	b, _ := msgpack.Marshal(&abortMsg{Epoch: f.epoch, Origin: r, Kind: kindCode(fault.ErrTimeout), Rank: r,
+		Detail: fmt.Sprintf("rank %d gave up joining as the roster completed", r)})
+	return []outMsg{{groupSubject(g.name, opAbort), g.name, f.epoch, sealed(b)}}
+}
+
+// hold answers a joiner that is not a member of the healthy-looking
+// formation f. The formation may be over without our knowing yet (leave and
+// abort messages race this join; a killed rank takes PeerTimeout to
+// notice): hold the joiner for two of its PeerTimeouts before calling it one
+// member too many. Called with s.mu held.
+func (s *Service) hold(g *group, f *formation, req *joinReq, reply string, now time.Time) []outMsg {
+	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
+	for id, w := range g.waiting {
+		if now.Sub(w.last) > w.timeout {
+			delete(g.waiting, id)
+		}
+	}
+	w := g.waiting[req.ID]
+	if w == nil {
+		w = &waitingJoiner{first: now}
+		g.waiting[req.ID] = w
+	}
+	w.last, w.timeout = now, timeout
+	if now.Sub(w.first) < 2*timeout {
+		return s.reply(g, reply, &joinResp{Status: stAck, World: f.world, Busy: f.epoch})
+	}
+	delete(g.waiting, req.ID)
+	return s.fail(g, reply, fault.ErrInvalidArgument, fmt.Sprintf(
+		"group %q is already formed with %d ranks (epoch %d): more members than WorldSize", g.name, f.world, f.epoch))
+}
+
+// failRoster fails every joiner of the forming roster f, the one whose
+// request conflicts with it (req) last, and leaves a tombstone for the
+// joiners' PeerTimeout. Called with s.mu held.
+func (s *Service) failRoster(g *group, f *formation, req *joinReq, reply string, kind error, detail string, now time.Time) []outMsg {
+	s.log.Warn("join rejected, failing the roster", "group", g.name, "detail", detail)
+	var out []outMsg
+	for id, j := range f.joiners {
+		if id != req.ID {
+			out = append(out, s.fail(g, j.reply, kind, detail)...)
+		}
+	}
+	g.form = nil
+	g.failKind, g.failDetail = kind, detail
+	g.failUntil = now.Add(time.Duration(max(req.TimeoutMS, 100)) * time.Millisecond)
+	return append(out, s.fail(g, reply, kind, detail)...)
+}
+
+// ack is the answer to a joiner of the forming roster f: the ranks present
+// so far.
+func (f *formation) ack() *joinResp {
 	ack := &joinResp{Status: stAck, World: f.world}
 	for _, o := range f.joiners {
 		if o.req.Rank >= 0 {
@@ -592,7 +626,7 @@ func (s *Service) join(g *group, req *joinReq, reply string, now time.Time) []ou
 		}
 	}
 	slices.Sort(ack.Joined)
-	return s.reply(g, reply, ack)
+	return ack
 }
 
 // prune drops pending joiners not refreshed within their PeerTimeout.
