@@ -191,40 +191,74 @@ func (s *Service) onReport(msg *nats.Msg) {
 		return
 	}
 	now := time.Now()
+	world, err := s.openReport(msg, name, &r)
+	switch {
+	case err != nil:
+		s.log.Debug("malformed report", "subject", msg.Subject, "err", err)
+		return
+	case world == 0:
+		return // not (or no longer) a formation of ours
+	case !r.fits(world):
+		s.log.Debug("report does not fit its group", "group", name, "rank", r.Rank)
+		return
+	case !r.namesFit():
+		return
+	}
+	if s.reports.store(name, &r, world, now) {
+		s.pruneReports()
+	}
+}
+
+// openReport opens and decodes the report msg of group name into r and
+// returns the size of the formation it belongs to: 0, with a nil error,
+// when it is not authentic, not signed by the rank it speaks for or not of
+// a current formation of this open service.
+func (s *Service) openReport(msg *nats.Msg, name string, r *reportMsg) (world int, err error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	// Signed by a member of the formation it names, like every message.
 	env, p, ok := s.open(msg, name)
 	if !ok {
-		s.mu.Unlock()
-		return
+		return 0, nil
 	}
-	if err := unmarshal(p, &r); err != nil {
-		s.mu.Unlock()
-		s.log.Debug("malformed report", "subject", msg.Subject, "err", err)
-		return
+	if err := unmarshal(p, r); err != nil {
+		return 0, err
 	}
-	closed := s.closed
-	var world int
-	if g := s.groups[name]; g != nil && g.form != nil && g.form.epoch == r.Epoch && env.epoch == r.Epoch &&
-		r.Rank >= 0 && r.Rank < g.form.world && g.form.ranks[r.Rank] != nil && g.form.ranks[r.Rank].sender == env.sender {
-		world = g.form.world
+	if s.closed {
+		return 0, nil
 	}
-	s.mu.Unlock()
-	switch {
-	case closed || world == 0:
-		return // not (or no longer) a formation of ours
-	case r.Rank < 0 || r.Rank >= world || len(r.Sent) != world || len(r.WaitNS) != world || len(r.Last) != world ||
-		len(r.Ops) > maxReportOps:
-		s.log.Debug("report does not fit its group", "group", name, "rank", r.Rank)
-		return
+	g := s.groups[name]
+	if g == nil || g.form == nil || g.form.epoch != r.Epoch || env.epoch != r.Epoch ||
+		r.Rank < 0 || r.Rank >= g.form.world || g.form.ranks[r.Rank] == nil || g.form.ranks[r.Rank].sender != env.sender {
+		return 0, nil
 	}
+	return g.form.world, nil
+}
+
+// fits reports whether r has one entry per rank of a group of world ranks
+// and no more operation kinds than a report may carry.
+func (r *reportMsg) fits(world int) bool {
+	return r.Rank >= 0 && r.Rank < world && len(r.Sent) == world && len(r.WaitNS) == world && len(r.Last) == world &&
+		len(r.Ops) <= maxReportOps
+}
+
+// namesFit reports whether r's operation and algorithm names are short
+// enough to keep.
+func (r *reportMsg) namesFit() bool {
 	for _, o := range r.Ops {
 		if len(o.Op) > maxReportNameLen || len(o.Algo) > maxReportNameLen {
-			return
+			return false
 		}
 	}
-	st := &s.reports
+	return true
+}
+
+// store keeps r, a report of a rank of group name (world ranks) that arrived
+// at now, replacing the group's reports of an earlier formation. It reports
+// whether the reports of groups that are gone are due for pruning.
+func (st *reportStore) store(name string, r *reportMsg, world int, now time.Time) (prune bool) {
 	st.mu.Lock()
+	defer st.mu.Unlock()
 	if st.groups == nil {
 		st.groups = make(map[string]*groupReports)
 	}
@@ -233,15 +267,12 @@ func (s *Service) onReport(msg *nats.Msg) {
 		g = &groupReports{epoch: r.Epoch, ranks: make([]rankReports, world)}
 		st.groups[name] = g
 	}
-	g.ranks[r.Rank].update(&r, now)
-	prune := now.Sub(st.pruned) > pruneEvery
+	g.ranks[r.Rank].update(r, now)
+	prune = now.Sub(st.pruned) > pruneEvery
 	if prune {
 		st.pruned = now
 	}
-	st.mu.Unlock()
-	if prune {
-		s.pruneReports()
-	}
+	return prune
 }
 
 // pruneEvery is how often onReport drops the reports of groups that are gone.
