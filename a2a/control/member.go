@@ -71,12 +71,10 @@ type Member struct {
 	sid   uint64
 	group string
 
-	sign  *signer
-	vmu   sync.Mutex // guards vmacs and seen
-	vmacs *macSet
-	seen  replays
-	rej   rejectCounter
-	rlog  *slog.Logger // reject's: log is replaced at formation
+	sign *signer
+	vmu  sync.Mutex // guards in
+	in   verifier
+	rej  rejectCounter // logs with the logger of Join: log is replaced at formation
 	// roster maps the senders of the formation to their ranks, svcSender is
 	// the coordinator that formed it; both are set before formed.
 	roster    map[uint64]int
@@ -143,10 +141,9 @@ func Join(ctx context.Context, nc *nats.Conn, cfg JoinConfig) (*Member, error) {
 		cfg:     cfg,
 		id:      strconv.FormatUint(sid, 36),
 		sid:     sid,
-		rlog:    cfg.Logger.With("group", cfg.Group),
+		rej:     rejectCounter{log: cfg.Logger.With("group", cfg.Group)},
 		sign:    newSigner(sid, cfg.Secret),
-		vmacs:   newMacSet(cfg.Secret),
-		seen:    make(replays),
+		in:      newVerifier(cfg.Secret),
 		group:   cfg.Group,
 		rank:    -1,
 		done:    make(chan struct{}),
@@ -354,27 +351,16 @@ func (m *Member) publish(subj, reply string, epoch uint32, msg []byte) error {
 // unless it is a copy of one already taken. It counts what it rejects.
 func (m *Member) open(msg *nats.Msg) (envelope, []byte, bool) {
 	m.vmu.Lock()
-	env, p, ok := m.vmacs.get(m.group).open(msg.Subject, m.group, msg.Data)
-	fresh := ok && m.seen.fresh(env.sender, msg.Subject, env.seq)
+	env, p, why, ok := m.in.check(msg.Subject, m.group, msg.Data)
 	m.vmu.Unlock()
-	switch {
-	case !ok:
-		m.reject(RejectAuth, msg.Subject)
-	case !fresh:
-		m.reject(RejectReplay, msg.Subject)
-	default:
-		return env, p, true
+	if !ok {
+		m.reject(why, msg.Subject)
 	}
-	return env, nil, false
+	return env, p, ok
 }
 
 // reject counts a rejected message and logs the 1st, 2nd, 4th, 8th... one.
-func (m *Member) reject(r RejectReason, subject string) {
-	m.rej.add(r)
-	if n := m.rej.snapshot().Total(); n&(n-1) == 0 {
-		m.rlog.Warn("control message rejected", "reason", r.String(), "subject", subject, "rejected", n)
-	}
-}
+func (m *Member) reject(r RejectReason, subject string) { m.rej.add(r, subject) }
 
 // Rejects returns how many control messages this member refused to believe,
 // by reason.

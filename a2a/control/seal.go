@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"hash"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 
@@ -84,9 +85,20 @@ func (r Rejects) Total() uint64 {
 	return n
 }
 
-type rejectCounter struct{ n [numReasons]atomic.Uint64 }
+// rejectCounter counts the messages one party refused, by reason, and logs
+// the 1st, 2nd, 4th, 8th... of them to log. Safe for concurrent use.
+type rejectCounter struct {
+	n   [numReasons]atomic.Uint64
+	log *slog.Logger // set at construction
+}
 
-func (c *rejectCounter) add(r RejectReason) { c.n[r].Add(1) }
+// add counts a message rejected on subject for reason r.
+func (c *rejectCounter) add(r RejectReason, subject string) {
+	c.n[r].Add(1)
+	if n := c.snapshot().Total(); n&(n-1) == 0 {
+		c.log.Warn("control message rejected", "reason", r.String(), "subject", subject, "rejected", n)
+	}
+}
 
 func (c *rejectCounter) snapshot() Rejects {
 	var r Rejects
@@ -232,6 +244,31 @@ func (s *signer) publish(nc *nats.Conn, subj, reply, group string, epoch uint32,
 		return nc.Publish(subj, msg)
 	}
 	return nc.PublishRequest(subj, reply, msg)
+}
+
+// verifier opens received messages and refuses copies of ones it already
+// took. It is not safe for concurrent use: its owner locks it.
+type verifier struct {
+	macs *macSet
+	seen replays
+}
+
+func newVerifier(secret []byte) verifier {
+	return verifier{macs: newMacSet(secret), seen: make(replays)}
+}
+
+// check authenticates data, received on subject, as a message of group and
+// takes it unless it is a copy of one already taken. When it refuses the
+// message it says why.
+func (v *verifier) check(subject, group string, data []byte) (env envelope, payload []byte, why RejectReason, ok bool) {
+	env, payload, ok = v.macs.get(group).open(subject, group, data)
+	switch {
+	case !ok:
+		return env, nil, RejectAuth, false
+	case !v.seen.fresh(env.sender, subject, env.seq):
+		return env, nil, RejectReplay, false
+	}
+	return env, payload, 0, true
 }
 
 // replayWindow is how far behind the newest sequence number of a sender on a

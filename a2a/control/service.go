@@ -49,9 +49,8 @@ type Service struct {
 	// beforeReply, when set (tests), runs before each reply a join handler
 	// publishes, with its index.
 	beforeReply func(i int)
-	vmacs       *macSet // guarded by mu
-	seen        replays // guarded by mu
-	pruned      int     // len(seen) after the last pruning
+	in          verifier // guarded by mu
+	pruned      int      // len(in.seen) after the last pruning
 
 	cc *codec // owned by the counts handler goroutine
 
@@ -182,14 +181,15 @@ func newService(nc *nats.Conn, secret []byte, logger *slog.Logger, only string) 
 		logger = slog.New(slog.DiscardHandler)
 	}
 	sid := rand.Uint64()
+	log := logger.With("component", "a2a-control-service")
 	s := &Service{
 		nc:     nc,
-		log:    logger.With("component", "a2a-control-service"),
+		log:    log,
+		rej:    rejectCounter{log: log},
 		id:     "svc-" + strconv.FormatUint(sid, 36),
 		sid:    sid,
 		sign:   newSigner(sid, secret),
-		vmacs:  newMacSet(secret),
-		seen:   make(replays),
+		in:     newVerifier(secret),
 		only:   only,
 		groups: make(map[string]*group),
 		cc:     getCodec(),
@@ -339,26 +339,17 @@ func (s *Service) ColumnsResent() uint64 { return s.retried.Load() }
 func (s *Service) Rejects() Rejects { return s.rej.snapshot() }
 
 // reject counts a rejected message and logs the 1st, 2nd, 4th, 8th... one.
-func (s *Service) reject(r RejectReason, subject string) {
-	s.rej.add(r)
-	if n := s.rej.snapshot().Total(); n&(n-1) == 0 {
-		s.log.Warn("control message rejected", "reason", r.String(), "subject", subject, "rejected", n)
-	}
-}
+func (s *Service) reject(r RejectReason, subject string) { s.rej.add(r, subject) }
 
 // open authenticates msg as a message of group and takes it unless it is a
 // copy of one already taken. Called with s.mu held.
 func (s *Service) open(msg *nats.Msg, group string) (envelope, []byte, bool) {
-	env, p, ok := s.vmacs.get(group).open(msg.Subject, group, msg.Data)
+	env, p, why, ok := s.in.check(msg.Subject, group, msg.Data)
 	if !ok {
-		s.reject(RejectAuth, msg.Subject)
+		s.reject(why, msg.Subject)
 		return env, nil, false
 	}
-	if !s.seen.fresh(env.sender, msg.Subject, env.seq) {
-		s.reject(RejectReplay, msg.Subject)
-		return env, nil, false
-	}
-	if len(s.seen) > 2*s.pruned+1024 {
+	if len(s.in.seen) > 2*s.pruned+1024 {
 		s.pruneSeen()
 	}
 	return env, p, true
@@ -381,8 +372,8 @@ func (s *Service) pruneSeen() {
 		}
 	}
 	live[s.sid] = true
-	s.seen.forget(func(sender uint64) bool { return live[sender] })
-	s.pruned = len(s.seen)
+	s.in.seen.forget(func(sender uint64) bool { return live[sender] })
+	s.pruned = len(s.in.seen)
 }
 
 // openRequest opens a request to the coordinator of the group its subject
