@@ -377,59 +377,47 @@ func (s *Service) pruneSeen() {
 }
 
 // openRequest opens a request to the coordinator of the group its subject
-// names.
+// names, op being the subject's last token. When it reports ok it returns
+// with s.mu held: the caller handles the request under the lock it was
+// opened under, and unlocks.
 func (s *Service) openRequest(msg *nats.Msg, op string) (name string, env envelope, p []byte, ok bool) {
 	name = groupOfSvc(msg.Subject, op)
 	if !validToken(name) {
 		return "", env, nil, false
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return "", env, nil, false
+	if !s.closed {
+		if env, p, ok = s.open(msg, name); ok {
+			return name, env, p, true
+		}
 	}
-	env, p, ok = s.open(msg, name)
-	return name, env, p, ok
+	s.mu.Unlock()
+	return "", env, nil, false
 }
 
-func (s *Service) onPing(msg *nats.Msg) {
+// answer replies v to a request of op (a ping, a claim) that asks for a
+// reply and opens.
+func (s *Service) answer(msg *nats.Msg, op string, v any) {
 	if msg.Reply == "" {
 		return
 	}
-	name, _, _, ok := s.openRequest(msg, opPing)
+	name, _, _, ok := s.openRequest(msg, op)
 	if !ok {
 		return
 	}
-	b, _ := msgpack.Marshal(&pingMsg{ID: s.id})
+	s.mu.Unlock()
+	b, _ := msgpack.Marshal(v)
 	s.publish([]outMsg{{msg.Reply, name, 0, sealed(b)}})
 }
 
-func (s *Service) onClaim(msg *nats.Msg) {
-	if msg.Reply == "" {
-		return
-	}
-	name, _, _, ok := s.openRequest(msg, opClaim)
-	if !ok {
-		return
-	}
-	b, _ := msgpack.Marshal(&claimMsg{ID: s.id, Exists: true})
-	s.publish([]outMsg{{msg.Reply, name, 0, sealed(b)}})
-}
+func (s *Service) onPing(msg *nats.Msg) { s.answer(msg, opPing, &pingMsg{ID: s.id}) }
+
+func (s *Service) onClaim(msg *nats.Msg) { s.answer(msg, opClaim, &claimMsg{ID: s.id, Exists: true}) }
 
 func (s *Service) onJoin(msg *nats.Msg) {
-	name := groupOfSvc(msg.Subject, opJoin)
-	if !validToken(name) {
-		return
-	}
 	now := time.Now()
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return
-	}
-	env, p, ok := s.open(msg, name)
+	name, env, p, ok := s.openRequest(msg, opJoin)
 	if !ok {
-		s.mu.Unlock()
 		return
 	}
 	var req joinReq
@@ -819,18 +807,8 @@ func (s *Service) onGroup(msg *nats.Msg) {
 // owns s.cc.
 func (s *Service) onCounts(msg *nats.Msg) {
 	c := s.cc
-	name := groupOfSvc(msg.Subject, opCounts)
-	if !validToken(name) {
-		return
-	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return
-	}
-	env, p, ok := s.open(msg, name)
+	name, env, p, ok := s.openRequest(msg, opCounts)
 	if !ok {
-		s.mu.Unlock()
 		return
 	}
 	rw, err := c.decodeRow(p)
