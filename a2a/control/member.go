@@ -766,7 +766,6 @@ func (m *Member) heartbeat() {
 	hb := sealed(p) // sealed anew (sequence number, MAC) for every beat
 	_ = m.publish(m.subjHB, "", m.epoch, hb)
 	var downSince time.Time
-	timeout := int64(m.cfg.PeerTimeout)
 	lastTick := time.Now()
 	for {
 		select {
@@ -775,8 +774,7 @@ func (m *Member) heartbeat() {
 		case <-m.done:
 			return
 		case <-m.statusCh:
-			if m.nc.IsClosed() {
-				m.abort(fault.Wrap(fault.ErrAborted, m.rank, nats.ErrConnectionClosed, "control plane lost"), false)
+			if m.abortIfClosed() {
 				return
 			}
 		case <-m.connCh:
@@ -790,8 +788,7 @@ func (m *Member) heartbeat() {
 			tick := time.Now()
 			gap := tick.Sub(lastTick)
 			lastTick = tick
-			if m.nc.IsClosed() {
-				m.abort(fault.Wrap(fault.ErrAborted, m.rank, nats.ErrConnectionClosed, "control plane lost"), false)
+			if m.abortIfClosed() {
 				return
 			}
 			if m.nc.Status() != nats.CONNECTED {
@@ -811,19 +808,40 @@ func (m *Member) heartbeat() {
 				m.restartSilence()
 				continue
 			}
-			now := int64(time.Since(m.start))
-			for r := range m.lastSeen {
-				if r == m.rank || m.left[r].Load() {
-					continue
-				}
-				if silent := now - m.lastSeen[r].Load(); silent > timeout {
-					lost := fault.New(fault.ErrPeerLost, r, "no heartbeat for %v", time.Duration(silent).Round(time.Millisecond))
-					m.abort(&fault.Error{Kind: fault.ErrAborted, Rank: r, Detail: fmt.Sprintf("rank %d lost", r), Err: lost}, true)
-					return
-				}
+			if m.abortIfPeerLost() {
+				return
 			}
 		}
 	}
+}
+
+// abortIfClosed aborts the member when its NATS connection is closed, and
+// reports whether it did. The abort is not published: it could not be.
+func (m *Member) abortIfClosed() bool {
+	if !m.nc.IsClosed() {
+		return false
+	}
+	m.abort(fault.Wrap(fault.ErrAborted, m.rank, nats.ErrConnectionClosed, "control plane lost"), false)
+	return true
+}
+
+// abortIfPeerLost aborts the member, and tells the group, when a peer that
+// has not left has been silent for longer than PeerTimeout, and reports
+// whether it did.
+func (m *Member) abortIfPeerLost() bool {
+	timeout := int64(m.cfg.PeerTimeout)
+	now := int64(time.Since(m.start))
+	for r := range m.lastSeen {
+		if r == m.rank || m.left[r].Load() {
+			continue
+		}
+		if silent := now - m.lastSeen[r].Load(); silent > timeout {
+			lost := fault.New(fault.ErrPeerLost, r, "no heartbeat for %v", time.Duration(silent).Round(time.Millisecond))
+			m.abort(&fault.Error{Kind: fault.ErrAborted, Rank: r, Detail: fmt.Sprintf("rank %d lost", r), Err: lost}, true)
+			return true
+		}
+	}
+	return false
 }
 
 // Leave leaves the group gracefully (LeaveAt(0): this rank takes part in
