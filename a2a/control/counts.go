@@ -49,53 +49,25 @@ const retryBackoffMax = 4
 // call, and an error matching fault.ErrTimeout (and ctx.Err()) if ctx ends
 // first.
 func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, recvCounts, matrix []int) error {
-	n := m.size
-	switch {
-	case len(sendCounts) != n || len(recvCounts) != n:
-		return fault.New(fault.ErrInvalidArgument, m.rank, "control: counts of length %d/%d for %d ranks",
-			len(sendCounts), len(recvCounts), n)
-	case matrix != nil && len(matrix) != n*n:
-		return fault.New(fault.ErrInvalidArgument, m.rank, "control: matrix of length %d for %d ranks", len(matrix), n)
-	case matrix != nil && int64(n*n*8+128) > m.nc.MaxPayload():
-		return fault.New(fault.ErrInvalidArgument, m.rank, "control: a %dx%d counts matrix exceeds the NATS max payload %d",
-			n, n, m.nc.MaxPayload())
-	}
-	for j, c := range sendCounts {
-		if c < 0 {
-			return fault.New(fault.ErrInvalidArgument, m.rank, "control: negative count %d for rank %d", c, j)
-		}
+	if err := m.checkCounts(sendCounts, recvCounts, matrix); err != nil {
+		return err
 	}
 	changed := m.Changed()
 	if err := m.FailedAt(seq); err != nil {
 		return err
 	}
-	if n == 1 {
+	if m.size == 1 {
 		recvCounts[0] = sendCounts[0]
 		if matrix != nil {
 			matrix[0] = sendCounts[0]
 		}
 		return nil
 	}
-
-	w := waiterPool.Get().(*waiter)
-	m.wmu.Lock()
-	if _, dup := m.waiters[seq]; dup {
-		m.wmu.Unlock()
-		waiterPool.Put(w)
-		return fault.New(fault.ErrInvalidArgument, m.rank, "control: counts exchange seq %d already in flight", seq)
+	w, err := m.addWaiter(seq)
+	if err != nil {
+		return err
 	}
-	m.waiters[seq] = w
-	m.wmu.Unlock()
-	defer func() {
-		m.wmu.Lock()
-		delete(m.waiters, seq)
-		m.wmu.Unlock()
-		select { // a column routed to us after we stopped waiting
-		case <-w.ch:
-		default:
-		}
-		waiterPool.Put(w)
-	}()
+	defer m.dropWaiter(seq, w)
 
 	c := getCodec()
 	defer putCodec(c)
@@ -137,6 +109,54 @@ func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, rec
 			return fault.Wrap(fault.ErrTimeout, m.rank, ctx.Err(), "control: counts exchange seq %d", seq)
 		}
 	}
+}
+
+// checkCounts checks the arguments of ExchangeCounts.
+func (m *Member) checkCounts(sendCounts, recvCounts, matrix []int) error {
+	n := m.size
+	switch {
+	case len(sendCounts) != n || len(recvCounts) != n:
+		return fault.New(fault.ErrInvalidArgument, m.rank, "control: counts of length %d/%d for %d ranks",
+			len(sendCounts), len(recvCounts), n)
+	case matrix != nil && len(matrix) != n*n:
+		return fault.New(fault.ErrInvalidArgument, m.rank, "control: matrix of length %d for %d ranks", len(matrix), n)
+	case matrix != nil && int64(n*n*8+128) > m.nc.MaxPayload():
+		return fault.New(fault.ErrInvalidArgument, m.rank, "control: a %dx%d counts matrix exceeds the NATS max payload %d",
+			n, n, m.nc.MaxPayload())
+	}
+	for j, c := range sendCounts {
+		if c < 0 {
+			return fault.New(fault.ErrInvalidArgument, m.rank, "control: negative count %d for rank %d", c, j)
+		}
+	}
+	return nil
+}
+
+// addWaiter registers the call waiting for the column of seq, so that
+// another call that reads it from the shared counts channel hands it over.
+func (m *Member) addWaiter(seq uint64) (*waiter, error) {
+	w := waiterPool.Get().(*waiter)
+	m.wmu.Lock()
+	if _, dup := m.waiters[seq]; dup {
+		m.wmu.Unlock()
+		waiterPool.Put(w)
+		return nil, fault.New(fault.ErrInvalidArgument, m.rank, "control: counts exchange seq %d already in flight", seq)
+	}
+	m.waiters[seq] = w
+	m.wmu.Unlock()
+	return w, nil
+}
+
+// dropWaiter unregisters the call waiting for seq and recycles its waiter.
+func (m *Member) dropWaiter(seq uint64, w *waiter) {
+	m.wmu.Lock()
+	delete(m.waiters, seq)
+	m.wmu.Unlock()
+	select { // a column routed to us after we stopped waiting
+	case <-w.ch:
+	default:
+	}
+	waiterPool.Put(w)
 }
 
 // resendRow publishes row again (signed anew: a receiver takes a sequence
