@@ -757,23 +757,7 @@ func (s *Service) onGroup(msg *nats.Msg) {
 	if !ok {
 		return
 	}
-	var epoch uint32
-	var rank int
-	var err error
-	switch op {
-	case opHB:
-		var m hbMsg
-		err = unmarshal(p, &m)
-		epoch, rank = m.Epoch, m.Rank
-	case opAbort:
-		var m abortMsg
-		err = unmarshal(p, &m)
-		epoch, rank = m.Epoch, m.Origin
-	case opLeave:
-		var m leaveMsg
-		err = unmarshal(p, &m)
-		epoch, rank = m.Epoch, m.Rank
-	}
+	epoch, rank, err := decodeGroupMsg(op, p)
 	switch {
 	case err != nil || rank < 0 || rank >= len(f.ranks):
 		s.reject(RejectMalformed, msg.Subject)
@@ -792,14 +776,42 @@ func (s *Service) onGroup(msg *nats.Msg) {
 		f.aborted = true
 	case opLeave:
 		f.ranks[rank].left = true
-		for _, st := range f.ranks {
-			if !st.left {
-				return
-			}
+		if f.allLeft() {
+			s.log.Info("group left by every rank", "group", name, "epoch", f.epoch)
+			g.form = nil
 		}
-		s.log.Info("group left by every rank", "group", name, "epoch", f.epoch)
-		g.form = nil
 	}
+}
+
+// allLeft reports whether every rank of the formed roster f left.
+func (f *formation) allLeft() bool {
+	for _, st := range f.ranks {
+		if !st.left {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeGroupMsg decodes a group message of op (a heartbeat, an abort, a
+// leave) as far as the service needs it: the epoch and the rank it speaks
+// for.
+func decodeGroupMsg(op string, p []byte) (epoch uint32, rank int, err error) {
+	switch op {
+	case opHB:
+		var m hbMsg
+		err = unmarshal(p, &m)
+		epoch, rank = m.Epoch, m.Rank
+	case opAbort:
+		var m abortMsg
+		err = unmarshal(p, &m)
+		epoch, rank = m.Epoch, m.Origin
+	case opLeave:
+		var m leaveMsg
+		err = unmarshal(p, &m)
+		epoch, rank = m.Epoch, m.Rank
+	}
+	return epoch, rank, err
 }
 
 // onCounts is the hot path: collect one row; when the seq is complete send
