@@ -1,0 +1,93 @@
+package control
+
+import (
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+)
+
+// depart records that rank left the group, taking no part in operations
+// from from on, and wakes the waits that may need it.
+func (m *Member) depart(rank int, from uint64) {
+	m.left[rank].Store(true)
+	if !m.departedFrom[rank].CompareAndSwap(0, from+1) {
+		return
+	}
+	for {
+		cur := m.minDeparted.Load()
+		if cur != 0 && cur <= from+1 {
+			break
+		}
+		if m.minDeparted.CompareAndSwap(cur, from+1) {
+			break
+		}
+	}
+	m.changed.notify()
+}
+
+// Departed reports, as an error matching fault.ErrPeerLost, that rank left
+// the group; nil while it is a member.
+func (m *Member) Departed(rank int) error {
+	if rank >= 0 && rank < len(m.departedFrom) && m.departedFrom[rank].Load() != 0 {
+		return m.departedErr(rank)
+	}
+	return nil
+}
+
+func (m *Member) departedErr(rank int) error {
+	return fault.New(fault.ErrPeerLost, rank, "rank %d left group %q", rank, m.group)
+}
+
+// Leave leaves the group gracefully (LeaveAt(0): this rank takes part in
+// no operation any peer still waits for).
+func (m *Member) Leave() error { return m.LeaveAt(0) }
+
+// LeaveAt leaves the group gracefully: it publishes a leave (peers stop
+// watching this rank, and their FailedAt reports it lost for operations
+// numbered from or later, the first this rank did not finish), stops
+// heartbeats, releases subscriptions and stops the coordinator this member
+// hosts, if any. Done is closed afterwards and Err reports fault.ErrClosed
+// unless the member had aborted. Leave is idempotent.
+func (m *Member) LeaveAt(from uint64) error {
+	m.mu.Lock()
+	if m.leaving {
+		m.mu.Unlock()
+		return m.leaveErr
+	}
+	m.leaving = true
+	m.mu.Unlock()
+	var err error
+	if !m.nc.IsClosed() {
+		b, _ := msgpack.Marshal(&leaveMsg{Epoch: m.epoch, Rank: m.rank, From: from})
+		if perr := m.publish(m.subjLeave, "", m.epoch, sealed(b)); perr != nil {
+			err = fault.Wrap(fault.ErrClosed, m.rank, perr, "control: publishing leave")
+		}
+	}
+	close(m.stop)
+	m.wg.Wait()
+	m.release()
+	if m.svc != nil {
+		// Before the flush: Close lets the coordinator finish the replies
+		// it was sending (a roster it formed must reach every member).
+		_ = m.svc.Close()
+	}
+	if !m.nc.IsClosed() {
+		// Make sure the leave (and any replies or columns our coordinator
+		// published) left this process before the caller closes the
+		// connection.
+		_ = m.nc.FlushTimeout(time.Second)
+	}
+	m.mu.Lock()
+	if m.err == nil {
+		m.err = fault.New(fault.ErrClosed, m.rank, "left group %q", m.group)
+		m.scope.Store(&scopedErr{err: m.err})
+		close(m.done)
+	}
+	m.leaveErr = err
+	m.mu.Unlock()
+	m.changed.notify()
+	m.log.Debug("left")
+	return err
+}
