@@ -1,0 +1,214 @@
+package control
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+)
+
+// maxPendingSeqs bounds the counts operations a formation keeps open at once,
+// so a rank that keeps sending rows nobody matches cannot grow the service
+// without bound.
+const maxPendingSeqs = 1024
+
+// keepDone is how many completed counts ops a formation keeps to answer
+// re-sent rows: a rank waits for at most the ops it has in flight, and the
+// others cannot complete many more without its rows. keepDoneSeqs is how many
+// completed seqs it remembers beyond those.
+const (
+	keepDone     = 8
+	keepDoneSeqs = 64
+)
+
+type countsOp struct {
+	arrived int
+	have    []bool
+	want    []bool
+	reply   []string
+	mat     []byte // N*N little-endian int64, row-major
+}
+
+// onCounts is the hot path: collect one row; when the seq is complete send
+// every rank its column. It runs on one goroutine (one subscription), which
+// owns s.cc.
+func (s *Service) onCounts(msg *nats.Msg) {
+	c := s.cc
+	name, env, p, ok := s.openRequest(msg, opCounts)
+	if !ok {
+		return
+	}
+	rw, err := c.decodeRow(p)
+	if err != nil {
+		s.mu.Unlock()
+		s.reject(RejectMalformed, msg.Subject)
+		return
+	}
+	var f *formation
+	if g := s.groups[name]; g != nil {
+		f = g.form
+	}
+	var kind error
+	var detail string
+	switch {
+	case f == nil || f.epoch == 0:
+		kind, detail = fault.ErrAborted, fmt.Sprintf("group %q has no formed membership at this coordinator", name)
+	case f.epoch != rw.epoch:
+		kind, detail = fault.ErrAborted, fmt.Sprintf("membership epoch %d is no longer current (now %d)", rw.epoch, f.epoch)
+	case rw.rank < 0 || rw.rank >= f.world || len(rw.counts) != f.world*8:
+		kind, detail = fault.ErrInvalidArgument, fmt.Sprintf("bad counts row from rank %d (%d bytes)", rw.rank, len(rw.counts))
+	case f.ranks[rw.rank].sender != env.sender:
+		// Authentic but not from the rank it speaks for: the job's secret
+		// leaked or a bug. Refuse the row, answer nothing.
+		s.mu.Unlock()
+		s.reject(RejectSender, msg.Subject)
+		return
+	}
+	if kind == nil {
+		for r, st := range f.ranks {
+			if st.left {
+				kind, detail = fault.ErrClosed, fmt.Sprintf("rank %d left the group", r)
+				break
+			}
+		}
+	}
+	var op *countsOp
+	if kind == nil {
+		if d := f.done[rw.seq]; d != nil {
+			// A re-sent row: its rank did not get its column.
+			s.mu.Unlock()
+			s.resendColumn(d, f.world, rw, msg.Reply, name)
+			return
+		}
+		if f.completed(rw.seq) {
+			s.mu.Unlock()
+			return // a late copy of a row of a long completed op
+		}
+		op = f.counts[rw.seq]
+		if op == nil {
+			if len(f.counts) >= maxPendingSeqs {
+				kind, detail = fault.ErrInvalidArgument, fmt.Sprintf("more than %d counts operations pending", maxPendingSeqs)
+			} else {
+				op = f.getOp()
+				f.counts[rw.seq] = op
+			}
+		}
+	}
+	if kind != nil {
+		s.mu.Unlock()
+		if msg.Reply != "" {
+			_ = s.sign.publish(s.nc, msg.Reply, "", name, rw.epoch, c.encodeColErr(rw.seq, rw.epoch, kind, -1, detail))
+		}
+		return
+	}
+	n := f.world
+	if !op.have[rw.rank] {
+		op.have[rw.rank] = true
+		op.arrived++
+	}
+	copy(op.mat[rw.rank*n*8:], rw.counts)
+	op.reply[rw.rank] = msg.Reply
+	op.want[rw.rank] = rw.flags&rowWantMatrix != 0
+	if op.arrived < n {
+		s.mu.Unlock()
+		return
+	}
+	delete(f.counts, rw.seq)
+	epoch := f.epoch
+	s.mu.Unlock()
+
+	// The op is no longer reachable from the formation: send without the lock.
+	s.sendColumns(op, n, name, rw.seq, epoch)
+
+	s.mu.Lock()
+	f.keep(rw.seq, op)
+	s.mu.Unlock()
+}
+
+// resendColumn answers a re-sent row of a completed op d with the column
+// (and the matrix, if the row asks) of its rank again. A row that differs
+// from the one the op completed with is refused: a rank reused a seq.
+func (s *Service) resendColumn(d *countsOp, n int, rw row, reply, group string) {
+	if reply == "" {
+		return
+	}
+	c := s.cc
+	if !bytes.Equal(d.mat[rw.rank*n*8:(rw.rank+1)*n*8], rw.counts) {
+		_ = s.sign.publish(s.nc, reply, "", group, rw.epoch, c.encodeColErr(rw.seq, rw.epoch, fault.ErrMismatch, rw.rank,
+			fmt.Sprintf("rank %d sent other counts for seq %d than before", rw.rank, rw.seq)))
+		return
+	}
+	s.retried.Add(1)
+	s.sendColumn(d, n, rw.rank, reply, rw.flags&rowWantMatrix != 0, group, rw.seq, rw.epoch)
+}
+
+// keep files a completed op to answer re-sent rows, recycling the oldest.
+// Called with s.mu held.
+func (f *formation) keep(seq uint64, op *countsOp) {
+	f.doneSeqs[f.doneNext] = seq + 1
+	f.doneNext = (f.doneNext + 1) % keepDoneSeqs
+	f.done[seq] = op
+	// Only the last keepDone keep their matrices (keepDone < keepDoneSeqs).
+	if evict := f.doneSeqs[(f.doneNext+keepDoneSeqs-keepDone-1)%keepDoneSeqs]; evict != 0 {
+		if d := f.done[evict-1]; d != nil {
+			delete(f.done, evict-1)
+			f.putOp(d)
+		}
+	}
+}
+
+// completed reports whether seq is one of the last completed ops.
+func (f *formation) completed(seq uint64) bool {
+	return slices.Contains(f.doneSeqs[:], seq+1)
+}
+
+func (s *Service) sendColumns(op *countsOp, n int, group string, seq uint64, epoch uint32) {
+	for j := 0; j < n; j++ {
+		if op.reply[j] != "" {
+			s.sendColumn(op, n, j, op.reply[j], op.want[j], group, seq, epoch)
+		}
+	}
+}
+
+// sendColumn sends rank j its column of op (and the whole matrix if want).
+func (s *Service) sendColumn(op *countsOp, n, j int, reply string, want bool, group string, seq uint64, epoch uint32) {
+	c := s.cc
+	colBuf := c.scratch(n * 8)
+	for i := 0; i < n; i++ {
+		copy(colBuf[i*8:i*8+8], op.mat[(i*n+j)*8:])
+	}
+	var mat []byte
+	if want {
+		mat = op.mat
+	}
+	if err := s.sign.publish(s.nc, reply, "", group, epoch, c.encodeCol(seq, epoch, colBuf, mat)); err != nil {
+		s.log.Warn("sending counts column", "rank", j, "err", err)
+	}
+}
+
+func (f *formation) getOp() *countsOp {
+	if k := len(f.free); k > 0 {
+		op := f.free[k-1]
+		f.free = f.free[:k-1]
+		return op
+	}
+	n := f.world
+	return &countsOp{have: make([]bool, n), want: make([]bool, n), reply: make([]string, n), mat: make([]byte, n*n*8)}
+}
+
+func (f *formation) putOp(op *countsOp) {
+	op.arrived = 0
+	clear(op.have)
+	clear(op.want)
+	clear(op.reply)
+	if len(f.free) < 4 {
+		f.free = append(f.free, op)
+	}
+}
+
+// ColumnsResent returns how many counts columns the service sent again
+// because their rank re-sent its row (the first column was lost).
+func (s *Service) ColumnsResent() uint64 { return s.retried.Load() }
