@@ -80,6 +80,26 @@ type stashedAbort struct {
 	subject string
 }
 
+// onAbort takes an opened abort: at once once this member is formed, else
+// stashed (up to 16) until formFrom knows the roster to check it against.
+func (m *Member) onAbort(env envelope, p []byte, subject string) {
+	var a abortMsg
+	if unmarshal(p, &a) != nil {
+		m.reject(RejectMalformed, subject)
+		return
+	}
+	m.stashMu.Lock()
+	if !m.formed.Load() {
+		if len(m.stash) < 16 {
+			m.stash = append(m.stash, stashedAbort{env, a, subject})
+		}
+		m.stashMu.Unlock()
+		return
+	}
+	m.stashMu.Unlock()
+	m.onAbortMsg(env, &a, subject)
+}
+
 // onAbortMsg aborts this member for an authentic abort of its formation from
 // the rank it names, or from the coordinator (which aborts for a rank that
 // gave up joining).

@@ -70,6 +70,18 @@ func (m *Member) heartbeat() {
 	}
 }
 
+// onHeartbeat notes the time of an opened heartbeat from a peer.
+func (m *Member) onHeartbeat(env envelope, p []byte, subject string) {
+	var hb hbMsg
+	if unmarshal(p, &hb) != nil || hb.Rank < 0 || hb.Rank >= m.size {
+		m.reject(RejectMalformed, subject)
+		return
+	}
+	if m.fromRank(env, hb.Epoch, hb.Rank, subject) {
+		m.lastSeen[hb.Rank].Store(int64(time.Since(m.start)))
+	}
+}
+
 // abortIfClosed aborts the member when its NATS connection is closed, and
 // reports whether it did. The abort is not published: it could not be.
 func (m *Member) abortIfClosed() bool {

@@ -8,6 +8,18 @@ import (
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
+// onLeave takes an opened leave of a peer.
+func (m *Member) onLeave(env envelope, p []byte, subject string) {
+	var l leaveMsg
+	if unmarshal(p, &l) != nil || l.Rank < 0 || l.Rank >= m.size {
+		m.reject(RejectMalformed, subject)
+		return
+	}
+	if m.fromRank(env, l.Epoch, l.Rank, subject) {
+		m.depart(l.Rank, l.From)
+	}
+}
+
 // depart records that rank left the group, taking no part in operations
 // from from on, and wakes the waits that may need it.
 func (m *Member) depart(rank int, from uint64) {

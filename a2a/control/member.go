@@ -353,6 +353,7 @@ func (m *Member) Err() error {
 	return m.err
 }
 
+// onGroup takes the group's heartbeats, aborts and leaves.
 func (m *Member) onGroup(msg *nats.Msg) {
 	_, op := splitGroupSubject(msg.Subject)
 	if op != opHB && op != opAbort && op != opLeave {
@@ -367,38 +368,10 @@ func (m *Member) onGroup(msg *nats.Msg) {
 	}
 	switch op {
 	case opHB:
-		var hb hbMsg
-		if unmarshal(p, &hb) != nil || hb.Rank < 0 || hb.Rank >= m.size {
-			m.reject(RejectMalformed, msg.Subject)
-			return
-		}
-		if m.fromRank(env, hb.Epoch, hb.Rank, msg.Subject) {
-			m.lastSeen[hb.Rank].Store(int64(time.Since(m.start)))
-		}
+		m.onHeartbeat(env, p, msg.Subject)
 	case opAbort:
-		var a abortMsg
-		if unmarshal(p, &a) != nil {
-			m.reject(RejectMalformed, msg.Subject)
-			return
-		}
-		m.stashMu.Lock()
-		if !m.formed.Load() {
-			if len(m.stash) < 16 {
-				m.stash = append(m.stash, stashedAbort{env, a, msg.Subject})
-			}
-			m.stashMu.Unlock()
-			return
-		}
-		m.stashMu.Unlock()
-		m.onAbortMsg(env, &a, msg.Subject)
+		m.onAbort(env, p, msg.Subject)
 	case opLeave:
-		var l leaveMsg
-		if unmarshal(p, &l) != nil || l.Rank < 0 || l.Rank >= m.size {
-			m.reject(RejectMalformed, msg.Subject)
-			return
-		}
-		if m.fromRank(env, l.Epoch, l.Rank, msg.Subject) {
-			m.depart(l.Rank, l.From)
-		}
+		m.onLeave(env, p, msg.Subject)
 	}
 }
