@@ -47,26 +47,26 @@ func (m *Member) abort(err error, publish bool) { m.abortAt(0, err, publish) }
 // abortAt records err as the cause from operation from on (the earliest
 // scope wins) and optionally publishes it.
 func (m *Member) abortAt(from uint64, err error, publish bool) {
-	m.mu.Lock()
-	if s := m.scope.Load(); s != nil && s.from <= from {
-		m.mu.Unlock()
+	m.exit.mu.Lock()
+	if s := m.exit.scope.Load(); s != nil && s.from <= from {
+		m.exit.mu.Unlock()
 		return
 	}
-	m.scope.Store(&scopedErr{err: err, from: from})
-	first := m.err == nil
+	m.exit.scope.Store(&scopedErr{err: err, from: from})
+	first := m.exit.err == nil
 	if first {
-		m.err = err
-		close(m.done)
+		m.exit.err = err
+		close(m.exit.done)
 	}
-	m.mu.Unlock()
-	m.changed.notify()
+	m.exit.mu.Unlock()
+	m.exit.changed.notify()
 	if first {
 		m.log.Log(context.Background(), fault.LogLevel(err), "member aborted", "err", err, "from", from)
 	}
 	if publish && !m.nc.IsClosed() {
 		kind, rank, detail := describe(err)
 		b, _ := msgpack.Marshal(&abortMsg{Epoch: m.epoch, Origin: m.rank, Kind: kindCode(kind), Rank: rank, Detail: detail, From: from})
-		if perr := m.publish(m.subjAbort, "", m.epoch, sealed(b)); perr != nil {
+		if perr := m.publish(m.subj.abort, "", m.epoch, sealed(b)); perr != nil {
 			m.log.Warn("publishing abort", "err", perr)
 		}
 	}
@@ -88,15 +88,15 @@ func (m *Member) onAbort(env envelope, p []byte, subject string) {
 		m.reject(RejectMalformed, subject)
 		return
 	}
-	m.stashMu.Lock()
-	if !m.formed.Load() {
-		if len(m.stash) < 16 {
-			m.stash = append(m.stash, stashedAbort{env, a, subject})
+	m.roster.mu.Lock()
+	if !m.roster.formed.Load() {
+		if len(m.roster.early) < 16 {
+			m.roster.early = append(m.roster.early, stashedAbort{env, a, subject})
 		}
-		m.stashMu.Unlock()
+		m.roster.mu.Unlock()
 		return
 	}
-	m.stashMu.Unlock()
+	m.roster.mu.Unlock()
 	m.onAbortMsg(env, &a, subject)
 }
 
@@ -111,7 +111,7 @@ func (m *Member) onAbortMsg(env envelope, a *abortMsg, subject string) {
 	if env.sender == m.sid {
 		return // our own
 	}
-	if r, member := m.roster[env.sender]; (!member || r != a.Origin) && env.sender != m.svcSender {
+	if r, member := m.roster.senders[env.sender]; (!member || r != a.Origin) && env.sender != m.roster.coordinator {
 		m.reject(RejectSender, subject)
 		return
 	}
@@ -128,12 +128,12 @@ func (m *Member) onAbortMsg(env envelope, a *abortMsg, subject string) {
 // it (an error matching fault.ErrPeerLost naming that rank). It returns nil
 // otherwise, even after an abort of later operations.
 func (m *Member) FailedAt(seq uint64) error {
-	if s := m.scope.Load(); s != nil && seq >= s.from {
+	if s := m.exit.scope.Load(); s != nil && seq >= s.from {
 		return s.err
 	}
-	if d := m.minDeparted.Load(); d != 0 && seq+1 >= d {
-		for r := range m.departedFrom {
-			if f := m.departedFrom[r].Load(); f != 0 && seq+1 >= f {
+	if d := m.exit.minDeparted.Load(); d != 0 && seq+1 >= d {
+		for r := range m.exit.departedFrom {
+			if f := m.exit.departedFrom[r].Load(); f != 0 && seq+1 >= f {
 				return m.departedErr(r)
 			}
 		}
@@ -143,7 +143,7 @@ func (m *Member) FailedAt(seq uint64) error {
 
 // Changed returns a channel closed at the next change of what FailedAt or
 // Departed report: take it before looking, then wait on it.
-func (m *Member) Changed() <-chan struct{} { return m.changed.wait() }
+func (m *Member) Changed() <-chan struct{} { return m.exit.changed.wait() }
 
 // notifier wakes every goroutine waiting for the next event.
 type notifier struct {

@@ -76,7 +76,7 @@ func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, rec
 		flags |= rowWantMatrix
 	}
 	row := c.encodeRow(m.epoch, seq, m.rank, flags, sendCounts)
-	if err := m.publish(m.subjCounts, m.countsInbox, m.epoch, row); err != nil {
+	if err := m.publish(m.subj.counts, m.subs.countsInbox, m.epoch, row); err != nil {
 		return fault.Wrap(fault.ErrAborted, m.rank, err, "control: sending counts row")
 	}
 	pause := m.cfg.HeartbeatInterval
@@ -85,7 +85,7 @@ func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, rec
 	reconnected := m.reconnects()
 	for {
 		select {
-		case msg := <-m.countsCh:
+		case msg := <-m.subs.countsCh:
 			if m.route(msg, seq) {
 				return m.finish(payloadOf(msg.Data), seq, recvCounts, matrix)
 			}
@@ -136,22 +136,22 @@ func (m *Member) checkCounts(sendCounts, recvCounts, matrix []int) error {
 // another call that reads it from the shared counts channel hands it over.
 func (m *Member) addWaiter(seq uint64) (*waiter, error) {
 	w := waiterPool.Get().(*waiter)
-	m.wmu.Lock()
-	if _, dup := m.waiters[seq]; dup {
-		m.wmu.Unlock()
+	m.counts.mu.Lock()
+	if _, dup := m.counts.waiters[seq]; dup {
+		m.counts.mu.Unlock()
 		waiterPool.Put(w)
 		return nil, fault.New(fault.ErrInvalidArgument, m.rank, "control: counts exchange seq %d already in flight", seq)
 	}
-	m.waiters[seq] = w
-	m.wmu.Unlock()
+	m.counts.waiters[seq] = w
+	m.counts.mu.Unlock()
 	return w, nil
 }
 
 // dropWaiter unregisters the call waiting for seq and recycles its waiter.
 func (m *Member) dropWaiter(seq uint64, w *waiter) {
-	m.wmu.Lock()
-	delete(m.waiters, seq)
-	m.wmu.Unlock()
+	m.counts.mu.Lock()
+	delete(m.counts.waiters, seq)
+	m.counts.mu.Unlock()
 	select { // a column routed to us after we stopped waiting
 	case <-w.ch:
 	default:
@@ -164,16 +164,16 @@ func (m *Member) dropWaiter(seq uint64, w *waiter) {
 // not the call's: a closed connection aborts the member, whose Done ends
 // the wait.
 func (m *Member) resendRow(seq uint64, row []byte, pause time.Duration, w *waiter) {
-	if err := m.publish(m.subjCounts, m.countsInbox, m.epoch, row); err != nil {
+	if err := m.publish(m.subj.counts, m.subs.countsInbox, m.epoch, row); err != nil {
 		m.log.Debug("re-sending counts row", "seq", seq, "err", err)
 	}
-	m.resends.Add(1)
+	m.counts.resends.Add(1)
 	w.retry.Reset(pause)
 }
 
 // CountsResends returns how many counts rows this member sent again because
 // their column had not come (see the package documentation).
-func (m *Member) CountsResends() uint64 { return m.resends.Load() }
+func (m *Member) CountsResends() uint64 { return m.counts.resends.Load() }
 
 // route reports whether msg is the column for seq; otherwise it hands msg to
 // the call waiting for its seq, or drops it (a stale reply of an abandoned
@@ -196,21 +196,21 @@ func (m *Member) route(msg *nats.Msg, seq uint64) bool {
 	case env.epoch != m.epoch:
 		m.reject(RejectEpoch, msg.Subject)
 		return false
-	case kind == 0 && env.sender != m.svcSender:
+	case kind == 0 && env.sender != m.roster.coordinator:
 		m.reject(RejectSender, msg.Subject)
 		return false
 	}
 	if s == seq {
 		return true
 	}
-	m.wmu.Lock()
-	if w := m.waiters[s]; w != nil {
+	m.counts.mu.Lock()
+	if w := m.counts.waiters[s]; w != nil {
 		select {
 		case w.ch <- msg:
 		default:
 		}
 	}
-	m.wmu.Unlock()
+	m.counts.mu.Unlock()
 	return false
 }
 

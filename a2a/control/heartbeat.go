@@ -14,25 +14,25 @@ import (
 // stops when the member aborts (so peers that missed the abort message see it
 // go silent) or leaves.
 func (m *Member) heartbeat() {
-	defer m.wg.Done()
+	defer m.live.wg.Done()
 	t := time.NewTicker(m.cfg.HeartbeatInterval)
 	defer t.Stop()
 	p, _ := msgpack.Marshal(&hbMsg{Epoch: m.epoch, Rank: m.rank})
 	hb := sealed(p) // sealed anew (sequence number, MAC) for every beat
-	_ = m.publish(m.subjHB, "", m.epoch, hb)
+	_ = m.publish(m.subj.hb, "", m.epoch, hb)
 	var downSince time.Time
 	lastTick := time.Now()
 	for {
 		select {
-		case <-m.stop:
+		case <-m.live.stop:
 			return
-		case <-m.done:
+		case <-m.exit.done:
 			return
-		case <-m.statusCh:
+		case <-m.subs.statusCh:
 			if m.abortIfClosed() {
 				return
 			}
-		case <-m.connCh:
+		case <-m.subs.connCh:
 			if m.nc.Status() == nats.CONNECTED {
 				downSince = time.Time{}
 				m.onReconnect(hb)
@@ -57,7 +57,7 @@ func (m *Member) heartbeat() {
 				continue
 			}
 			downSince = time.Time{}
-			_ = m.publish(m.subjHB, "", m.epoch, hb)
+			_ = m.publish(m.subj.hb, "", m.epoch, hb)
 			if stalled(gap, m.cfg.HeartbeatInterval, m.cfg.PeerTimeout) {
 				m.log.Debug("heartbeat loop stalled: peers' silence restarts", "gap", gap)
 				m.restartSilence()
@@ -78,7 +78,7 @@ func (m *Member) onHeartbeat(env envelope, p []byte, subject string) {
 		return
 	}
 	if m.fromRank(env, hb.Epoch, hb.Rank, subject) {
-		m.lastSeen[hb.Rank].Store(int64(time.Since(m.start)))
+		m.live.lastSeen[hb.Rank].Store(int64(time.Since(m.live.start)))
 	}
 }
 
@@ -97,12 +97,12 @@ func (m *Member) abortIfClosed() bool {
 // whether it did.
 func (m *Member) abortIfPeerLost() bool {
 	timeout := int64(m.cfg.PeerTimeout)
-	now := int64(time.Since(m.start))
-	for r := range m.lastSeen {
-		if r == m.rank || m.left[r].Load() {
+	now := int64(time.Since(m.live.start))
+	for r := range m.live.lastSeen {
+		if r == m.rank || m.live.left[r].Load() {
 			continue
 		}
-		if silent := now - m.lastSeen[r].Load(); silent > timeout {
+		if silent := now - m.live.lastSeen[r].Load(); silent > timeout {
 			lost := fault.New(fault.ErrPeerLost, r, "no heartbeat for %v", time.Duration(silent).Round(time.Millisecond))
 			m.abort(&fault.Error{Kind: fault.ErrAborted, Rank: r, Detail: fmt.Sprintf("rank %d lost", r), Err: lost}, true)
 			return true
@@ -114,9 +114,9 @@ func (m *Member) abortIfPeerLost() bool {
 // reconnects returns a channel closed at the next reconnect of the NATS
 // connection.
 func (m *Member) reconnects() <-chan struct{} {
-	m.rmu.Lock()
-	defer m.rmu.Unlock()
-	return m.reconnected
+	m.live.rmu.Lock()
+	defer m.live.rmu.Unlock()
+	return m.live.reconnected
 }
 
 // onReconnect runs when the connection is back after a disconnect (the
@@ -130,22 +130,22 @@ func (m *Member) reconnects() <-chan struct{} {
 func (m *Member) onReconnect(hb []byte) {
 	m.log.Info("control plane reconnected", "server", m.nc.ConnectedUrlRedacted())
 	m.restartSilence()
-	_ = m.publish(m.subjHB, "", m.epoch, hb)
-	m.rmu.Lock()
-	close(m.reconnected)
-	m.reconnected = make(chan struct{})
-	m.rmu.Unlock()
+	_ = m.publish(m.subj.hb, "", m.epoch, hb)
+	m.live.rmu.Lock()
+	close(m.live.reconnected)
+	m.live.reconnected = make(chan struct{})
+	m.live.rmu.Unlock()
 }
 
 // restartSilence counts every peer's silence from now: after a reconnect,
 // or a stall of this member's own heartbeat loop, when peers' heartbeats
 // may not have reached it for reasons of its own.
 func (m *Member) restartSilence() {
-	now := int64(time.Since(m.start))
-	for r := range m.lastSeen {
+	now := int64(time.Since(m.live.start))
+	for r := range m.live.lastSeen {
 		for {
-			old := m.lastSeen[r].Load()
-			if old >= now || m.lastSeen[r].CompareAndSwap(old, now) {
+			old := m.live.lastSeen[r].Load()
+			if old >= now || m.live.lastSeen[r].CompareAndSwap(old, now) {
 				break
 			}
 		}

@@ -23,26 +23,26 @@ func (m *Member) onLeave(env envelope, p []byte, subject string) {
 // depart records that rank left the group, taking no part in operations
 // from from on, and wakes the waits that may need it.
 func (m *Member) depart(rank int, from uint64) {
-	m.left[rank].Store(true)
-	if !m.departedFrom[rank].CompareAndSwap(0, from+1) {
+	m.live.left[rank].Store(true)
+	if !m.exit.departedFrom[rank].CompareAndSwap(0, from+1) {
 		return
 	}
 	for {
-		cur := m.minDeparted.Load()
+		cur := m.exit.minDeparted.Load()
 		if cur != 0 && cur <= from+1 {
 			break
 		}
-		if m.minDeparted.CompareAndSwap(cur, from+1) {
+		if m.exit.minDeparted.CompareAndSwap(cur, from+1) {
 			break
 		}
 	}
-	m.changed.notify()
+	m.exit.changed.notify()
 }
 
 // Departed reports, as an error matching fault.ErrPeerLost, that rank left
 // the group; nil while it is a member.
 func (m *Member) Departed(rank int) error {
-	if rank >= 0 && rank < len(m.departedFrom) && m.departedFrom[rank].Load() != 0 {
+	if rank >= 0 && rank < len(m.exit.departedFrom) && m.exit.departedFrom[rank].Load() != 0 {
 		return m.departedErr(rank)
 	}
 	return nil
@@ -63,22 +63,22 @@ func (m *Member) Leave() error { return m.LeaveAt(0) }
 // hosts, if any. Done is closed afterwards and Err reports fault.ErrClosed
 // unless the member had aborted. Leave is idempotent.
 func (m *Member) LeaveAt(from uint64) error {
-	m.mu.Lock()
-	if m.leaving {
-		m.mu.Unlock()
-		return m.leaveErr
+	m.exit.mu.Lock()
+	if m.exit.leaving {
+		m.exit.mu.Unlock()
+		return m.exit.leaveErr
 	}
-	m.leaving = true
-	m.mu.Unlock()
+	m.exit.leaving = true
+	m.exit.mu.Unlock()
 	var err error
 	if !m.nc.IsClosed() {
 		b, _ := msgpack.Marshal(&leaveMsg{Epoch: m.epoch, Rank: m.rank, From: from})
-		if perr := m.publish(m.subjLeave, "", m.epoch, sealed(b)); perr != nil {
+		if perr := m.publish(m.subj.leave, "", m.epoch, sealed(b)); perr != nil {
 			err = fault.Wrap(fault.ErrClosed, m.rank, perr, "control: publishing leave")
 		}
 	}
-	close(m.stop)
-	m.wg.Wait()
+	close(m.live.stop)
+	m.live.wg.Wait()
 	m.release()
 	if m.svc != nil {
 		// Before the flush: Close lets the coordinator finish the replies
@@ -91,15 +91,15 @@ func (m *Member) LeaveAt(from uint64) error {
 		// connection.
 		_ = m.nc.FlushTimeout(time.Second)
 	}
-	m.mu.Lock()
-	if m.err == nil {
-		m.err = fault.New(fault.ErrClosed, m.rank, "left group %q", m.group)
-		m.scope.Store(&scopedErr{err: m.err})
-		close(m.done)
+	m.exit.mu.Lock()
+	if m.exit.err == nil {
+		m.exit.err = fault.New(fault.ErrClosed, m.rank, "left group %q", m.group)
+		m.exit.scope.Store(&scopedErr{err: m.exit.err})
+		close(m.exit.done)
 	}
-	m.leaveErr = err
-	m.mu.Unlock()
-	m.changed.notify()
+	m.exit.leaveErr = err
+	m.exit.mu.Unlock()
+	m.exit.changed.notify()
 	m.log.Debug("left")
 	return err
 }

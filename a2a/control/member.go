@@ -61,50 +61,110 @@ type JoinConfig struct {
 }
 
 // Member is one rank's membership in a formed group.
+//
+// Its state is grouped by concern, each group owning its lock:
+//   - roster.mu is held while formFrom adopts the formation (rank, size,
+//     epoch, nodes, roster, log and the per-rank slices of live and exit)
+//     and stores roster.formed; it guards roster.early, so an abort heard
+//     around the formed reply is either stashed or checked against the
+//     roster, never lost. What formFrom sets is read-only afterwards.
+//   - auth.mu guards auth.in; auth.sign and auth.rej lock themselves.
+//   - live.rmu guards live.reconnected.
+//   - counts.mu guards counts.waiters.
+//   - exit.mu guards exit.err, exit.leaving and exit.leaveErr and the
+//     closing of exit.done; exit.scope is stored under it.
+//
+// Everything else is atomic, fixed at Join, or owned by one goroutine.
 type Member struct {
 	nc    *nats.Conn
-	log   *slog.Logger
+	log   *slog.Logger // gains the rank and epoch in formFrom
 	cfg   JoinConfig
 	id    string // join id: sid in base 36
 	sid   uint64
 	group string
+	svc   *Service // coordinator hosted in-process, if any
 
-	sign *signer
-	vmu  sync.Mutex // guards in
-	in   verifier
-	rej  rejectCounter // logs with the logger of Join: log is replaced at formation
-	// roster maps the senders of the formation to their ranks, svcSender is
-	// the coordinator that formed it; both are set before formed.
-	roster    map[uint64]int
-	svcSender uint64
-
+	// The formation, set by formFrom under roster.mu.
 	rank, size int
 	epoch      uint32
 	nodes      []NodeInfo
+	roster     roster
 
-	subjJoin, subjCounts, subjHB, subjAbort, subjLeave string
-	ctlInbox, countsInbox                              string
-	ctlCh, countsCh                                    chan *nats.Msg
-	ctlSub, countsSub, groupSub                        *nats.Subscription
-	statusCh                                           chan nats.Status
-	connCh                                             chan nats.Status // CONNECTED: a reconnect
-	svc                                                *Service         // coordinator hosted in-process, if any
+	auth   memberAuth
+	subj   memberSubjects // fixed at Join
+	subs   subscriptions  // made by subscribe, ended by release
+	live   liveness
+	counts countsCalls
+	exit   exitState
+}
+
+// roster is what a member knows of its formation's signers, and what waits
+// for the formed reply to tell it.
+type roster struct {
+	mu sync.Mutex // guards early; held by formFrom while it stores formed
+	// senders maps the formation's signers (join ids) to their ranks, and
+	// coordinator is the signer of the formed reply; both are set before
+	// formed.
+	senders     map[uint64]int
+	coordinator uint64
+	formed      atomic.Bool
+	early       []stashedAbort // aborts heard before the formed reply
+}
+
+// memberAuth signs what a member sends and checks what it receives.
+type memberAuth struct {
+	sign *signer
+	mu   sync.Mutex // guards in
+	in   verifier
+	rej  rejectCounter // logs with the logger of Join: Member.log is replaced at formation
+}
+
+// memberSubjects are the subjects a member publishes to.
+type memberSubjects struct {
+	join, counts, hb, abort, leave string
+}
+
+// subscriptions are what a member receives on: the group's subjects, its
+// join and counts inboxes, and the connection's status changes.
+type subscriptions struct {
+	groupSub              *nats.Subscription
+	ctlInbox, countsInbox string
+	ctlCh, countsCh       chan *nats.Msg
+	ctlSub, countsSub     *nats.Subscription
+	statusCh              chan nats.Status
+	connCh                chan nats.Status // CONNECTED: a reconnect
+}
+
+// liveness is what the heartbeat loop watches and how it is stopped.
+type liveness struct {
+	start    time.Time
+	lastSeen []atomic.Int64 // by rank: ns since start of its last heartbeat
+	left     []atomic.Bool  // by rank: left the group, its silence is no loss
 
 	// reconnected is closed (and replaced) whenever the connection comes
 	// back after a disconnect, so waiting counts exchanges re-send at once.
 	rmu         sync.Mutex
 	reconnected chan struct{}
 
-	start    time.Time
-	lastSeen []atomic.Int64 // ns since start
-	left     []atomic.Bool
-	formed   atomic.Bool
-	stashMu  sync.Mutex
-	stash    []stashedAbort // aborts heard before the formed reply
+	stop chan struct{} // closed by LeaveAt to end the loop
+	wg   sync.WaitGroup
+}
 
-	wmu     sync.Mutex
+// countsCalls are the counts exchanges in flight on a member.
+type countsCalls struct {
+	mu      sync.Mutex // guards waiters
 	waiters map[uint64]*waiter
 	resends atomic.Uint64 // counts rows sent again
+}
+
+// exitState is how the member ends and what stops its operations: its own
+// abort or leave, and its peers' departures.
+type exitState struct {
+	mu       sync.Mutex    // guards err, leaving and leaveErr; done is closed and scope stored under it
+	err      error         // the first abort's cause, or the leave's
+	done     chan struct{} // closed when err is set
+	leaving  bool
+	leaveErr error
 
 	// scope is the abort as FailedAt sees it: the cause and the first
 	// operation it concerns (the earliest heard wins); departedFrom holds,
@@ -115,14 +175,6 @@ type Member struct {
 	departedFrom []atomic.Uint64
 	minDeparted  atomic.Uint64
 	changed      notifier
-
-	mu       sync.Mutex
-	err      error
-	done     chan struct{}
-	leaveErr error
-	leaving  bool
-	stop     chan struct{}
-	wg       sync.WaitGroup
 }
 
 // Join joins group cfg.Group through its coordinator (hosting one in-process if
@@ -134,28 +186,33 @@ func Join(ctx context.Context, nc *nats.Conn, cfg JoinConfig) (*Member, error) {
 	}
 	sid := rand.Uint64()
 	m := &Member{
-		nc:      nc,
-		log:     cfg.Logger.With("group", cfg.Group),
-		cfg:     cfg,
-		id:      strconv.FormatUint(sid, 36),
-		sid:     sid,
-		rej:     rejectCounter{log: cfg.Logger.With("group", cfg.Group)},
-		sign:    newSigner(sid, cfg.Secret),
-		in:      newVerifier(cfg.Secret),
-		group:   cfg.Group,
-		rank:    -1,
-		done:    make(chan struct{}),
-		stop:    make(chan struct{}),
-		start:   time.Now(),
-		waiters: make(map[uint64]*waiter),
-
-		reconnected: make(chan struct{}),
+		nc:    nc,
+		log:   cfg.Logger.With("group", cfg.Group),
+		cfg:   cfg,
+		id:    strconv.FormatUint(sid, 36),
+		sid:   sid,
+		group: cfg.Group,
+		rank:  -1,
+		auth: memberAuth{
+			sign: newSigner(sid, cfg.Secret),
+			in:   newVerifier(cfg.Secret),
+			rej:  rejectCounter{log: cfg.Logger.With("group", cfg.Group)},
+		},
+		subj: memberSubjects{
+			join:   svcSubject(cfg.Group, opJoin),
+			counts: svcSubject(cfg.Group, opCounts),
+			hb:     groupSubject(cfg.Group, opHB),
+			abort:  groupSubject(cfg.Group, opAbort),
+			leave:  groupSubject(cfg.Group, opLeave),
+		},
+		live: liveness{
+			start:       time.Now(),
+			reconnected: make(chan struct{}),
+			stop:        make(chan struct{}),
+		},
+		counts: countsCalls{waiters: make(map[uint64]*waiter)},
+		exit:   exitState{done: make(chan struct{})},
 	}
-	m.subjJoin = svcSubject(m.group, opJoin)
-	m.subjCounts = svcSubject(m.group, opCounts)
-	m.subjHB = groupSubject(m.group, opHB)
-	m.subjAbort = groupSubject(m.group, opAbort)
-	m.subjLeave = groupSubject(m.group, opLeave)
 	if err := m.subscribe(); err != nil {
 		m.release()
 		return nil, err
@@ -168,7 +225,7 @@ func Join(ctx context.Context, nc *nats.Conn, cfg JoinConfig) (*Member, error) {
 		}
 		return nil, err
 	}
-	m.wg.Add(1)
+	m.live.wg.Add(1)
 	go m.heartbeat()
 	m.log.Debug("joined", "rank", m.rank, "size", m.size, "epoch", m.epoch)
 	return m, nil
@@ -219,11 +276,11 @@ func normalize(nc *nats.Conn, cfg *JoinConfig) error {
 
 func (m *Member) subscribe() error {
 	base := m.nc.NewInbox()
-	m.ctlInbox, m.countsInbox = base+".r", base+".c"
-	m.ctlCh = make(chan *nats.Msg, 64)
+	m.subs.ctlInbox, m.subs.countsInbox = base+".r", base+".c"
+	m.subs.ctlCh = make(chan *nats.Msg, 64)
 	// One reply per pending seq at most; the slack absorbs stale replies of
 	// abandoned calls.
-	m.countsCh = make(chan *nats.Msg, 256)
+	m.subs.countsCh = make(chan *nats.Msg, 256)
 	var err error
 	wrap := func(err error, what string) error {
 		kind := fault.ErrInvalidArgument // e.g. a permissions violation
@@ -234,18 +291,18 @@ func (m *Member) subscribe() error {
 	}
 	// The group subscription exists before the join request so that an abort
 	// published right after formation is not missed.
-	if m.groupSub, err = m.nc.Subscribe(groupSubject(m.group, "*"), m.onGroup); err != nil {
+	if m.subs.groupSub, err = m.nc.Subscribe(groupSubject(m.group, "*"), m.onGroup); err != nil {
 		return wrap(err, "group subjects")
 	}
-	_ = m.groupSub.SetPendingLimits(-1, 64<<20)
-	if m.ctlSub, err = m.nc.ChanSubscribe(m.ctlInbox, m.ctlCh); err != nil {
+	_ = m.subs.groupSub.SetPendingLimits(-1, 64<<20)
+	if m.subs.ctlSub, err = m.nc.ChanSubscribe(m.subs.ctlInbox, m.subs.ctlCh); err != nil {
 		return wrap(err, "join inbox")
 	}
-	if m.countsSub, err = m.nc.ChanSubscribe(m.countsInbox, m.countsCh); err != nil {
+	if m.subs.countsSub, err = m.nc.ChanSubscribe(m.subs.countsInbox, m.subs.countsCh); err != nil {
 		return wrap(err, "counts inbox")
 	}
-	m.statusCh = m.nc.StatusChanged(nats.CLOSED)
-	m.connCh = m.nc.StatusChanged(nats.CONNECTED)
+	m.subs.statusCh = m.nc.StatusChanged(nats.CLOSED)
+	m.subs.connCh = m.nc.StatusChanged(nats.CONNECTED)
 	// A server refuses a subscription its user may not make asynchronously:
 	// a round trip brings the refusal back, so a job given the wrong group's
 	// credentials fails here instead of timing out.
@@ -253,7 +310,7 @@ func (m *Member) subscribe() error {
 		return wrap(err, "group subjects")
 	}
 	if err := m.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) {
-		for _, subj := range []string{m.groupSub.Subject, m.ctlInbox, m.countsInbox} {
+		for _, subj := range []string{m.subs.groupSub.Subject, m.subs.ctlInbox, m.subs.countsInbox} {
 			if strings.Contains(err.Error(), `"`+subj+`"`) {
 				return fault.Wrap(fault.ErrAuth, -1, err, "control: the NATS user may not subscribe to %s (its permissions must allow %v)",
 					subj, Subjects(m.group))
@@ -264,30 +321,30 @@ func (m *Member) subscribe() error {
 }
 
 func (m *Member) release() {
-	for _, sub := range []*nats.Subscription{m.groupSub, m.ctlSub, m.countsSub} {
+	for _, sub := range []*nats.Subscription{m.subs.groupSub, m.subs.ctlSub, m.subs.countsSub} {
 		if sub != nil {
 			_ = sub.Unsubscribe()
 		}
 	}
-	if m.statusCh != nil {
-		m.nc.RemoveStatusListener(m.statusCh)
+	if m.subs.statusCh != nil {
+		m.nc.RemoveStatusListener(m.subs.statusCh)
 	}
-	if m.connCh != nil {
-		m.nc.RemoveStatusListener(m.connCh)
+	if m.subs.connCh != nil {
+		m.nc.RemoveStatusListener(m.subs.connCh)
 	}
 }
 
 // publish signs msg (built by sealed or the codec) and publishes it.
 func (m *Member) publish(subj, reply string, epoch uint32, msg []byte) error {
-	return m.sign.publish(m.nc, subj, reply, m.group, epoch, msg)
+	return m.auth.sign.publish(m.nc, subj, reply, m.group, epoch, msg)
 }
 
 // open authenticates msg as a message of this member's group and takes it
 // unless it is a copy of one already taken. It counts what it rejects.
 func (m *Member) open(msg *nats.Msg) (envelope, []byte, bool) {
-	m.vmu.Lock()
-	env, p, why, ok := m.in.check(msg.Subject, m.group, msg.Data)
-	m.vmu.Unlock()
+	m.auth.mu.Lock()
+	env, p, why, ok := m.auth.in.check(msg.Subject, m.group, msg.Data)
+	m.auth.mu.Unlock()
 	if !ok {
 		m.reject(why, msg.Subject)
 	}
@@ -295,16 +352,16 @@ func (m *Member) open(msg *nats.Msg) (envelope, []byte, bool) {
 }
 
 // reject counts a rejected message and logs the 1st, 2nd, 4th, 8th... one.
-func (m *Member) reject(r RejectReason, subject string) { m.rej.add(r, subject) }
+func (m *Member) reject(r RejectReason, subject string) { m.auth.rej.add(r, subject) }
 
 // Rejects returns how many control messages this member refused to believe,
 // by reason.
-func (m *Member) Rejects() Rejects { return m.rej.snapshot() }
+func (m *Member) Rejects() Rejects { return m.auth.rej.snapshot() }
 
 // fromRank checks that an opened group message speaks for the rank its
 // sender holds in the current formation.
 func (m *Member) fromRank(env envelope, epoch uint32, rank int, subject string) bool {
-	r, member := m.roster[env.sender]
+	r, member := m.roster.senders[env.sender]
 	switch {
 	case env.epoch != m.epoch || epoch != m.epoch:
 		m.reject(RejectEpoch, subject)
@@ -342,15 +399,15 @@ func (m *Member) Nodes() []NodeInfo { return slices.Clone(m.nodes) }
 
 // Done is closed once the member is aborted (locally, by a peer, by a lost
 // peer or a lost control plane) or has left.
-func (m *Member) Done() <-chan struct{} { return m.done }
+func (m *Member) Done() <-chan struct{} { return m.exit.done }
 
 // Err returns nil until Done is closed, then the cause: an error matching
 // fault.ErrAborted (and the original kind, e.g. fault.ErrPeerLost) after an
 // abort, or fault.ErrClosed after Leave.
 func (m *Member) Err() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.err
+	m.exit.mu.Lock()
+	defer m.exit.mu.Unlock()
+	return m.exit.err
 }
 
 // onGroup takes the group's heartbeats, aborts and leaves.
@@ -359,7 +416,7 @@ func (m *Member) onGroup(msg *nats.Msg) {
 	if op != opHB && op != opAbort && op != opLeave {
 		return
 	}
-	if op != opAbort && !m.formed.Load() {
+	if op != opAbort && !m.roster.formed.Load() {
 		return // heartbeats and leaves of a roster this member is not part of yet
 	}
 	env, p, ok := m.open(msg)

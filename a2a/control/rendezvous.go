@@ -25,13 +25,13 @@ func (m *Member) rendezvous(ctx context.Context) error {
 		}
 		lastAck := time.Now()
 		req := m.joinReq(false)
-		if err := m.publish(m.subjJoin, m.ctlInbox, 0, req); err != nil {
+		if err := m.publish(m.subj.join, m.subs.ctlInbox, 0, req); err != nil {
 			return fault.Wrap(fault.ErrClosed, -1, err, "control: sending join")
 		}
 	wait:
 		for {
 			select {
-			case msg := <-m.ctlCh:
+			case msg := <-m.subs.ctlCh:
 				env, p, ok := m.open(msg)
 				if !ok {
 					continue
@@ -57,10 +57,10 @@ func (m *Member) rendezvous(ctx context.Context) error {
 					m.log.Info("coordinator stopped answering join refreshes, looking for another")
 					break wait
 				}
-				if err := m.publish(m.subjJoin, m.ctlInbox, 0, req); err != nil {
+				if err := m.publish(m.subj.join, m.subs.ctlInbox, 0, req); err != nil {
 					return fault.Wrap(fault.ErrClosed, -1, err, "control: sending join")
 				}
-			case <-m.statusCh:
+			case <-m.subs.statusCh:
 				return errConnClosed
 			case <-ctx.Done():
 				return m.joinTimeout(ctx, ack)
@@ -72,7 +72,7 @@ func (m *Member) rendezvous(ctx context.Context) error {
 func (m *Member) joinTimeout(ctx context.Context, ack *joinResp) error {
 	if ack == nil {
 		hint := ""
-		if n := m.rej.snapshot()[RejectAuth]; n > 0 {
+		if n := m.auth.rej.snapshot()[RejectAuth]; n > 0 {
 			hint = fmt.Sprintf(" (%d control messages failed authentication: do all ranks and the coordinator share the job secret?)", n)
 		}
 		return m.ctxErr(ctx, "join of group %q (WorldSize %d) timed out: no coordinator acknowledged the join%s",
@@ -99,33 +99,33 @@ func (m *Member) formFrom(env envelope, resp *joinResp) bool {
 	if rank < 0 || len(resp.Nodes) != len(resp.IDs) || resp.Epoch == 0 || env.epoch != resp.Epoch {
 		return false
 	}
-	roster := make(map[uint64]int, len(resp.IDs))
+	senders := make(map[uint64]int, len(resp.IDs))
 	for r, id := range resp.IDs {
 		sid, err := strconv.ParseUint(id, 36, 64)
 		if err != nil {
 			return false
 		}
-		roster[sid] = r
+		senders[sid] = r
 	}
-	m.stashMu.Lock()
+	m.roster.mu.Lock()
 	m.rank, m.size, m.epoch, m.nodes = rank, len(resp.IDs), resp.Epoch, resp.Nodes
-	m.roster, m.svcSender = roster, env.sender
-	m.lastSeen = make([]atomic.Int64, m.size)
-	m.left = make([]atomic.Bool, m.size)
-	m.departedFrom = make([]atomic.Uint64, m.size)
-	now := int64(time.Since(m.start))
-	for i := range m.lastSeen {
-		m.lastSeen[i].Store(now)
+	m.roster.senders, m.roster.coordinator = senders, env.sender
+	m.live.lastSeen = make([]atomic.Int64, m.size)
+	m.live.left = make([]atomic.Bool, m.size)
+	m.exit.departedFrom = make([]atomic.Uint64, m.size)
+	now := int64(time.Since(m.live.start))
+	for i := range m.live.lastSeen {
+		m.live.lastSeen[i].Store(now)
 	}
 	m.log = m.log.With("rank", rank, "epoch", resp.Epoch)
-	m.formed.Store(true)
-	stash := m.stash
-	m.stash = nil
-	m.stashMu.Unlock()
+	m.roster.formed.Store(true)
+	early := m.roster.early
+	m.roster.early = nil
+	m.roster.mu.Unlock()
 	// Join replies are over; a late duplicate must not sit in a channel.
-	_ = m.ctlSub.Unsubscribe()
-	for i := range stash {
-		m.onAbortMsg(stash[i].env, &stash[i].a, stash[i].subject)
+	_ = m.subs.ctlSub.Unsubscribe()
+	for i := range early {
+		m.onAbortMsg(early[i].env, &early[i].a, early[i].subject)
 	}
 	return true
 }
@@ -138,7 +138,7 @@ func (m *Member) joinReq(withdraw bool) []byte {
 
 func (m *Member) withdraw() {
 	if !m.nc.IsClosed() {
-		_ = m.publish(m.subjJoin, "", 0, m.joinReq(true))
+		_ = m.publish(m.subj.join, "", 0, m.joinReq(true))
 		_ = m.nc.FlushTimeout(time.Second)
 	}
 }

@@ -109,19 +109,19 @@ func TestCountsColumnLost(t *testing.T) {
 	svc := e.service()
 	mems := e.mustJoin(configs("gcol", []int{0, 1, 2}, nil))
 	m1 := mems[1]
-	if err := m1.countsSub.Unsubscribe(); err != nil {
+	if err := m1.subs.countsSub.Unsubscribe(); err != nil {
 		t.Fatal(err)
 	}
 	back := make(chan struct{})
 	defer func() { <-back }()
 	time.AfterFunc(400*time.Millisecond, func() {
 		defer close(back)
-		s, err := m1.nc.ChanSubscribe(m1.countsInbox, m1.countsCh)
+		s, err := m1.nc.ChanSubscribe(m1.subs.countsInbox, m1.subs.countsCh)
 		if err != nil {
 			t.Error(err)
 			return
 		}
-		m1.countsSub = s
+		m1.subs.countsSub = s
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
