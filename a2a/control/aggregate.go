@@ -24,6 +24,22 @@ const (
 	keepDoneSeqs = 64
 )
 
+// aggregation is the counts state of a formed roster: the ops waiting for
+// rows and the last completed ones. Guarded by Service.mu.
+type aggregation struct {
+	pending map[uint64]*countsOp
+	free    []*countsOp
+	// done keeps the last keepDone completed ops, to answer a rank that
+	// sends its row again because its column was lost; doneSeqs remembers
+	// the seqs of the last keepDoneSeqs completed ops (doneSeqs[i] is the
+	// seq+1, 0 empty), so a late copy of a row for an older one is dropped
+	// instead of opening an op no one else will complete.
+	done     map[uint64]*countsOp
+	doneSeqs [keepDoneSeqs]uint64
+	doneNext int
+}
+
+// countsOp collects the rows of one counts operation (seq) of n ranks.
 type countsOp struct {
 	arrived int
 	have    []bool
@@ -77,23 +93,23 @@ func (s *Service) onCounts(msg *nats.Msg) {
 	}
 	var op *countsOp
 	if kind == nil {
-		if d := f.done[rw.seq]; d != nil {
+		if d := f.counts.done[rw.seq]; d != nil {
 			// A re-sent row: its rank did not get its column.
 			s.mu.Unlock()
 			s.resendColumn(d, f.world, rw, msg.Reply, name)
 			return
 		}
-		if f.completed(rw.seq) {
+		if f.counts.completed(rw.seq) {
 			s.mu.Unlock()
 			return // a late copy of a row of a long completed op
 		}
-		op = f.counts[rw.seq]
+		op = f.counts.pending[rw.seq]
 		if op == nil {
-			if len(f.counts) >= maxPendingSeqs {
+			if len(f.counts.pending) >= maxPendingSeqs {
 				kind, detail = fault.ErrInvalidArgument, fmt.Sprintf("more than %d counts operations pending", maxPendingSeqs)
 			} else {
-				op = f.getOp()
-				f.counts[rw.seq] = op
+				op = f.counts.getOp(f.world)
+				f.counts.pending[rw.seq] = op
 			}
 		}
 	}
@@ -116,7 +132,7 @@ func (s *Service) onCounts(msg *nats.Msg) {
 		s.mu.Unlock()
 		return
 	}
-	delete(f.counts, rw.seq)
+	delete(f.counts.pending, rw.seq)
 	epoch := f.epoch
 	s.mu.Unlock()
 
@@ -124,7 +140,7 @@ func (s *Service) onCounts(msg *nats.Msg) {
 	s.sendColumns(op, n, name, rw.seq, epoch)
 
 	s.mu.Lock()
-	f.keep(rw.seq, op)
+	f.counts.keep(rw.seq, op)
 	s.mu.Unlock()
 }
 
@@ -146,23 +162,22 @@ func (s *Service) resendColumn(d *countsOp, n int, rw row, reply, group string) 
 }
 
 // keep files a completed op to answer re-sent rows, recycling the oldest.
-// Called with s.mu held.
-func (f *formation) keep(seq uint64, op *countsOp) {
-	f.doneSeqs[f.doneNext] = seq + 1
-	f.doneNext = (f.doneNext + 1) % keepDoneSeqs
-	f.done[seq] = op
+func (a *aggregation) keep(seq uint64, op *countsOp) {
+	a.doneSeqs[a.doneNext] = seq + 1
+	a.doneNext = (a.doneNext + 1) % keepDoneSeqs
+	a.done[seq] = op
 	// Only the last keepDone keep their matrices (keepDone < keepDoneSeqs).
-	if evict := f.doneSeqs[(f.doneNext+keepDoneSeqs-keepDone-1)%keepDoneSeqs]; evict != 0 {
-		if d := f.done[evict-1]; d != nil {
-			delete(f.done, evict-1)
-			f.putOp(d)
+	if evict := a.doneSeqs[(a.doneNext+keepDoneSeqs-keepDone-1)%keepDoneSeqs]; evict != 0 {
+		if d := a.done[evict-1]; d != nil {
+			delete(a.done, evict-1)
+			a.putOp(d)
 		}
 	}
 }
 
 // completed reports whether seq is one of the last completed ops.
-func (f *formation) completed(seq uint64) bool {
-	return slices.Contains(f.doneSeqs[:], seq+1)
+func (a *aggregation) completed(seq uint64) bool {
+	return slices.Contains(a.doneSeqs[:], seq+1)
 }
 
 func (s *Service) sendColumns(op *countsOp, n int, group string, seq uint64, epoch uint32) {
@@ -189,23 +204,24 @@ func (s *Service) sendColumn(op *countsOp, n, j int, reply string, want bool, gr
 	}
 }
 
-func (f *formation) getOp() *countsOp {
-	if k := len(f.free); k > 0 {
-		op := f.free[k-1]
-		f.free = f.free[:k-1]
+// getOp returns a recycled op of n ranks, or a new one.
+func (a *aggregation) getOp(n int) *countsOp {
+	if k := len(a.free); k > 0 {
+		op := a.free[k-1]
+		a.free = a.free[:k-1]
 		return op
 	}
-	n := f.world
 	return &countsOp{have: make([]bool, n), want: make([]bool, n), reply: make([]string, n), mat: make([]byte, n*n*8)}
 }
 
-func (f *formation) putOp(op *countsOp) {
+// putOp recycles op (a few are kept).
+func (a *aggregation) putOp(op *countsOp) {
 	op.arrived = 0
 	clear(op.have)
 	clear(op.want)
 	clear(op.reply)
-	if len(f.free) < 4 {
-		f.free = append(f.free, op)
+	if len(a.free) < 4 {
+		a.free = append(a.free, op)
 	}
 }
 

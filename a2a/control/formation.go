@@ -49,6 +49,9 @@ type rankState struct {
 	left    bool
 }
 
+// formation is a group's roster, forming (epoch 0: the joiners so far) or
+// formed (the ranks, and the counts exchanged among them). Guarded by
+// Service.mu.
 type formation struct {
 	world, streams int
 	joiners        map[string]*joiner
@@ -58,16 +61,7 @@ type formation struct {
 	ranks   []*rankState
 	byID    map[string]int
 	aborted bool
-	counts  map[uint64]*countsOp
-	free    []*countsOp
-	// done keeps the last keepDone completed ops, to answer a rank that
-	// sends its row again because its column was lost; doneSeqs remembers
-	// the seqs of the last keepDoneSeqs completed ops (doneSeqs[i] is the
-	// seq+1, 0 empty), so a late copy of a row for an older one is dropped
-	// instead of opening an op no one else will complete.
-	done     map[uint64]*countsOp
-	doneSeqs [keepDoneSeqs]uint64
-	doneNext int
+	counts  aggregation // made when formed
 }
 
 func (s *Service) onJoin(msg *nats.Msg) {
@@ -352,8 +346,7 @@ func (s *Service) complete(g *group, f *formation, now time.Time) []outMsg {
 	}
 	f.joiners = nil
 	f.epoch = g.nextEpoch(now)
-	f.counts = make(map[uint64]*countsOp)
-	f.done = make(map[uint64]*countsOp)
+	f.counts = aggregation{pending: make(map[uint64]*countsOp), done: make(map[uint64]*countsOp)}
 	s.log.Info("group formed", "group", g.name, "epoch", f.epoch, "size", f.world)
 	replies := make([]string, f.world)
 	for i, st := range f.ranks {

@@ -61,7 +61,7 @@ func (s *Service) Groups() []GroupView {
 			continue
 		}
 		gone := 0
-		v := GroupView{Group: g.name, Epoch: f.epoch, Size: f.world, Aborted: f.aborted, PendingCounts: len(f.counts)}
+		v := GroupView{Group: g.name, Epoch: f.epoch, Size: f.world, Aborted: f.aborted, PendingCounts: len(f.counts.pending)}
 		for r, st := range f.ranks {
 			lost := now.Sub(st.lastHB) > st.timeout
 			if st.left || lost {
