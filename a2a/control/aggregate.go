@@ -84,12 +84,7 @@ func (s *Service) onCounts(msg *nats.Msg) {
 		return
 	}
 	if kind == nil {
-		for r, st := range f.ranks {
-			if st.left {
-				kind, detail = fault.ErrClosed, fmt.Sprintf("rank %d left the group", r)
-				break
-			}
-		}
+		kind, detail = f.leftRank()
 	}
 	var op *countsOp
 	if kind == nil {
@@ -121,14 +116,7 @@ func (s *Service) onCounts(msg *nats.Msg) {
 		return
 	}
 	n := f.world
-	if !op.have[rw.rank] {
-		op.have[rw.rank] = true
-		op.arrived++
-	}
-	copy(op.mat[rw.rank*n*8:], rw.counts)
-	op.reply[rw.rank] = msg.Reply
-	op.want[rw.rank] = rw.flags&rowWantMatrix != 0
-	if op.arrived < n {
+	if !op.add(rw, msg.Reply, n) {
 		s.mu.Unlock()
 		return
 	}
@@ -142,6 +130,30 @@ func (s *Service) onCounts(msg *nats.Msg) {
 	s.mu.Lock()
 	f.counts.keep(rw.seq, op)
 	s.mu.Unlock()
+}
+
+// leftRank refuses a counts row of the formed roster f once one of its
+// ranks has left: the operation cannot complete.
+func (f *formation) leftRank() (kind error, detail string) {
+	for r, st := range f.ranks {
+		if st.left {
+			return fault.ErrClosed, fmt.Sprintf("rank %d left the group", r)
+		}
+	}
+	return nil, ""
+}
+
+// add takes the row rw of an op of n ranks, answered on reply (a row sent
+// again replaces the first), and reports whether every rank's row is in.
+func (op *countsOp) add(rw row, reply string, n int) bool {
+	if !op.have[rw.rank] {
+		op.have[rw.rank] = true
+		op.arrived++
+	}
+	copy(op.mat[rw.rank*n*8:], rw.counts)
+	op.reply[rw.rank] = reply
+	op.want[rw.rank] = rw.flags&rowWantMatrix != 0
+	return op.arrived >= n
 }
 
 // resendColumn answers a re-sent row of a completed op d with the column
