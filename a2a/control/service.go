@@ -24,16 +24,20 @@ type Service struct {
 	log  *slog.Logger
 	id   string // "svc-" + sid in base 36
 	sid  uint64
-	only string
-	subs []*nats.Subscription
+	only string // the one group served, "" for all
 
-	sign    *signer
-	rej     rejectCounter
+	sign    *signer       // locks itself
+	rej     rejectCounter // atomic
 	retried atomic.Uint64 // columns sent again for re-sent rows
 
+	// mu guards subs (once newService returns), groups, closed, in, pruned
+	// and beforeReply, and orders joins.Add before Close's wait.
 	mu     sync.Mutex
+	subs   []*nats.Subscription
 	groups map[string]*group
 	closed bool
+	in     verifier
+	pruned int // len(in.seen) after the last pruning
 	// joins counts the join handlers between their decision and the end
 	// of its replies: Close waits for them, so that a roster formed before
 	// Close reaches every member (see Close).
@@ -41,12 +45,10 @@ type Service struct {
 	// beforeReply, when set (tests), runs before each reply a join handler
 	// publishes, with its index.
 	beforeReply func(i int)
-	in          verifier // guarded by mu
-	pruned      int      // len(in.seen) after the last pruning
 
 	cc *codec // owned by the counts handler goroutine
 
-	reports reportStore // the ranks' traffic reports (report.go)
+	reports reportStore // the ranks' traffic reports (report.go), under its own lock
 }
 
 // outMsg is a reply to sign and publish: msg is built by sealed.
