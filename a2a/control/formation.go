@@ -13,6 +13,8 @@ import (
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
+// group is what the service keeps of one group: its roster, forming or
+// formed, and what outlives a roster. Guarded by Service.mu.
 type group struct {
 	name      string
 	lastEpoch uint32
@@ -27,11 +29,15 @@ type group struct {
 	waiting map[string]*waitingJoiner
 }
 
+// waitingJoiner is a joiner held while the group's formation looks
+// healthy: first and last heard, and its PeerTimeout.
 type waitingJoiner struct {
 	first, last time.Time
 	timeout     time.Duration
 }
 
+// joiner is a rank joining a forming roster: its latest request and reply
+// subject, when it was last heard and its place in the order of arrival.
 type joiner struct {
 	req     joinReq
 	reply   string
@@ -39,6 +45,7 @@ type joiner struct {
 	arrival uint64
 }
 
+// rankState is one rank of a formed roster.
 type rankState struct {
 	info    NodeInfo
 	id      string
