@@ -7,19 +7,23 @@ import (
 	"strings"
 )
 
-// Config selects the ports and GIDs to use. The zero value picks every active port and
-// the default GID.
+// Config selects the ports and GIDs to use (see Endpoints). Config{GIDIndex: -1} selects
+// every active port with its RoCE v2 IPv4-mapped GID; the zero value differs in that it
+// forces GID index 0.
 type Config struct {
 	// HCA filters devices and ports in NCCL_IB_HCA's syntax: a comma-separated list of
 	// name[:port]; names match by prefix unless the list starts with "="; a list starting
 	// with "^" (or "^=") excludes what it names. Empty: all.
 	HCA string
-	// GIDIndex forces this GID index on every RoCE port; -1 (or unset through
-	// ConfigFromEnv) picks the RoCE v2 IPv4-mapped GID.
+	// GIDIndex forces this GID index on every RoCE port; -1 picks the RoCE v2
+	// IPv4-mapped GID (or an IPv4-mapped GID of unknown type, where neither libibverbs
+	// nor sysfs tells GID types). InfiniBand ports, addressed by LID, ignore it.
 	GIDIndex int
 }
 
-// ConfigFromEnv reads A2A_IB_HCA and A2A_IB_GID_INDEX.
+// ConfigFromEnv returns the Config that the environment variables A2A_IB_HCA (HCA) and
+// A2A_IB_GID_INDEX (GIDIndex, 0-255; unset: -1) describe, as a2a's RDMA transport reads
+// them. The error of a malformed value matches ErrInvalidArgument.
 func ConfigFromEnv() (Config, error) {
 	c := Config{HCA: os.Getenv("A2A_IB_HCA"), GIDIndex: -1}
 	if s := os.Getenv("A2A_IB_GID_INDEX"); s != "" {
@@ -90,15 +94,16 @@ func (f hcaFilter) match(dev string, port int) bool {
 	return hit != f.exclude
 }
 
-// Endpoint is a port chosen for traffic and how it is addressed.
+// Endpoint is a port chosen for traffic and how it is addressed. QP.Init, QP.Connect and
+// QP.Addr take the endpoint the QP is used on.
 type Endpoint struct {
-	Device    string
-	Port      int
+	Device    string // the device's name, for Lib.Open
+	Port      int    // the port number, from 1
 	LinkLayer LinkLayer
-	GIDIndex  int // the source GID index for RoCE (GRH); -1 on InfiniBand
-	GID       GID // zero on InfiniBand
-	LID       uint16
-	MTU       MTU // the port's active MTU
+	GIDIndex  int    // the source GID index for RoCE (GRH); -1 on InfiniBand
+	GID       GID    // zero on InfiniBand
+	LID       uint16 // the port's LID on InfiniBand
+	MTU       MTU    // the port's active MTU
 }
 
 // Global says whether packets carry a GRH (RoCE: always; addressed by GID, not LID).
@@ -112,7 +117,11 @@ func (e Endpoint) String() string {
 }
 
 // Endpoints returns the ports cfg selects among devs that can carry traffic, ordered by
-// device and port, or an error matching ErrUnavailable that gives each port's reason.
+// device and port, or an error matching ErrUnavailable that gives each port's reason. A
+// port can carry traffic when it is ACTIVE and addressable: on RoCE with the GID cfg
+// asks for, on InfiniBand with a LID (a subnet manager runs). Its errors call cfg.HCA and
+// cfg.GIDIndex by the variables ConfigFromEnv reads them from, A2A_IB_HCA and
+// A2A_IB_GID_INDEX; a malformed cfg.HCA matches ErrInvalidArgument.
 func Endpoints(devs []Device, cfg Config) ([]Endpoint, error) {
 	f, err := parseHCA(cfg.HCA)
 	if err != nil {

@@ -10,13 +10,15 @@ import (
 )
 
 // ErrUnavailable is matched (errors.Is) by every error saying that verbs cannot be used
-// here: no libibverbs, no device, no usable port. The error's text gives the reason.
+// here: built without cgo, no libibverbs, no kernel support, no device, no usable port.
+// The error's text gives the reason; a program can fall back to another way of moving
+// data.
 var ErrUnavailable = errors.New("verbs unavailable")
 
 // UnavailableError says why verbs cannot be used. It matches ErrUnavailable.
 type UnavailableError struct {
-	Reason string
-	Err    error // the cause, if any
+	Reason string // what is missing, for people
+	Err    error  // the cause, if any
 }
 
 func (e *UnavailableError) Error() string {
@@ -33,8 +35,9 @@ func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailab
 func (e *UnavailableError) Unwrap() error { return e.Err }
 
 // ErrInvalidArgument is matched (errors.Is) by the errors of calls given arguments they
-// cannot use: a malformed A2A_IB_HCA or A2A_IB_GID_INDEX, an empty buffer to register, a
-// queue pair without completion queues.
+// cannot use: a malformed Config.HCA (or A2A_IB_HCA, A2A_IB_GID_INDEX in ConfigFromEnv),
+// an empty buffer to register, a queue pair without completion queues, a Wait on a CQ
+// without a completion channel.
 var ErrInvalidArgument = errors.New("verbs: invalid argument")
 
 // invalidf is an error matching ErrInvalidArgument, with its own text.
@@ -174,7 +177,7 @@ func (g GID) String() string { return netip.AddrFrom16(g).String() }
 
 // GIDEntry is one valid entry of a port's GID table.
 type GIDEntry struct {
-	Index  int
+	Index  int // the index in the table, as Config.GIDIndex names it
 	GID    GID
 	Type   GIDType
 	Netdev string // the network device a RoCE GID belongs to, if known
@@ -182,23 +185,25 @@ type GIDEntry struct {
 
 // Port describes one port of a device.
 type Port struct {
-	Num       int
+	Num       int // the port number, from 1
 	State     PortState
 	PhysState PhysState
 	LinkLayer LinkLayer
 	MaxMTU    MTU
 	ActiveMTU MTU
-	LID       uint16
+	LID       uint16     // InfiniBand: 0 until a subnet manager assigns one
 	GIDs      []GIDEntry // the valid entries, by index
 }
 
-// Device describes a device and its ports.
+// Device describes a device and its ports, as Lib.Devices and Context.Describe find them.
 type Device struct {
-	Name      string
-	FWVer     string
-	NodeGUID  uint64 // as the device reports it (big-endian bytes)
-	VendorID  uint32
-	PartID    uint32
+	Name     string // the device's name (mlx5_0, rxe0), for Lib.Open
+	FWVer    string // firmware version
+	NodeGUID uint64 // as the device reports it (big-endian bytes)
+	VendorID uint32
+	PartID   uint32
+	// The device's limits (ibv_device_attr): queue pairs, work requests per queue, SGEs
+	// per work request, completion queues, entries per CQ, memory regions, bytes per MR.
 	MaxQP     int
 	MaxQPWR   int
 	MaxSGE    int
@@ -248,9 +253,9 @@ const (
 // SGE is one scatter/gather element: Length bytes at Addr of the MR whose LKey it names.
 // Its layout is struct ibv_sge's, so a []SGE goes to the library as it is.
 type SGE struct {
-	Addr   uint64
-	Length uint32
-	LKey   uint32
+	Addr   uint64 // an address inside the MR
+	Length uint32 // in bytes
+	LKey   uint32 // the MR's LKey
 }
 
 // Opcode is a send work request's operation.
@@ -278,12 +283,12 @@ const (
 
 // SendWR is a send work request without its SGE list (passed beside it).
 type SendWR struct {
-	ID         uint64
+	ID         uint64 // the caller's, returned in the completion's WC.ID
 	Op         Opcode
-	Flags      SendFlags
-	Imm        uint32 // immediate data, host order (the binding converts)
-	RemoteAddr uint64 // RDMA operations: the target address in the peer's MR
-	RKey       uint32 // RDMA operations: the peer MR's rkey
+	Flags      SendFlags // SendSignaled for a completion
+	Imm        uint32    // immediate data, host order (the binding converts)
+	RemoteAddr uint64    // RDMA operations: the target address in the peer's MR
+	RKey       uint32    // RDMA operations: the peer MR's rkey
 }
 
 // WCStatus is a work completion's status.
@@ -332,19 +337,20 @@ type WCFlags uint32
 const WCWithImm WCFlags = 1 << 1
 
 // WC is a work completion. Its layout is struct ibv_wc's: CQ.Poll fills a []WC in place.
+// Only ID, Status, QPNum and VendorErr are valid in a failed completion.
 type WC struct {
-	ID           uint64
-	Status       WCStatus
-	Opcode       WCOpcode
-	VendorErr    uint32
-	ByteLen      uint32
+	ID           uint64   // the work request's ID
+	Status       WCStatus // WCSuccess, or why the request failed (see Err)
+	Opcode       WCOpcode // what completed
+	VendorErr    uint32   // the provider's error code of a failed completion
+	ByteLen      uint32   // receives: the bytes that arrived
 	immBE        uint32
-	QPNum        uint32
-	SrcQP        uint32
-	Flags        WCFlags
+	QPNum        uint32  // the local QP the request was posted on
+	SrcQP        uint32  // receives: the sending QP (meaningful on UD QPs)
+	Flags        WCFlags // WCWithImm when Imm is valid
 	PKeyIndex    uint16
-	SLID         uint16
-	SL           uint8
+	SLID         uint16 // receives: the sender's LID
+	SL           uint8  // receives: the service level
 	DLIDPathBits uint8
 }
 
@@ -359,12 +365,12 @@ func (w *WC) Err() error {
 	return &WCError{Status: w.Status, VendorErr: w.VendorErr, ID: w.ID, QPNum: w.QPNum}
 }
 
-// WCError is a failed work completion.
+// WCError is a failed work completion: the WC's fields that say which and why.
 type WCError struct {
 	Status    WCStatus
 	VendorErr uint32
-	ID        uint64
-	QPNum     uint32
+	ID        uint64 // the work request's ID
+	QPNum     uint32 // the QP it was posted on
 }
 
 func (e *WCError) Error() string {
@@ -373,9 +379,9 @@ func (e *WCError) Error() string {
 
 // QPCaps are a QP's queue sizes: asked for at creation, granted in QP.Caps.
 type QPCaps struct {
-	MaxSendWR, MaxRecvWR   int
-	MaxSendSGE, MaxRecvSGE int
-	MaxInline              int
+	MaxSendWR, MaxRecvWR   int // work requests outstanding at once, per queue
+	MaxSendSGE, MaxRecvSGE int // SGEs per work request
+	MaxInline              int // bytes a send with SendInline may carry
 }
 
 // QP states used by the connection steps.

@@ -29,7 +29,8 @@ type Lib struct {
 }
 
 // loaded keeps one Lib per name: a dlopen'ed library is process-wide state anyway, and a
-// transport that loads it on every Join would otherwise grow a function table each time.
+// program that loads it for every connection would otherwise grow a function table each
+// time.
 var loaded struct {
 	sync.Mutex
 	libs map[string]*Lib
@@ -288,9 +289,10 @@ type MR struct {
 	rkey uint32
 }
 
-// RegMR registers buf for the device. buf must not be Go heap memory (see the package
-// documentation): map it with mmap, or take it from a2a.AllocBuffer. It stays registered,
-// and must stay mapped, until Close.
+// RegMR registers buf for the device with the given access rights (AccessLocalWrite to
+// receive into it, AccessRemoteWrite and AccessRemoteRead for a peer's RDMA operations).
+// buf must not be Go heap memory (see the package documentation): map it with unix.Mmap,
+// or allocate it in C. It stays registered, and must stay mapped, until Close.
 func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
 	if len(buf) == 0 {
 		return nil, invalidf("RegMR of an empty buffer")
@@ -487,7 +489,7 @@ func (cq *CQ) Close() error {
 
 // QPConfig says how to create a QP.
 type QPConfig struct {
-	SendCQ, RecvCQ *CQ
+	SendCQ, RecvCQ *CQ    // where send and receive completions go; may be the same CQ
 	Caps           QPCaps // zero fields take 64 WRs, 1 SGE, no inline data
 }
 
@@ -528,19 +530,21 @@ func (qp *QP) QPN() uint32 { return qp.qpn }
 // Caps are the queue sizes the provider granted.
 func (qp *QP) Caps() QPCaps { return qp.caps }
 
-// Addr is what a peer needs to connect a QP to this one over ep: publish it through the
-// job's authenticated control plane.
+// Addr is what a peer needs to connect a QP to this one: ep is the local port the QP is
+// used on, psn the first packet sequence number it sends (pass the same to Connect). Send
+// it to the peer over a channel you trust, and take the peer's Addr from one: the QP that
+// Connect names may use every RKey of this side's regions it learns.
 func (qp *QP) Addr(ep Endpoint, psn uint32) Addr {
 	return Addr{QPN: qp.qpn, PSN: psn & 0xffffff, GID: ep.GID, LID: ep.LID, MTU: ep.MTU}
 }
 
-// Addr is the connection information of one QP.
+// Addr is the connection information of one QP, which the peer's QP.Connect takes.
 type Addr struct {
-	QPN uint32
+	QPN uint32 // the QP's number
 	PSN uint32 // the first packet sequence number the QP sends (24 bits)
-	GID GID
-	LID uint16
-	MTU MTU // the active MTU of its port
+	GID GID    // the port's GID on RoCE (zero on InfiniBand)
+	LID uint16 // the port's LID on InfiniBand
+	MTU MTU    // the active MTU of its port
 }
 
 // RandomPSN returns a random 24-bit initial packet sequence number.
