@@ -29,7 +29,7 @@ func labEndpoints(t testing.TB) (*Lib, Endpoint, Endpoint) {
 	if err != nil {
 		t.Fatalf("A2A_RDMA_LAB=1 but: %v", err)
 	}
-	eps, err := l.Endpoints(Config{GIDIndex: -1})
+	eps, err := l.Endpoints(Config{GIDIndex: AutoGIDIndex})
 	if err != nil {
 		t.Fatalf("A2A_RDMA_LAB=1 but: %v", err)
 	}

@@ -7,25 +7,29 @@ import (
 	"strings"
 )
 
-// Config selects the ports and GIDs to use (see Endpoints). Config{GIDIndex: -1} selects
-// every active port with its RoCE v2 IPv4-mapped GID; the zero value differs in that it
-// forces GID index 0.
+// AutoGIDIndex as Config.GIDIndex picks each RoCE port's GID by itself: the RoCE v2
+// IPv4-mapped one (::ffff:a.b.c.d).
+const AutoGIDIndex = -1
+
+// Config selects the ports and GIDs to use (see Endpoints). Config{GIDIndex: AutoGIDIndex}
+// selects every active port with its RoCE v2 IPv4-mapped GID; the zero value differs in
+// that it forces GID index 0.
 type Config struct {
 	// HCA filters devices and ports in NCCL_IB_HCA's syntax: a comma-separated list of
 	// name[:port]; names match by prefix unless the list starts with "="; a list starting
 	// with "^" (or "^=") excludes what it names. Empty: all.
 	HCA string
-	// GIDIndex forces this GID index on every RoCE port; -1 picks the RoCE v2
+	// GIDIndex forces this GID index on every RoCE port; AutoGIDIndex picks the RoCE v2
 	// IPv4-mapped GID (or an IPv4-mapped GID of unknown type, where neither libibverbs
 	// nor sysfs tells GID types). InfiniBand ports, addressed by LID, ignore it.
 	GIDIndex int
 }
 
 // ConfigFromEnv returns the Config that the environment variables A2A_IB_HCA (HCA) and
-// A2A_IB_GID_INDEX (GIDIndex, 0-255; unset: -1) describe, as a2a's RDMA transport reads
-// them. The error of a malformed value matches ErrInvalidArgument.
+// A2A_IB_GID_INDEX (GIDIndex, 0-255; unset: AutoGIDIndex) describe, as a2a's RDMA
+// transport reads them. The error of a malformed value matches ErrInvalidArgument.
 func ConfigFromEnv() (Config, error) {
-	c := Config{HCA: os.Getenv("A2A_IB_HCA"), GIDIndex: -1}
+	c := Config{HCA: os.Getenv("A2A_IB_HCA"), GIDIndex: AutoGIDIndex}
 	if s := os.Getenv("A2A_IB_GID_INDEX"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 || n > 255 {

@@ -62,7 +62,7 @@ func TestHostWithoutRDMAIsUnavailable(t *testing.T) {
 	if len(devs) > 0 {
 		t.Skipf("this host has RDMA devices (%s): nothing unavailable to check", deviceNames(devs))
 	}
-	eps, err := l.Endpoints(Config{GIDIndex: -1})
+	eps, err := l.Endpoints(Config{GIDIndex: AutoGIDIndex})
 	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "no RDMA device") {
 		t.Fatalf("Endpoints() = %v, %v; want ErrUnavailable: no RDMA device", eps, err)
 	}
@@ -88,7 +88,7 @@ func TestConfigFromEnv(t *testing.T) {
 		want     Config
 		bad      bool
 	}{
-		{want: Config{GIDIndex: -1}},
+		{want: Config{GIDIndex: AutoGIDIndex}},
 		{hca: "mlx5_0:1,mlx5_1", gid: "3", want: Config{HCA: "mlx5_0:1,mlx5_1", GIDIndex: 3}},
 		{gid: "x", bad: true},
 		{gid: "256", bad: true},
@@ -177,21 +177,21 @@ func TestEndpoints(t *testing.T) {
 		want    []string // Endpoint.String()s
 		wantErr string   // substring of an ErrUnavailable error
 	}{
-		{"roce v2 ipv4 gid by default", devs, Config{GIDIndex: -1},
+		{"roce v2 ipv4 gid by default", devs, Config{GIDIndex: AutoGIDIndex},
 			[]string{"rxe0:1 gid 3 ::ffff:10.77.0.1 mtu 1024", "rxe1:1 gid 3 ::ffff:10.77.0.2 mtu 1024"}, ""},
-		{"hca filter", devs, Config{HCA: "rxe1", GIDIndex: -1},
+		{"hca filter", devs, Config{HCA: "rxe1", GIDIndex: AutoGIDIndex},
 			[]string{"rxe1:1 gid 3 ::ffff:10.77.0.2 mtu 1024"}, ""},
 		{"gid index forced", devs, Config{HCA: "=rxe0", GIDIndex: 1},
 			[]string{"rxe0:1 gid 1 fe80::1 mtu 1024"}, ""},
 		{"gid index missing", devs, Config{HCA: "rxe0", GIDIndex: 9}, nil, "rxe0:1 has no GID at A2A_IB_GID_INDEX=9"},
-		{"infiniband uses the lid", []Device{ib}, Config{GIDIndex: -1},
+		{"infiniband uses the lid", []Device{ib}, Config{GIDIndex: AutoGIDIndex},
 			[]string{"mlx5_0:1 lid 7 mtu 4096"}, ""},
-		{"port down", []Device{rxe("rxe0", "10.77.0.1", PortDown)}, Config{GIDIndex: -1}, nil, "rxe0:1 is DOWN"},
-		{"no ipv4 gid", []Device{noV4}, Config{GIDIndex: -1}, nil, "rxe9:1 has no RoCE v2 IPv4-mapped GID"},
-		{"ipv4 gid of unknown type", []Device{unknownType}, Config{GIDIndex: -1},
+		{"port down", []Device{rxe("rxe0", "10.77.0.1", PortDown)}, Config{GIDIndex: AutoGIDIndex}, nil, "rxe0:1 is DOWN"},
+		{"no ipv4 gid", []Device{noV4}, Config{GIDIndex: AutoGIDIndex}, nil, "rxe9:1 has no RoCE v2 IPv4-mapped GID"},
+		{"ipv4 gid of unknown type", []Device{unknownType}, Config{GIDIndex: AutoGIDIndex},
 			[]string{"rxe8:1 gid 5 ::ffff:10.0.0.8 mtu invalid(0)"}, ""},
-		{"filter selects nothing", devs, Config{HCA: "mlx5", GIDIndex: -1}, nil, `A2A_IB_HCA="mlx5" selects none`},
-		{"no devices", nil, Config{GIDIndex: -1}, nil, "no RDMA device found"},
+		{"filter selects nothing", devs, Config{HCA: "mlx5", GIDIndex: AutoGIDIndex}, nil, `A2A_IB_HCA="mlx5" selects none`},
+		{"no devices", nil, Config{GIDIndex: AutoGIDIndex}, nil, "no RDMA device found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eps, err := Endpoints(tc.devs, tc.cfg)
