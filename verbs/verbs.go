@@ -301,7 +301,7 @@ func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
 	m, lkey, rkey, err := cRegMR(pd.ctx.lib.fns, pd.p, addr, len(buf), access)
 	if err != nil {
 		if mlErr := CheckMemlock(uint64(len(buf))); mlErr != nil {
-			return nil, fmt.Errorf("verbs: ibv_reg_mr of %d bytes: %w (%v)", len(buf), mlErr, err)
+			return nil, fmt.Errorf("verbs: ibv_reg_mr of %d bytes: %w (%w)", len(buf), mlErr, err)
 		}
 		return nil, callError(fmt.Sprintf("ibv_reg_mr of %d bytes at %#x", len(buf), addr), err)
 	}
