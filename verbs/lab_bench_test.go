@@ -1,4 +1,4 @@
-package verbs
+package verbs_test
 
 import (
 	"encoding/binary"
@@ -10,6 +10,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/a2a-moe/a2a/verbs"
 	"golang.org/x/sys/unix"
 )
 
@@ -19,8 +20,8 @@ import (
 // receiver polls the last byte; the figure is half the median round trip, ib_write_lat's
 // t_typical), variants of how the message is sent and detected, and the exchange of an
 // AllToAll of two ranks: both sides write at once and wait for the other's write (the
-// figure is the median round). Run them with the ibv test binary in the lab (make
-// bench-rdma runs the exchange).
+// figure is the median round). Run them with the package's test binary in the lab
+// (bin/rdma-tests/verbs.test; make bench-rdma runs the exchange).
 
 // BenchmarkLabPrimitives times one call of each primitive on an idle connection.
 func BenchmarkLabPrimitives(b *testing.B) {
@@ -47,7 +48,7 @@ func BenchmarkLabPrimitives(b *testing.B) {
 
 // pingMode is how one variant sends and detects a message.
 type pingMode struct {
-	op       Opcode
+	op       verbs.Opcode
 	byCQ     bool // detect arrival by the receive completion, not by polling memory
 	armEvery bool // arm the CQ after every message and drain its event (a transport ready to park)
 	// What the waiting side does on each pass besides looking at memory: poll the CQ (a
@@ -60,19 +61,19 @@ type pingMode struct {
 
 // BenchmarkLabWriteLat runs the ping-pongs and the exchanges; ns/op is a round.
 func BenchmarkLabWriteLat(b *testing.B) {
-	imm := OpRDMAWriteWithImm
+	imm := verbs.OpRDMAWriteWithImm
 	for _, c := range []struct {
 		name string
 		m    pingMode
 	}{
-		{"pingpong/write", pingMode{op: OpRDMAWrite}},
-		{"pingpong/write-poll", pingMode{op: OpRDMAWrite, poll: true}},
-		{"pingpong/write-poll-clock", pingMode{op: OpRDMAWrite, poll: true, clock: true}},
-		{"pingpong/write-poll-yield", pingMode{op: OpRDMAWrite, poll: true, yield: true}},
+		{"pingpong/write", pingMode{op: verbs.OpRDMAWrite}},
+		{"pingpong/write-poll", pingMode{op: verbs.OpRDMAWrite, poll: true}},
+		{"pingpong/write-poll-clock", pingMode{op: verbs.OpRDMAWrite, poll: true, clock: true}},
+		{"pingpong/write-poll-yield", pingMode{op: verbs.OpRDMAWrite, poll: true, yield: true}},
 		{"pingpong/imm", pingMode{op: imm, poll: true}},
 		{"pingpong/imm-cq", pingMode{op: imm, poll: true, byCQ: true}},
 		{"pingpong/imm-armed", pingMode{op: imm, poll: true, armEvery: true}},
-		{"exchange/write", pingMode{op: OpRDMAWrite, poll: true, exchange: true}},
+		{"exchange/write", pingMode{op: verbs.OpRDMAWrite, poll: true, exchange: true}},
 		{"exchange/imm", pingMode{op: imm, poll: true, exchange: true}},
 	} {
 		b.Run(c.name, func(b *testing.B) { pingPong(b, c.m) })
@@ -132,11 +133,11 @@ const pingOut = 4096
 
 // prepare posts the receives a write with immediate consumes.
 func (p *pinger) prepare() error {
-	if p.m.op != OpRDMAWriteWithImm {
+	if p.m.op != verbs.OpRDMAWriteWithImm {
 		return nil
 	}
 	for ; p.recvs < 32; p.recvs++ {
-		if err := p.qp.PostRecv(9, []SGE{p.mr.SGE(0, 0)}); err != nil {
+		if err := p.qp.PostRecv(9, []verbs.SGE{p.mr.SGE(0, 0)}); err != nil {
 			return err
 		}
 	}
@@ -170,8 +171,9 @@ func (p *pinger) run(n int, first bool) error {
 func (p *pinger) send(v uint64) error {
 	binary.LittleEndian.PutUint64(p.buf[pingOut:], v)
 	p.unreaped++
-	return p.qp.PostSend(SendWR{ID: 1, Op: p.m.op, Flags: SendSignaled | SendInline, Imm: uint32(v),
-		RemoteAddr: p.peer.mr.Addr(), RKey: p.peer.mr.RKey()}, []SGE{p.mr.SGE(pingOut, 8)})
+	wr := verbs.SendWR{ID: 1, Op: p.m.op, Flags: verbs.SendSignaled | verbs.SendInline, Imm: uint32(v),
+		RemoteAddr: p.peer.mr.Addr(), RKey: p.peer.mr.RKey()}
+	return p.qp.PostSend(wr, []verbs.SGE{p.mr.SGE(pingOut, 8)})
 }
 
 // await waits for round v's message (or a later one: an exchanging peer may be a round
@@ -211,10 +213,10 @@ func (p *pinger) reap() (uint64, error) {
 			return 0, err
 		}
 		switch w.Opcode {
-		case WCRecvRDMAWithImm:
+		case verbs.WCRecvRDMAWithImm:
 			p.recvs--
 			imm = max(imm, uint64(w.Imm()))
-		case WCRDMAWrite:
+		case verbs.WCRDMAWrite:
 			p.unreaped--
 		default:
 			return 0, fmt.Errorf("unexpected completion %v", w.Opcode)

@@ -1,4 +1,4 @@
-package verbs
+package verbs_test
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/a2a-moe/a2a/verbs"
 	"golang.org/x/sys/unix"
 )
 
@@ -18,22 +19,25 @@ import (
 // pair, so a QP on one talking to a QP on the other crosses a real RDMA path. The lab sets
 // A2A_RDMA_LAB=1; there a missing device fails the test. Elsewhere they skip, saying so:
 // make test runs make test-rdma where it can (root), which runs them for real.
+//
+// They are in the external test package: they drive the binding through its exported API
+// only, as another program would.
 
 // labEndpoints returns the lab's endpoints on rxe0 and rxe1.
-func labEndpoints(t testing.TB) (*Lib, Endpoint, Endpoint) {
+func labEndpoints(t testing.TB) (*verbs.Lib, verbs.Endpoint, verbs.Endpoint) {
 	t.Helper()
 	if os.Getenv("A2A_RDMA_LAB") != "1" {
 		t.Skip("needs RDMA devices: runs in the lab (make test-rdma sets A2A_RDMA_LAB=1)")
 	}
-	l, err := Load()
+	l, err := verbs.Load()
 	if err != nil {
 		t.Fatalf("A2A_RDMA_LAB=1 but: %v", err)
 	}
-	eps, err := l.Endpoints(Config{GIDIndex: AutoGIDIndex})
+	eps, err := l.Endpoints(verbs.Config{GIDIndex: verbs.AutoGIDIndex})
 	if err != nil {
 		t.Fatalf("A2A_RDMA_LAB=1 but: %v", err)
 	}
-	var a, b *Endpoint
+	var a, b *verbs.Endpoint
 	for i := range eps {
 		switch eps[i].Device {
 		case "rxe0":
@@ -51,11 +55,12 @@ func labEndpoints(t testing.TB) (*Lib, Endpoint, Endpoint) {
 func TestLabDevices(t *testing.T) {
 	l, a, b := labEndpoints(t)
 	for _, c := range []struct {
-		ep Endpoint
+		ep verbs.Endpoint
 		v4 string
 	}{{a, "10.77.0.1"}, {b, "10.77.0.2"}} {
 		ip, ok := c.ep.GID.IPv4()
-		if !ok || ip.String() != c.v4 || c.ep.LinkLayer != LinkEthernet || c.ep.MTU != MTU1024 || c.ep.Port != 1 {
+		if !ok || ip.String() != c.v4 || c.ep.LinkLayer != verbs.LinkEthernet || c.ep.MTU != verbs.MTU1024 ||
+			c.ep.Port != 1 {
 			t.Errorf("endpoint %v: want RoCE v2 GID ::ffff:%s, Ethernet, port 1, MTU 1024", c.ep, c.v4)
 		}
 	}
@@ -68,18 +73,19 @@ func TestLabDevices(t *testing.T) {
 		var v2 bool
 		for _, g := range p.GIDs {
 			if g.Index == a.GIDIndex && d.Name == "rxe0" {
-				v2 = g.Type == GIDTypeRoCEv2 && g.Netdev == "rxenet0"
+				v2 = g.Type == verbs.GIDTypeRoCEv2 && g.Netdev == "rxenet0"
 			}
 			if g.Index == b.GIDIndex && d.Name == "rxe1" {
-				v2 = g.Type == GIDTypeRoCEv2 && g.Netdev == "rxenet1"
+				v2 = g.Type == verbs.GIDTypeRoCEv2 && g.Netdev == "rxenet1"
 			}
 		}
-		if p.State != PortActive || p.PhysState.String() != "LINK_UP" || !v2 || d.MaxQPWR <= 0 || d.MaxSGE <= 0 {
+		if p.State != verbs.PortActive || p.PhysState.String() != "LINK_UP" || !v2 ||
+			d.MaxQPWR <= 0 || d.MaxSGE <= 0 {
 			t.Errorf("%s: %+v", d.Name, d)
 		}
 	}
 	// A forced GID index is taken as it is.
-	eps, err := l.Endpoints(Config{HCA: "=rxe1:1", GIDIndex: 0})
+	eps, err := l.Endpoints(verbs.Config{HCA: "=rxe1:1", GIDIndex: 0})
 	if err != nil || len(eps) != 1 || eps[0].Device != "rxe1" || eps[0].GIDIndex != 0 {
 		t.Errorf("HCA =rxe1:1 GID 0: %v, %v", eps, err)
 	}
@@ -87,21 +93,21 @@ func TestLabDevices(t *testing.T) {
 
 // side is one end of a connection: its own device context and objects, an mmap'ed buffer.
 type side struct {
-	ep   Endpoint
-	ctx  *Context
-	pd   *PD
-	ch   *CompChannel
-	cq   *CQ
-	qp   *QP
+	ep   verbs.Endpoint
+	ctx  *verbs.Context
+	pd   *verbs.PD
+	ch   *verbs.CompChannel
+	cq   *verbs.CQ
+	qp   *verbs.QP
 	buf  []byte
-	mr   *MR
+	mr   *verbs.MR
 	psn  uint32
-	wc   []WC
+	wc   []verbs.WC
 	wake int // eventfd
 }
 
-func newSide(l *Lib, ep Endpoint, bufBytes int) (s *side, err error) {
-	s = &side{ep: ep, psn: RandomPSN(), wc: make([]WC, 16), wake: -1}
+func newSide(l *verbs.Lib, ep verbs.Endpoint, bufBytes int) (s *side, err error) {
+	s = &side{ep: ep, psn: verbs.RandomPSN(), wc: make([]verbs.WC, 16), wake: -1}
 	defer func() {
 		if err != nil {
 			s.close()
@@ -120,13 +126,15 @@ func newSide(l *Lib, ep Endpoint, bufBytes int) (s *side, err error) {
 	if s.cq, err = s.ctx.NewCQ(64, s.ch); err != nil {
 		return
 	}
-	if s.qp, err = s.pd.NewRCQP(QPConfig{SendCQ: s.cq, RecvCQ: s.cq, Caps: QPCaps{MaxSendSGE: 2}}); err != nil {
+	qpc := verbs.QPConfig{SendCQ: s.cq, RecvCQ: s.cq, Caps: verbs.QPCaps{MaxSendSGE: 2}}
+	if s.qp, err = s.pd.NewRCQP(qpc); err != nil {
 		return
 	}
 	if s.buf, err = unix.Mmap(-1, 0, bufBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS); err != nil {
 		return
 	}
-	if s.mr, err = s.pd.RegMR(s.buf, AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead); err != nil {
+	access := verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+	if s.mr, err = s.pd.RegMR(s.buf, access); err != nil {
 		return
 	}
 	s.wake, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
@@ -166,10 +174,10 @@ func (s *side) close() error {
 }
 
 func connectPair(a, b *side) error {
-	if err := a.qp.Connect(a.ep, a.psn, b.qp.Addr(b.ep, b.psn), ConnectOptions{}); err != nil {
+	if err := a.qp.Connect(a.ep, a.psn, b.qp.Addr(b.ep, b.psn), verbs.ConnectOptions{}); err != nil {
 		return err
 	}
-	return b.qp.Connect(b.ep, b.psn, a.qp.Addr(a.ep, a.psn), ConnectOptions{})
+	return b.qp.Connect(b.ep, b.psn, a.qp.Addr(a.ep, a.psn), verbs.ConnectOptions{})
 }
 
 // labPair connects a QP on rxe0 with one on rxe1, each with a buffer of bufBytes.
@@ -201,7 +209,7 @@ func labPair(t testing.TB, bufBytes int) (*side, *side) {
 
 // next waits (parking on the completion channel) for the side's next completion and
 // checks its status.
-func (s *side) next(t *testing.T) WC {
+func (s *side) next(t *testing.T) verbs.WC {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -234,19 +242,20 @@ func TestLabSendRecvAndWriteImm(t *testing.T) {
 		// SEND/RECV gathering two SGEs: a's [0, n/2) and [max, max+n-n/2) land in b's [0, n).
 		fill(a.buf[:2*max], it)
 		clear(b.buf)
-		if err := b.qp.PostRecvs([]uint64{uint64(100 + it)}, []SGE{b.mr.SGE(0, max)}); err != nil {
+		if err := b.qp.PostRecvs([]uint64{uint64(100 + it)}, []verbs.SGE{b.mr.SGE(0, max)}); err != nil {
 			t.Fatal(err)
 		}
 		h := n / 2
-		sges := []SGE{a.mr.SGE(0, h), a.mr.SGE(max, n-h)}
-		if err := a.qp.PostSend(SendWR{ID: uint64(it), Op: OpSend, Flags: SendSignaled}, sges); err != nil {
+		sges := []verbs.SGE{a.mr.SGE(0, h), a.mr.SGE(max, n-h)}
+		send := verbs.SendWR{ID: uint64(it), Op: verbs.OpSend, Flags: verbs.SendSignaled}
+		if err := a.qp.PostSend(send, sges); err != nil {
 			t.Fatal(err)
 		}
-		if wc := a.next(t); wc.Opcode != WCSend || wc.ID != uint64(it) {
+		if wc := a.next(t); wc.Opcode != verbs.WCSend || wc.ID != uint64(it) {
 			t.Fatalf("send completion %+v", wc)
 		}
 		wc := b.next(t)
-		if wc.Opcode != WCRecv || wc.ID != uint64(100+it) || int(wc.ByteLen) != n {
+		if wc.Opcode != verbs.WCRecv || wc.ID != uint64(100+it) || int(wc.ByteLen) != n {
 			t.Fatalf("recv completion %+v, want %d bytes", wc, n)
 		}
 		want := append(append([]byte{}, a.buf[:h]...), a.buf[max:max+n-h]...)
@@ -262,16 +271,17 @@ func TestLabSendRecvAndWriteImm(t *testing.T) {
 		}
 		imm := uint32(0xC0DE0000 + it)
 		off := 4096 + it
-		wr := SendWR{ID: 300, Op: OpRDMAWriteWithImm, Flags: SendSignaled, Imm: imm,
+		wr := verbs.SendWR{ID: 300, Op: verbs.OpRDMAWriteWithImm, Flags: verbs.SendSignaled, Imm: imm,
 			RemoteAddr: a.mr.Addr() + uint64(off), RKey: a.mr.RKey()}
-		if err := b.qp.PostSend(wr, []SGE{b.mr.SGE(0, n)}); err != nil {
+		if err := b.qp.PostSend(wr, []verbs.SGE{b.mr.SGE(0, n)}); err != nil {
 			t.Fatal(err)
 		}
-		if wc := b.next(t); wc.Opcode != WCRDMAWrite || wc.ID != 300 {
+		if wc := b.next(t); wc.Opcode != verbs.WCRDMAWrite || wc.ID != 300 {
 			t.Fatalf("write completion %+v", wc)
 		}
 		wc = a.next(t)
-		if wc.Opcode != WCRecvRDMAWithImm || wc.Flags&WCWithImm == 0 || wc.Imm() != imm || int(wc.ByteLen) != n {
+		if wc.Opcode != verbs.WCRecvRDMAWithImm || wc.Flags&verbs.WCWithImm == 0 || wc.Imm() != imm ||
+			int(wc.ByteLen) != n {
 			t.Fatalf("write-imm completion %+v (imm %#x), want imm %#x and %d bytes", wc, wc.Imm(), imm, n)
 		}
 		if !bytes.Equal(a.buf[off:off+n], b.buf[:n]) || a.buf[off-1] != 0 || a.buf[off+n] != 0 {
@@ -284,17 +294,17 @@ func TestLabSendRecvAndWriteImm(t *testing.T) {
 // completion arrives, and the wake-up fd wakes it without one.
 func TestLabWaitWakesParkedWaiter(t *testing.T) {
 	a, b := labPair(t, 1<<16)
-	if err := b.qp.PostRecv(1, []SGE{b.mr.SGE(0, 64)}); err != nil {
+	if err := b.qp.PostRecv(1, []verbs.SGE{b.mr.SGE(0, 64)}); err != nil {
 		t.Fatal(err)
 	}
 	type result struct {
 		n   int
-		wc  WC
+		wc  verbs.WC
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		wc := make([]WC, 4)
+		wc := make([]verbs.WC, 4)
 		for {
 			n, err := b.cq.Wait(wc, b.wake, -1) // no timeout: only an event can end it
 			if n > 0 || err != nil {
@@ -310,12 +320,13 @@ func TestLabWaitWakesParkedWaiter(t *testing.T) {
 	default:
 	}
 	copy(a.buf, "parked")
-	if err := a.qp.PostSend(SendWR{ID: 2, Op: OpSend, Flags: SendSignaled}, []SGE{a.mr.SGE(0, 6)}); err != nil {
+	send := verbs.SendWR{ID: 2, Op: verbs.OpSend, Flags: verbs.SendSignaled}
+	if err := a.qp.PostSend(send, []verbs.SGE{a.mr.SGE(0, 6)}); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case r := <-done:
-		if r.err != nil || r.n != 1 || r.wc.Opcode != WCRecv || string(b.buf[:6]) != "parked" {
+		if r.err != nil || r.n != 1 || r.wc.Opcode != verbs.WCRecv || string(b.buf[:6]) != "parked" {
 			t.Fatalf("woken with %+v, data %q", r, b.buf[:6])
 		}
 	case <-time.After(60 * time.Second):
@@ -326,7 +337,7 @@ func TestLabWaitWakesParkedWaiter(t *testing.T) {
 	// The wake-up fd ends a wait with nothing completed.
 	woke := make(chan error, 1)
 	go func() {
-		n, err := b.cq.Wait(make([]WC, 1), b.wake, -1)
+		n, err := b.cq.Wait(make([]verbs.WC, 1), b.wake, -1)
 		if err == nil && n != 0 {
 			err = fmt.Errorf("%d completions, want 0", n)
 		}
@@ -350,7 +361,7 @@ func TestLabWaitWakesParkedWaiter(t *testing.T) {
 // a connection is gone.
 func TestLabSetErrorFlushes(t *testing.T) {
 	_, b := labPair(t, 1<<16)
-	if err := b.qp.PostRecv(9, []SGE{b.mr.SGE(0, 64)}); err != nil {
+	if err := b.qp.PostRecv(9, []verbs.SGE{b.mr.SGE(0, 64)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.qp.SetError(); err != nil {
@@ -363,7 +374,7 @@ func TestLabSetErrorFlushes(t *testing.T) {
 			t.Fatal(err)
 		}
 		if n == 1 {
-			if b.wc[0].Status != WCWRFlushErr || b.wc[0].ID != 9 {
+			if b.wc[0].Status != verbs.WCWRFlushErr || b.wc[0].ID != 9 {
 				t.Fatalf("completion %+v, want WR 9 flushed", b.wc[0])
 			}
 			return
@@ -424,10 +435,11 @@ func TestLabCloseLeavesNothing(t *testing.T) {
 		}
 		err = connectPair(a, b)
 		if err == nil {
-			err = b.qp.PostRecv(1, []SGE{b.mr.SGE(0, 8)})
+			err = b.qp.PostRecv(1, []verbs.SGE{b.mr.SGE(0, 8)})
 		}
 		if err == nil {
-			err = a.qp.PostSend(SendWR{ID: 1, Op: OpSend, Flags: SendSignaled}, []SGE{a.mr.SGE(0, 8)})
+			send := verbs.SendWR{ID: 1, Op: verbs.OpSend, Flags: verbs.SendSignaled}
+			err = a.qp.PostSend(send, []verbs.SGE{a.mr.SGE(0, 8)})
 		}
 		if err != nil {
 			a.close()
