@@ -17,6 +17,8 @@
 //     ([CQ.Poll], [CQ.Wait]);
 //  5. closes everything in reverse order.
 //
+// The package's Example does all of this with two QPs on one port connected to each other.
+//
 // # Loading
 //
 // The package never includes <infiniband/verbs.h> and never links libibverbs: ibvcore.h

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"testing"
@@ -88,6 +89,29 @@ func TestLabDevices(t *testing.T) {
 	eps, err := l.Endpoints(verbs.Config{HCA: "=rxe1:1", GIDIndex: 0})
 	if err != nil || len(eps) != 1 || eps[0].Device != "rxe1" || eps[0].GIDIndex != 0 {
 		t.Errorf("HCA =rxe1:1 GID 0: %v, %v", eps, err)
+	}
+}
+
+// TestLabExample runs the package example's code for real (go test does not run an
+// example without an Output comment, as the CI host has no device): the message and the
+// immediate arrive, and its deferred Closes leave no verbs object and no file descriptor
+// behind.
+func TestLabExample(t *testing.T) {
+	labEndpoints(t)
+	before, fds := rdmaResources(t), openFDs(t)
+	msg := []byte("hello over RDMA")
+	got, imm, err := writeWithImm(msg, 42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, msg) || imm != 42 {
+		t.Errorf("received %q with immediate %d, want %q with 42", got, imm, msg)
+	}
+	if after := rdmaResources(t); !maps.EqualFunc(after, before, maps.Equal) {
+		t.Errorf("verbs objects per device: %v before, %v after", before, after)
+	}
+	if got := openFDs(t); got != fds {
+		t.Errorf("%d fds open before, %d after", fds, got)
 	}
 }
 
