@@ -15,6 +15,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // Segment layout. The first page is the header; ring i follows at
@@ -78,10 +80,6 @@ func windowBase(nLocal, streams, ringBytes int) int {
 	return pageSize + (nLocal-1)*streams*(pageSize+ringBytes)
 }
 
-// slotWords is the number of data words of a slot of slotBytes payload: 4
-// payload bytes per 8-byte word.
-func slotWords(slotBytes int) int { return (slotBytes + 3) / 4 }
-
 // slotStride is the size of one LL slot, its length word and data words,
 // rounded up to a cache-line pair; 0 when LL slots are off (slotBytes 0, as
 // Config.normalize leaves it).
@@ -89,7 +87,7 @@ func slotStride(slotBytes int) int {
 	if slotBytes == 0 {
 		return 0
 	}
-	return (8*(1+slotWords(slotBytes)) + lineSize - 1) &^ (lineSize - 1)
+	return (8*(1+transport.SlotWords(slotBytes)) + lineSize - 1) &^ (lineSize - 1)
 }
 
 func groupHash(group string) uint64 {

@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"encoding/binary"
 	"sync/atomic"
 	"unsafe"
 
@@ -43,7 +42,7 @@ func (t *Transport) initSlots() {
 	n := len(t.cfg.Local)
 	base := windowBase(n, t.streams, t.cfg.RingBytes)
 	stride := slotStride(t.cfg.SlotBytes)
-	nw := 1 + slotWords(t.cfg.SlotBytes)
+	nw := 1 + transport.SlotWords(t.cfg.SlotBytes)
 	t.window = words(t.own.mem, base, (n-1)*2*stride/8)
 	t.ll = make([]llPeer, n)
 	for i := range n {
@@ -90,11 +89,10 @@ func badEpoch(peer int, epoch uint32) error {
 	return fault.New(fault.ErrInvalidArgument, peer, "shm: LL epoch %d (epochs start at %d)", epoch, transport.FirstEpoch)
 }
 
-// Store writes data into this rank's slot of parity epoch&1 in peer's window:
-// the data words with plain 8-byte stores (an aligned 8-byte store is atomic
-// on 64-bit targets; atomic.StoreUint64, an XCHG, took 10.5 us for an 8 KiB
-// message against 1 us), then the length word with a release store, which
-// orders them before it. A parked receiver is woken: at once, or in a batch
+// Store writes data into this rank's slot of parity epoch&1 in peer's window
+// in the LL slot format (transport.EncodeSlot): the data words with plain
+// 8-byte stores, then the length word with a release store, which orders
+// them before it. A parked receiver is woken: at once, or in a batch
 // (BeginBatch) when the batch first waits or ends. It never blocks. Errors:
 // fault.ErrClosed after Close, fault.ErrInvalidArgument for more than
 // SlotBytes(peer) bytes, a peer without a slot or an epoch below
@@ -129,26 +127,8 @@ func (t *Transport) store(peer int, epoch uint32, tag uint32, data []byte) error
 		return err
 	}
 	w := p.tx[epoch&1]
-	hi := uint64(epoch) << 32
-	n := len(data)
-	nw := slotWords(n)
-	d, src := w[1:1+nw], data
-	for len(d) >= 4 && len(src) >= 16 {
-		v0, v1 := binary.LittleEndian.Uint64(src), binary.LittleEndian.Uint64(src[8:16])
-		d[0], d[1], d[2], d[3] = v0&lo32|hi, v0>>32|hi, v1&lo32|hi, v1>>32|hi
-		d, src = d[4:], src[16:]
-	}
-	for len(d) > 0 && len(src) >= 4 {
-		d[0] = uint64(binary.LittleEndian.Uint32(src)) | hi
-		d, src = d[1:], src[4:]
-	}
-	if len(d) > 0 { // the last word, zero-padded
-		var b [4]byte
-		copy(b[:], src)
-		d[0] = uint64(binary.LittleEndian.Uint32(b[:])) | hi
-	}
-	storeRelease(&w[0], uint64(n)|uint64(tag)<<lenBits|hi)
-	t.stats[i].llSent.add(uint64(8 * (1 + nw)))
+	storeRelease(&w[0], transport.EncodeSlot(w, epoch, tag, data))
+	t.stats[i].llSent.add(uint64(8 * (1 + transport.SlotWords(len(data)))))
 	if t.batch {
 		p.bellDue, t.bellsDue = true, true
 		return nil
@@ -194,11 +174,9 @@ func (t *Transport) ringDue() {
 	}
 }
 
-// Load takes what peer stored for epoch into dst (see transport.Slots): the
-// length word first, then the data words from st.Words on, as long as they
-// carry epoch. Before the length is known it takes the words that fit dst;
-// with anyLen only those followed by another word of the epoch, so that the
-// padding of a shorter message's last word never lands in dst.
+// Load takes what peer stored for epoch into dst (see transport.Slots and
+// transport.SlotWindow.Take): the length word first, then the data words
+// from st.Words on, as long as they carry epoch.
 //
 // A load that cannot finish fails with fault.ErrPeerLost once peer is gone
 // (after taking what peer stored before), and with fault.ErrMismatch when a
@@ -234,7 +212,7 @@ func (t *Transport) load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 		return false, badEpoch(peer, epoch)
 	}
 	w := p.rx[epoch&1]
-	done, err := t.take(peer, w, epoch, tag, dst, anyLen, st)
+	done, err := t.slots.Take(peer, w, epoch, tag, dst, anyLen, st)
 	if !done && err == nil {
 		done, err = t.loadStall(p, i, peer, w, epoch, tag, dst, anyLen, st)
 	}
@@ -243,7 +221,7 @@ func (t *Transport) load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 			p.watch.Store(0)
 		}
 		if done {
-			t.stats[i].llRecvd.add(uint64(8 * (1 + slotWords(st.Len))))
+			t.stats[i].llRecvd.add(uint64(8 * (1 + transport.SlotWords(st.Len))))
 		}
 	}
 	return done, err
@@ -269,106 +247,20 @@ func (t *Transport) stored(peer int, epoch uint32) bool {
 	if p == nil || epoch < transport.FirstEpoch {
 		return false
 	}
-	w, e := p.rx[epoch&1], uint64(epoch)
-	if atomic.LoadUint64(&w[0])>>32 == e || (len(w) > 1 && atomic.LoadUint64(&w[1])>>32 == e) {
+	if transport.SlotBegun(p.rx[epoch&1], epoch) {
 		return true
 	}
-	if watch := e<<32 | uint64(p.rxWord[epoch&1]); p.watch.Load() != watch {
+	if watch := uint64(epoch)<<32 | uint64(p.rxWord[epoch&1]); p.watch.Load() != watch {
 		p.watch.Store(watch)
 	}
 	return false
-}
-
-// take copies the words of slot w that carry epoch into dst.
-func (t *Transport) take(peer int, w []uint64, epoch, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
-	e := uint64(epoch)
-	if !st.Known {
-		lw := atomic.LoadUint64(&w[0])
-		if lw>>32 == e {
-			n, got := int(lw&lenMask), uint32(lw&lo32)>>lenBits
-			switch {
-			case got != tag:
-				return false, fault.New(fault.ErrMismatch, peer, "shm: LL from rank %d tagged %#x, this rank expects %#x: the ranks run different operations", peer, got, tag)
-			case n > t.cfg.SlotBytes:
-				return false, fault.New(fault.ErrMismatch, peer, "shm: LL from rank %d: length word says %d bytes, slots hold %d", peer, n, t.cfg.SlotBytes)
-			case !anyLen && n != len(dst):
-				return false, fault.New(fault.ErrMismatch, peer, "shm: LL from rank %d: %d bytes, this rank expects %d", peer, n, len(dst))
-			case n > len(dst):
-				return false, fault.New(fault.ErrMismatch, peer, "shm: LL from rank %d: %d bytes, buffer holds %d", peer, n, len(dst))
-			}
-			st.Len, st.Known = n, true
-		}
-	}
-	d := w[1:]
-	k := st.Words
-	if st.Known {
-		n := st.Len
-		// Four words at a time while they carry 16 whole bytes.
-		if he := e << 32; 4*k+16 <= n {
-			src, out := d[k:], dst[4*k:n]
-			for len(src) >= 4 && len(out) >= 16 {
-				a, b := atomic.LoadUint64(&src[0]), atomic.LoadUint64(&src[1])
-				c, f := atomic.LoadUint64(&src[2]), atomic.LoadUint64(&src[3])
-				if ((a^he)|(b^he)|(c^he)|(f^he))>>32 != 0 {
-					break
-				}
-				binary.LittleEndian.PutUint64(out, a&lo32|b<<32)
-				binary.LittleEndian.PutUint64(out[8:16], c&lo32|f<<32)
-				src, out = src[4:], out[16:]
-				k += 4
-			}
-		}
-		for ; 4*k < n; k++ {
-			v := atomic.LoadUint64(&d[k])
-			if v>>32 != e {
-				break
-			}
-			putWord(dst[4*k:min(n, 4*k+4)], v)
-		}
-		st.Words = k
-		return 4*k >= n, nil
-	}
-	// Length unknown: the words that fit dst.
-	need := min(slotWords(len(dst)), len(d))
-	for ; k < need; k++ {
-		v := atomic.LoadUint64(&d[k])
-		if v>>32 != e {
-			break
-		}
-		if anyLen && (k+1 >= len(d) || atomic.LoadUint64(&d[k+1])>>32 != e) {
-			break // may be a shorter message's last, padded word
-		}
-		putWord(dst[4*k:min(len(dst), 4*k+4)], v)
-	}
-	st.Words = k
-	return false, nil
-}
-
-const lo32 = 0xffffffff
-
-// The length word's payload: the message length in the low lenBits (slots
-// hold at most 1 MiB), the tag above it.
-const (
-	lenBits = 32 - transport.SlotTagBits
-	lenMask = 1<<lenBits - 1
-)
-
-// putWord stores the payload bytes of word v into b (at most 4).
-func putWord(b []byte, v uint64) {
-	if len(b) == 4 {
-		binary.LittleEndian.PutUint32(b, uint32(v))
-		return
-	}
-	for j := range b {
-		b[j] = byte(v >> (8 * j))
-	}
 }
 
 // loadStall handles a load that cannot finish now (see Load).
 func (t *Transport) loadStall(p *llPeer, i, peer int, w []uint64, epoch, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
 	if err := t.goneErr(i, -1); err != nil {
 		// What the peer stored before it went still counts.
-		if done, err := t.take(peer, w, epoch, tag, dst, anyLen, st); done || err != nil {
+		if done, err := t.slots.Take(peer, w, epoch, tag, dst, anyLen, st); done || err != nil {
 			return done, err
 		}
 		return false, err
@@ -380,7 +272,7 @@ func (t *Transport) loadStall(p *llPeer, i, peer int, w []uint64, epoch, tag uin
 		if slot := alignFrag(c.rend); c.rx.stamp(slot).Load() > slot+8 {
 			// The peer sent a frame. Stores become visible in order: had it
 			// stored the LL message first, the message is complete now.
-			if done, err := t.take(peer, w, epoch, tag, dst, anyLen, st); done || err != nil {
+			if done, err := t.slots.Take(peer, w, epoch, tag, dst, anyLen, st); done || err != nil {
 				return done, err
 			}
 			return false, fault.New(fault.ErrMismatch, peer,

@@ -134,7 +134,7 @@ func TestLLEpochWrap(t *testing.T) {
 // length word.
 func llWord(msg []byte, j int, epoch uint32) uint64 {
 	if j < 0 {
-		return uint64(len(msg)) | testTag<<lenBits | uint64(epoch)<<32
+		return uint64(len(msg)) | testTag<<transport.SlotLenBits | uint64(epoch)<<32
 	}
 	var b [4]byte
 	copy(b[:], msg[4*j:min(len(msg), 4*j+4)])
@@ -718,7 +718,7 @@ func TestLLBatch(t *testing.T) {
 			if done, err := ts[1].Load(0, e, testTag, dst, false, &st); !done || err != nil || !bytes.Equal(dst, msg) {
 				t.Fatalf("load after the wake-up: done %v, err %v", done, err)
 			}
-			want := uint64(8 * (1 + slotWords(len(msg))))
+			want := uint64(8 * (1 + transport.SlotWords(len(msg))))
 			if !tc.ends {
 				closed := make(chan struct{})
 				go func() {

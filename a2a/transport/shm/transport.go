@@ -49,6 +49,7 @@ type Transport struct {
 
 	ll     []llPeer // LL state by local index (slots.go); nil when cfg.SlotBytes is 0
 	window []uint64 // this rank's LL window: the slots its peers store into
+	slots  transport.SlotWindow
 
 	cmaRecv  bool        // this process may read peers' memory with process_vm_readv
 	cmaOff   atomic.Bool // CMA failed at run time: off for good
@@ -123,6 +124,7 @@ func Open(ctx context.Context, cfg Config) (*Transport, error) {
 		dead:      make([]atomic.Bool, len(cfg.Local)),
 		conns:     make([]*conn, cfg.Size*cfg.Streams),
 		stats:     make([]peerStats, len(cfg.Local)),
+		slots:     transport.SlotWindow{Name: "shm", Bytes: cfg.SlotBytes},
 		log:       cfg.Logger,
 		closedErr: fault.New(fault.ErrClosed, -1, "shm: transport closed"),
 	}

@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
 	ibv "github.com/a2a-moe/a2a/verbs"
 )
 
@@ -95,11 +96,8 @@ func bounceBufs(ringSlots int) int { return max(16, 4*ringSlots) }
 // llStride is the bytes of one LL slot: the length word and the data words
 // (4 payload bytes each), cache-line aligned.
 func llStride(slotBytes int) int {
-	return (8*(1+llWords(slotBytes)) + 63) &^ 63
+	return (8*(1+transport.SlotWords(slotBytes)) + 63) &^ 63
 }
-
-// llWords is the data words n payload bytes take.
-func llWords(n int) int { return (n + 3) / 4 }
 
 // openDevice prepares ep for a group of geometry g.
 func openDevice(lib *ibv.Lib, ep ibv.Endpoint, g geometry) (d *device, err error) {

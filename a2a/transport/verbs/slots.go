@@ -1,8 +1,6 @@
 package verbs
 
 import (
-	"encoding/binary"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -14,37 +12,29 @@ import (
 // llState is the LL window over RDMA (transport.Slots). Every rank
 // registers a window with, per source rank, two slots chosen by epoch
 // parity, and announces its address and rkey. A Store encodes the message
-// as shm does (8-byte words: 4 payload bytes and the epoch; a length word
-// len|tag|epoch) into a registered staging slot and RDMA WRITEs it WITH IMM
-// into its slot of the peer's window on stream 0's QP: the immediate wakes
-// a parked receiver, and RC ordering places the store before any frame the
-// peer sends after it. The device may place the words in any order; a Load
+// in the LL slot format (transport.EncodeSlot: 8-byte words of 4 payload
+// bytes and the epoch, a length word len|tag|epoch) into a registered
+// staging slot and RDMA WRITEs it WITH IMM into its slot of the peer's
+// window on stream 0's QP: the immediate wakes a parked receiver, and RC
+// ordering places the store before any frame the peer sends after it. The device may place the words in any order; a Load
 // takes only words that carry the epoch, so a message is complete when
 // every word it announces does. Used under Transport.mu.
 type llState struct {
-	t         *Transport
-	slotBytes int
-	stride    int
-	win       []uint64 // this rank's window: (source rank*2+parity)*stride/8
-	out       []uint64 // staging: (target rank*2+parity)*stride/8
-	outAddr   uint64
-	outKey    uint32
-	remote    []llRemote // by peer
-	batch     bool
+	t       *Transport
+	slot    transport.SlotWindow // the slots' capacity is slot.Bytes
+	stride  int
+	win     []uint64 // this rank's window: (source rank*2+parity)*stride/8
+	out     []uint64 // staging: (target rank*2+parity)*stride/8
+	outAddr uint64
+	outKey  uint32
+	remote  []llRemote // by peer
+	batch   bool
 }
 
 type llRemote struct {
 	addr uint64 // the peer's window base
 	key  uint32
 }
-
-// The length word's low half: the message length in the low lenBits, the
-// tag above it.
-const (
-	lenBits = 32 - transport.SlotTagBits
-	lenMask = 1<<lenBits - 1
-	lo32    = 0xffffffff
-)
 
 func words(b []byte) []uint64 {
 	if len(b) < 8 {
@@ -59,7 +49,8 @@ func (l *llState) init(t *Transport, remotes []remoteEndpoint) {
 	if g.SlotBytes == 0 {
 		return
 	}
-	l.slotBytes, l.stride = g.SlotBytes, llStride(g.SlotBytes)
+	l.slot = transport.SlotWindow{Name: "verbs", Bytes: g.SlotBytes}
+	l.stride = llStride(g.SlotBytes)
 	l.win = words(t.dev.window.mem[:g.Size*2*l.stride])
 	off := g.Size * g.Streams * ctlBytes
 	l.out = words(t.dev.ctl.mem[off : off+g.Size*2*l.stride])
@@ -76,10 +67,17 @@ func (l *llState) slotWord(peer int, epoch uint32) int {
 	return (peer*2 + int(epoch&1)) * l.stride / 8
 }
 
+// inSlot is the slot of peer and parity epoch&1 in this rank's window: the
+// length word and the data words of a full slot.
+func (l *llState) inSlot(peer int, epoch uint32) []uint64 {
+	i := l.slotWord(peer, epoch)
+	return l.win[i : i+1+transport.SlotWords(l.slot.Bytes)]
+}
+
 // conn0 is the stream-0 conn to peer when peer has an LL slot here.
 func (l *llState) conn0(peer int) *conn {
 	t := l.t
-	if l.slotBytes == 0 || peer < 0 || peer >= t.size || l.remote[peer].key == 0 {
+	if l.slot.Bytes == 0 || peer < 0 || peer >= t.size || l.remote[peer].key == 0 {
 		return nil
 	}
 	return t.conns[peer*t.streams]
@@ -91,7 +89,7 @@ func (t *Transport) SlotBytes(peer int) int {
 	if t.ll.conn0(peer) == nil {
 		return 0
 	}
-	return t.ll.slotBytes
+	return t.ll.slot.Bytes
 }
 
 // BeginBatch starts a batch of Stores and Loads (see transport.Slots): the
@@ -129,8 +127,8 @@ func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error
 	switch {
 	case c == nil:
 		return fault.New(fault.ErrInvalidArgument, peer, "verbs: rank %d has no LL slot at rank %d", t.rank, peer)
-	case len(data) > l.slotBytes:
-		return fault.New(fault.ErrInvalidArgument, peer, "verbs: LL message of %d bytes to rank %d, slots hold %d", len(data), peer, l.slotBytes)
+	case len(data) > l.slot.Bytes:
+		return fault.New(fault.ErrInvalidArgument, peer, "verbs: LL message of %d bytes to rank %d, slots hold %d", len(data), peer, l.slot.Bytes)
 	case epoch < transport.FirstEpoch:
 		return fault.New(fault.ErrInvalidArgument, peer, "verbs: LL epoch %d (epochs start at %d)", epoch, transport.FirstEpoch)
 	case tag >= 1<<transport.SlotTagBits:
@@ -139,17 +137,9 @@ func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error
 		return c.lost
 	}
 	slot := l.slotWord(peer, epoch)
-	nw := llWords(len(data))
+	nw := transport.SlotWords(len(data))
 	w := l.out[slot : slot+1+nw]
-	hi := uint64(epoch) << 32
-	src := data
-	for k := 1; k <= nw; k++ {
-		var b [4]byte
-		copy(b[:], src)
-		w[k] = uint64(binary.LittleEndian.Uint32(b[:])) | hi
-		src = src[min(4, len(src)):]
-	}
-	w[0] = uint64(len(data)) | uint64(tag)<<lenBits | hi
+	w[0] = transport.EncodeSlot(w, epoch, tag, data)
 	if err := c.awaitRoom(); err != nil {
 		return err
 	}
@@ -215,13 +205,12 @@ func (t *Transport) Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 	switch {
 	case c == nil:
 		return false, fault.New(fault.ErrInvalidArgument, peer, "verbs: rank %d has no LL slot at rank %d", t.rank, peer)
-	case !anyLen && len(dst) > l.slotBytes:
-		return false, fault.New(fault.ErrInvalidArgument, peer, "verbs: LL load of %d bytes from rank %d, slots hold %d", len(dst), peer, l.slotBytes)
+	case !anyLen && len(dst) > l.slot.Bytes:
+		return false, fault.New(fault.ErrInvalidArgument, peer, "verbs: LL load of %d bytes from rank %d, slots hold %d", len(dst), peer, l.slot.Bytes)
 	case epoch < transport.FirstEpoch:
 		return false, fault.New(fault.ErrInvalidArgument, peer, "verbs: LL epoch %d (epochs start at %d)", epoch, transport.FirstEpoch)
 	}
-	slot := l.slotWord(peer, epoch)
-	w := l.win[slot : slot+l.stride/8]
+	w := l.inSlot(peer, epoch)
 	done, err := l.take(peer, w, epoch, tag, dst, anyLen, st)
 	if done || err != nil {
 		return done, err
@@ -269,13 +258,8 @@ func (t *Transport) Stored(peer int, epoch uint32) bool {
 	if l.conn0(peer) == nil || epoch < transport.FirstEpoch {
 		return false
 	}
-	slot := l.slotWord(peer, epoch)
-	w := l.win[slot : slot+2] // a stride holds the length word and one data word at least
-	e := uint64(epoch)
-	stored := func() bool {
-		return atomic.LoadUint64(&w[0])>>32 == e || atomic.LoadUint64(&w[1])>>32 == e
-	}
-	if stored() {
+	w := l.inSlot(peer, epoch)
+	if transport.SlotBegun(w, epoch) {
 		return true
 	}
 	// The data is placed before its completion is: once this poll has seen
@@ -283,46 +267,16 @@ func (t *Transport) Stored(peer int, epoch uint32) bool {
 	if t.poll() != nil {
 		return false
 	}
-	return stored()
+	return transport.SlotBegun(w, epoch)
 }
 
-// take copies the words of slot w that carry epoch into dst.
+// take is one step of Load: it takes the words of slot w that carry epoch
+// into dst (transport.SlotWindow.Take) and counts a complete message's
+// words in Stats.
 func (l *llState) take(peer int, w []uint64, epoch, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
-	e := uint64(epoch)
-	if !st.Known {
-		lw := atomic.LoadUint64(&w[0])
-		if lw>>32 != e {
-			return false, nil
-		}
-		n, got := int(lw&lenMask), uint32(lw&lo32)>>lenBits
-		switch {
-		case got != tag:
-			return false, fault.New(fault.ErrMismatch, peer, "verbs: LL from rank %d tagged %#x, this rank expects %#x: the ranks run different operations", peer, got, tag)
-		case n > l.slotBytes:
-			return false, fault.New(fault.ErrMismatch, peer, "verbs: LL from rank %d: length word says %d bytes, slots hold %d", peer, n, l.slotBytes)
-		case !anyLen && n != len(dst):
-			return false, fault.New(fault.ErrMismatch, peer, "verbs: LL from rank %d: %d bytes, this rank expects %d", peer, n, len(dst))
-		case n > len(dst):
-			return false, fault.New(fault.ErrMismatch, peer, "verbs: LL from rank %d: %d bytes, buffer holds %d", peer, n, len(dst))
-		}
-		st.Len, st.Known = n, true
+	done, err := l.slot.Take(peer, w, epoch, tag, dst, anyLen, st)
+	if done {
+		l.t.recvd[peer].Add(uint64(8 * (1 + transport.SlotWords(st.Len))))
 	}
-	d := w[1:]
-	k := st.Words
-	for ; 4*k < st.Len; k++ {
-		v := atomic.LoadUint64(&d[k])
-		if v>>32 != e {
-			break
-		}
-		b := dst[4*k : min(st.Len, 4*k+4)]
-		for j := range b {
-			b[j] = byte(v >> (8 * j))
-		}
-	}
-	st.Words = k
-	if 4*k < st.Len {
-		return false, nil
-	}
-	l.t.recvd[peer].Add(uint64(8 * (1 + llWords(st.Len))))
-	return true, nil
+	return done, err
 }
