@@ -30,7 +30,17 @@ func (g *Guard) Acquire() bool {
 	return true
 }
 
-// Release ends a use begun by a successful Acquire.
+// Enter is Acquire for a call that fails with closed once the resource is
+// released (a transport's or conn's fault.ErrClosed): it returns nil, and
+// the caller must then Release the guard when done, or closed.
+func (g *Guard) Enter(closed error) error {
+	if g.Acquire() {
+		return nil
+	}
+	return closed
+}
+
+// Release ends a use begun by a successful Acquire or Enter.
 func (g *Guard) Release() { g.n.Add(-1) }
 
 // Shut makes every later Acquire fail. It reports false if the guard was

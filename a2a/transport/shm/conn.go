@@ -202,8 +202,8 @@ var _ transport.Conn = (*conn)(nil)
 // with fault.ErrPeerLost naming it. An op passed again after it reported done
 // starts over as a new message.
 func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
-	if !c.guard.Acquire() {
-		return false, c.closedErr
+	if err := c.guard.Enter(c.closedErr); err != nil {
+		return false, err
 	}
 	defer c.guard.Release()
 	fresh, ok, err := c.sendSide.Claim(op, c.peer, "shm")
@@ -405,8 +405,8 @@ func (c *conn) sendStall(saw uint64, watch *atomic.Uint64) (bool, error) {
 // op.Want, or a put outside the window, fails with fault.ErrMismatch; the
 // stream is then unusable, since its framing is lost.
 func (c *conn) TryRecv(op *transport.RecvOp) (bool, error) {
-	if !c.guard.Acquire() {
-		return false, c.closedErr
+	if err := c.guard.Enter(c.closedErr); err != nil {
+		return false, err
 	}
 	defer c.guard.Release()
 	fresh, ok, err := c.recvSide.Claim(op, c.peer, "shm")

@@ -103,8 +103,8 @@ func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error
 	if t.batch {
 		return t.store(peer, epoch, tag, data)
 	}
-	if !t.guard.Acquire() {
-		return t.closedErr
+	if err := t.guard.Enter(t.closedErr); err != nil {
+		return err
 	}
 	err := t.store(peer, epoch, tag, data)
 	t.guard.Release()
@@ -193,8 +193,8 @@ func (t *Transport) Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 	if t.batch {
 		return t.load(peer, epoch, tag, dst, anyLen, st)
 	}
-	if !t.guard.Acquire() {
-		return false, t.closedErr
+	if err := t.guard.Enter(t.closedErr); err != nil {
+		return false, err
 	}
 	done, err := t.load(peer, epoch, tag, dst, anyLen, st)
 	t.guard.Release()

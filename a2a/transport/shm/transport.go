@@ -520,8 +520,8 @@ func (t *Transport) ZCopy(peer int) bool {
 // the caller must have tried every pending op (each returning not done) since
 // it last progressed, as the engine does.
 func (t *Transport) Wait(timeout time.Duration) error {
-	if !t.guard.Acquire() {
-		return t.closedErr
+	if err := t.guard.Enter(t.closedErr); err != nil {
+		return err
 	}
 	defer t.guard.Release()
 	t.ringDue()

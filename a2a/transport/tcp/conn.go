@@ -87,8 +87,8 @@ func fillIov(iov []unix.Iovec, wire *[hdrSize]byte, p int, v [][]byte, cur trans
 // fault.ErrPeerLost naming the peer. An op passed again after it reported done
 // starts over as a new message.
 func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
-	if !c.guard.Acquire() {
-		return false, c.closedErr
+	if err := c.guard.Enter(c.closedErr); err != nil {
+		return false, err
 	}
 	defer c.guard.Release()
 	fresh, ok, err := c.sendSide.Claim(op, c.peer, "tcp")
@@ -201,8 +201,8 @@ func (c *conn) send(op *transport.SendOp) (bool, error) {
 // outside the window, fails with fault.ErrMismatch; the stream is then
 // unusable, since its framing is lost.
 func (c *conn) TryRecv(op *transport.RecvOp) (bool, error) {
-	if !c.guard.Acquire() {
-		return false, c.closedErr
+	if err := c.guard.Enter(c.closedErr); err != nil {
+		return false, err
 	}
 	defer c.guard.Release()
 	fresh, ok, err := c.recvSide.Claim(op, c.peer, "tcp")

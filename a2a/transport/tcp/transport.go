@@ -150,8 +150,8 @@ func (t *Transport) Conn(peer, stream int) transport.Conn {
 // must have tried every pending op (each returning not done) since its last
 // Wait, or it may sleep through data that is already there.
 func (t *Transport) Wait(timeout time.Duration) error {
-	if !t.guard.Acquire() {
-		return t.closedErr
+	if err := t.guard.Enter(t.closedErr); err != nil {
+		return err
 	}
 	defer t.guard.Release()
 	var evs [16]unix.EpollEvent

@@ -107,8 +107,8 @@ func (c *conn) takeCredits() uint32 {
 // bounce pool allow. A peer that is gone fails with fault.ErrPeerLost.
 func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
 	t := c.t
-	if !t.guard.Acquire() {
-		return false, c.closedEr
+	if err := t.guard.Enter(c.closedEr); err != nil {
+		return false, err
 	}
 	defer t.guard.Release()
 	t.mu.Lock()
@@ -236,8 +236,8 @@ func fill(dst []byte, op *transport.SendOp, from int) {
 // with fault.ErrPeerLost once the chunks it wrote before are taken.
 func (c *conn) TryRecv(op *transport.RecvOp) (bool, error) {
 	t := c.t
-	if !t.guard.Acquire() {
-		return false, c.closedEr
+	if err := t.guard.Enter(c.closedEr); err != nil {
+		return false, err
 	}
 	defer t.guard.Release()
 	t.mu.Lock()

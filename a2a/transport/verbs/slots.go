@@ -115,8 +115,8 @@ func (t *Transport) EndBatch() {
 // fault.ErrPeerLost when the peer is gone. Stats count the words written.
 func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error {
 	if !t.ll.batch {
-		if !t.guard.Acquire() {
-			return t.closedErr
+		if err := t.guard.Enter(t.closedErr); err != nil {
+			return err
 		}
 		defer t.guard.Release()
 	}
@@ -193,8 +193,8 @@ func (c *conn) awaitRoom() error {
 // the same operation cannot be caught between the two.
 func (t *Transport) Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
 	if !t.ll.batch {
-		if !t.guard.Acquire() {
-			return false, t.closedErr
+		if err := t.guard.Enter(t.closedErr); err != nil {
+			return false, err
 		}
 		defer t.guard.Release()
 	}

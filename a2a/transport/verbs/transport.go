@@ -365,8 +365,8 @@ func (t *Transport) complete(wc *ibv.WC) {
 // completion channel and the wake-up eventfd; no wake-up is lost. It leaves
 // the CQ armed.
 func (t *Transport) Wait(timeout time.Duration) error {
-	if !t.guard.Acquire() {
-		return t.closedErr
+	if err := t.guard.Enter(t.closedErr); err != nil {
+		return err
 	}
 	defer t.guard.Release()
 	t.mu.Lock()
