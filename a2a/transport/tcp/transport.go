@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -29,10 +28,9 @@ type Transport struct {
 	recvd   []atomic.Uint64
 
 	epfd      int
-	evfd      int
-	guard     transport.Guard // protects epfd and evfd
-	one       [8]byte         // the eventfd increment Wake writes
-	noPwait2  atomic.Bool     // the kernel lacks epoll_pwait2: Wait rounds up to milliseconds
+	waker     *transport.Waker // in the epoll set; nil until made
+	guard     transport.Guard  // protects epfd, and waker for Wait
+	noPwait2  atomic.Bool      // the kernel lacks epoll_pwait2: Wait rounds up to milliseconds
 	closedErr error
 
 	closeOnce sync.Once
@@ -56,10 +54,8 @@ func newTransport(l *Listener, tcs []*net.TCPConn) (*Transport, error) {
 		sent:      make([]atomic.Uint64, cfg.Size),
 		recvd:     make([]atomic.Uint64, cfg.Size),
 		epfd:      -1,
-		evfd:      -1,
 		closedErr: fault.New(fault.ErrClosed, -1, "tcp: transport closed"),
 	}
-	binary.NativeEndian.PutUint64(t.one[:], 1)
 	fail := func(i int, err error) (*Transport, error) {
 		for _, tc := range tcs[i:] {
 			if tc != nil {
@@ -73,12 +69,12 @@ func newTransport(l *Listener, tcs []*net.TCPConn) (*Transport, error) {
 	if t.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
 		return fail(0, err)
 	}
-	if t.evfd, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
+	if t.waker, err = transport.NewWaker(); err != nil {
 		return fail(0, err)
 	}
 	// The eventfd is level-triggered: a Wake before Wait still ends that Wait.
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(t.evfd)}
-	if err := unix.EpollCtl(t.epfd, unix.EPOLL_CTL_ADD, t.evfd, &ev); err != nil {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(t.waker.FD())}
+	if err := unix.EpollCtl(t.epfd, unix.EPOLL_CTL_ADD, t.waker.FD(), &ev); err != nil {
 		return fail(0, err)
 	}
 	for i, tc := range tcs {
@@ -163,9 +159,8 @@ func (t *Transport) Wait(timeout time.Duration) error {
 		return fault.Wrap(fault.ErrClosed, -1, err, "tcp: epoll_wait")
 	}
 	for i := range n {
-		if evs[i].Fd == int32(t.evfd) {
-			var b [8]byte
-			unix.Read(t.evfd, b[:])
+		if evs[i].Fd == int32(t.waker.FD()) {
+			t.waker.Clear()
 		}
 	}
 	return nil
@@ -173,13 +168,7 @@ func (t *Transport) Wait(timeout time.Duration) error {
 
 // Wake makes a concurrent or the next Wait return at once. It is safe from any
 // goroutine, also after Close.
-func (t *Transport) Wake() {
-	if !t.guard.Acquire() {
-		return
-	}
-	unix.Write(t.evfd, t.one[:])
-	t.guard.Release()
-}
+func (t *Transport) Wake() { t.waker.Wake() }
 
 // Stats returns the bytes moved per peer (frame headers included) and the
 // connections the listener refused.
@@ -202,15 +191,14 @@ func (t *Transport) Close() error {
 			}
 		}
 		if t.guard.Shut() {
-			t.guard.Drain(func() {
-				if t.evfd >= 0 {
-					unix.Write(t.evfd, t.one[:])
-				}
-			})
-			for _, fd := range []int{t.epfd, t.evfd} {
-				if fd >= 0 {
-					errs = append(errs, unix.Close(fd))
-				}
+			if t.waker != nil {
+				t.guard.Drain(t.waker.Wake)
+				errs = append(errs, t.waker.Close())
+			} else {
+				t.guard.Drain(nil)
+			}
+			if t.epfd >= 0 {
+				errs = append(errs, unix.Close(t.epfd))
 			}
 		}
 		t.closeErr = errors.Join(errs...)

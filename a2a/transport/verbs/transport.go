@@ -49,12 +49,11 @@ type Transport struct {
 	seen      uint64 // completions handled so far
 	ll        llState
 
-	guard     transport.Guard // protects epfd and evfd
+	guard     transport.Guard // protects epfd, and waker for Wait
 	epfd      int
-	evfd      int
+	waker     *transport.Waker // in the epoll set; nil until made
 	armed     bool
 	noPwait2  atomic.Bool
-	one       [8]byte
 	sent      []atomic.Uint64
 	recvd     []atomic.Uint64
 	closedErr error
@@ -112,7 +111,7 @@ func newTransport(e *endpoint, d *device, g transport.Group, peers []int, remote
 	S := e.geo.Streams
 	t = &Transport{
 		rank: g.Rank, size: g.Size, streams: S, geo: e.geo, dev: d, log: e.self.Logger,
-		conns: make([]*conn, g.Size*S), epfd: -1, evfd: -1,
+		conns: make([]*conn, g.Size*S), epfd: -1,
 		sent: make([]atomic.Uint64, g.Size), recvd: make([]atomic.Uint64, g.Size),
 		closedErr: fault.New(fault.ErrClosed, -1, "verbs: transport closed"),
 	}
@@ -125,7 +124,6 @@ func newTransport(e *endpoint, d *device, g transport.Group, peers []int, remote
 	case z > 0:
 		t.zcopy = z
 	}
-	binary.NativeEndian.PutUint64(t.one[:], 1)
 	defer func() {
 		if err != nil {
 			t.closeFDs()
@@ -135,10 +133,10 @@ func newTransport(e *endpoint, d *device, g transport.Group, peers []int, remote
 	if t.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
 		return nil, fault.Wrap(fault.ErrClosed, -1, err, "verbs: epoll set")
 	}
-	if t.evfd, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
+	if t.waker, err = transport.NewWaker(); err != nil {
 		return nil, fault.Wrap(fault.ErrClosed, -1, err, "verbs: eventfd")
 	}
-	for _, fd := range []int{t.evfd, d.ch.Fd()} {
+	for _, fd := range []int{t.waker.FD(), d.ch.Fd()} {
 		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
 		if err := unix.EpollCtl(t.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 			return nil, fault.Wrap(fault.ErrClosed, -1, err, "verbs: epoll set")
@@ -379,8 +377,7 @@ func (t *Transport) Wait(timeout time.Duration) error {
 	if _, err := transport.EpollWait(t.epfd, evs[:], timeout, &t.noPwait2); err != nil && err != unix.EINTR {
 		return fault.Wrap(fault.ErrClosed, -1, err, "verbs: epoll_wait")
 	}
-	var b [8]byte
-	unix.Read(t.evfd, b[:])
+	t.waker.Clear()
 	t.mu.Lock()
 	_, err = t.rearm()
 	t.mu.Unlock()
@@ -416,13 +413,7 @@ func (t *Transport) rearm() (bool, error) {
 
 // Wake makes a concurrent or the next Wait return at once. It is safe from
 // any goroutine, also after Close.
-func (t *Transport) Wake() {
-	if !t.guard.Acquire() {
-		return
-	}
-	unix.Write(t.evfd, t.one[:])
-	t.guard.Release()
-}
+func (t *Transport) Wake() { t.waker.Wake() }
 
 // Stats returns the bytes moved per peer: frame headers and payloads, LL
 // slots as the words stored.
@@ -438,9 +429,9 @@ func (t *Transport) Stats() transport.Stats {
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
 		t.guard.Shut()
-		// Wake refuses once the guard is shut; the eventfd stays open until
-		// the last user is gone.
-		t.guard.Drain(func() { unix.Write(t.evfd, t.one[:]) })
+		// Wait refuses once the guard is shut; one still sleeping is woken
+		// until it is gone, and only then are the descriptors closed.
+		t.guard.Drain(t.waker.Wake)
 		t.closeErr = t.shutdown()
 	})
 	return t.closeErr
@@ -511,9 +502,8 @@ func (t *Transport) closeFDs() {
 		unix.Close(t.epfd)
 		t.epfd = -1
 	}
-	if t.evfd >= 0 {
-		unix.Close(t.evfd)
-		t.evfd = -1
+	if t.waker != nil {
+		t.waker.Close() // kept: Wake may still come
 	}
 }
 
