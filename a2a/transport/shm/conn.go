@@ -431,68 +431,59 @@ func (c *conn) TryRecv(op *transport.RecvOp) (bool, error) {
 
 func (c *conn) recv(op *transport.RecvOp) (bool, error) {
 	start := op.Progress
-	moved := 0
 	if op.Progress < hdrSize {
-		avail := c.avail()
-		if avail == 0 {
-			return c.recvStall()
-		}
-		if avail < hdrSize {
-			return false, fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: %d-byte record", c.stream, c.peer, avail)
-		}
-		c.rx.get(c.rhead, op.Wire[:])
-		kind := op.Wire[kindByte]
-		if err := c.header(op); err != nil {
-			if ds := descBytes(kind); ds > 0 && op.Wire[kindByte+1] == 0 && avail == hdrSize+ds {
-				// Release the sender, which waits for an acknowledgment.
-				var d [descVecSize]byte
-				c.rx.get(c.rhead+hdrSize, d[:ds])
-				c.rhead += hdrSize + uint64(ds)
-				c.release()
-				c.rx.ack.Store(binary.LittleEndian.Uint64(d[ds-8:])<<2 | ackRejected)
-				ringBell(c.peerSeg)
-			}
-			return false, err
-		}
-		c.rhead += hdrSize
-		op.Progress = hdrSize
-		c.recvd.Add(hdrSize)
-		if ds := descBytes(kind); ds > 0 {
-			if avail != hdrSize+ds {
-				return false, fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: CMA record of %d bytes", c.stream, c.peer, avail)
-			}
-			var d [descVecSize]byte
-			c.rx.get(c.rhead, d[:ds])
-			c.raddr = binary.LittleEndian.Uint64(d[0:])
-			c.rid = binary.LittleEndian.Uint64(d[ds-8:])
-			c.rhead += uint64(ds)
-			c.release()
-			plen := int(op.Got.Len)
-			if plen == 0 && kind == recCMA {
-				c.ack(ackDone)
-				return true, nil
-			}
-			c.rcma = true
-			if kind == recCMAVec || op.DstVec != nil {
-				c.rvec = true
-				if err := c.remoteSlices(kind, binary.LittleEndian.Uint64(d[8:]), plen); err != nil || !c.rcma {
-					return false, err
-				}
-			}
-		}
-	}
-	if c.rcma && c.rvec {
-		done, err := c.cmaRecvVec(op)
-		if done || err != nil || c.rcma {
+		if more, done, err := c.recvHeader(op); !more {
 			return done, err
 		}
-	} else if c.rcma {
-		done, err := c.cmaRecv(op)
+	}
+	if c.rcma {
+		var done bool
+		var err error
+		if c.rvec {
+			done, err = c.cmaRecvVec(op)
+		} else {
+			done, err = c.cmaRecv(op)
+		}
 		if done || err != nil || c.rcma {
 			return done, err
 		}
 		// The kernel refused CMA: the sender streams the payload instead.
 	}
+	return c.recvRing(op, start)
+}
+
+// recvHeader takes the header of the record at the receive head and, for a
+// CMA record, its descriptor (recvDesc). more reports that the payload
+// comes next; otherwise recv returns done and err.
+func (c *conn) recvHeader(op *transport.RecvOp) (more, done bool, err error) {
+	avail := c.avail()
+	if avail == 0 {
+		done, err = c.recvStall()
+		return false, done, err
+	}
+	if avail < hdrSize {
+		return false, false, fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: %d-byte record", c.stream, c.peer, avail)
+	}
+	c.rx.get(c.rhead, op.Wire[:])
+	kind := op.Wire[kindByte]
+	if err := c.header(op); err != nil {
+		c.rejectDesc(op, avail)
+		return false, false, err
+	}
+	c.rhead += hdrSize
+	op.Progress = hdrSize
+	c.recvd.Add(hdrSize)
+	if descBytes(kind) > 0 {
+		return c.recvDesc(op, kind, avail)
+	}
+	return true, false, nil
+}
+
+// recvRing copies op's payload out of the ring, at most callBytes per call,
+// freeing each fragment as it finishes it. start is op.Progress when the
+// call began.
+func (c *conn) recvRing(op *transport.RecvOp, start int) (bool, error) {
+	moved := 0
 	got := op.Progress - hdrSize
 	plen := len(c.rdst)
 	if op.DstVec != nil {
@@ -532,6 +523,52 @@ func (c *conn) recv(op *transport.RecvOp) (bool, error) {
 		return false, nil
 	}
 	return c.recvStall()
+}
+
+// recvDesc takes the descriptor after the header of a CMA record of kind
+// (avail bytes in all) and prepares the copy from the sender's memory. The
+// results are recvHeader's: an empty message is done at once.
+func (c *conn) recvDesc(op *transport.RecvOp, kind byte, avail int) (more, done bool, err error) {
+	ds := descBytes(kind)
+	if avail != hdrSize+ds {
+		return false, false, fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: CMA record of %d bytes", c.stream, c.peer, avail)
+	}
+	var d [descVecSize]byte
+	c.rx.get(c.rhead, d[:ds])
+	c.raddr = binary.LittleEndian.Uint64(d[0:])
+	c.rid = binary.LittleEndian.Uint64(d[ds-8:])
+	c.rhead += uint64(ds)
+	c.release()
+	plen := int(op.Got.Len)
+	if plen == 0 && kind == recCMA {
+		c.ack(ackDone)
+		return false, true, nil
+	}
+	c.rcma = true
+	if kind == recCMAVec || op.DstVec != nil {
+		c.rvec = true
+		if err := c.remoteSlices(kind, binary.LittleEndian.Uint64(d[8:]), plen); err != nil || !c.rcma {
+			return false, false, err
+		}
+	}
+	return true, false, nil
+}
+
+// rejectDesc releases the sender of a record whose header this rank
+// refused (avail bytes in all), when the record is a well-formed CMA
+// descriptor: the sender waits for its acknowledgment, so it is told the
+// descriptor was rejected.
+func (c *conn) rejectDesc(op *transport.RecvOp, avail int) {
+	ds := descBytes(op.Wire[kindByte])
+	if ds == 0 || op.Wire[kindByte+1] != 0 || avail != hdrSize+ds {
+		return
+	}
+	var d [descVecSize]byte
+	c.rx.get(c.rhead+hdrSize, d[:ds])
+	c.rhead += hdrSize + uint64(ds)
+	c.release()
+	c.rx.ack.Store(binary.LittleEndian.Uint64(d[ds-8:])<<2 | ackRejected)
+	ringBell(c.peerSeg)
 }
 
 // descBytes is the size of the CMA descriptor after a header of record kind
