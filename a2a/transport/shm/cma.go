@@ -210,34 +210,27 @@ func (c *conn) cmaRecvVec(op *transport.RecvOp) (bool, error) {
 
 // cmaRecv copies the payload of a CMA descriptor from the sender's memory.
 // It clears c.rcma when the kernel refuses, after telling the sender to
-// stream the payload through the ring instead.
+// stream the payload through the ring instead (cmaErr).
 func (c *conn) cmaRecv(op *transport.RecvOp) (bool, error) {
 	got := op.Progress - hdrSize
 	for budget := cmaCallBytes; got < len(c.rdst) && budget > 0; {
 		n := min(len(c.rdst)-got, budget)
 		k, errno := cmaRead(c.peerSeg.pid, c.rdst[got:got+n], c.raddr+uint64(got), &c.liov, &c.riov)
-		switch errno {
-		case 0:
-			if k == 0 {
-				return false, fault.New(fault.ErrPeerLost, c.peer, "shm: rank %d's buffer ended early (stream %d)", c.peer, c.stream)
+		if err := c.cmaErr(errno); err != nil || !c.rcma {
+			if !c.rcma {
+				op.Progress = hdrSize
 			}
-			got += k
-			budget -= k
-			op.Progress += k
-			continue
-		case unix.EINTR:
-			continue
-		case unix.EPERM, unix.ENOSYS:
-			c.t.disableCMA(errno)
-			c.rcma = false
-			op.Progress = hdrSize
-			c.ack(ackFallback)
-			return false, nil
-		case unix.ESRCH:
-			return false, fault.Wrap(fault.ErrPeerLost, c.peer, errno, "shm: rank %d (pid %d) exited (stream %d)", c.peer, c.peerSeg.pid, c.stream)
-		default:
-			return false, fault.Wrap(fault.ErrPeerLost, c.peer, errno, "shm: reading rank %d's buffer (stream %d)", c.peer, c.stream)
+			return false, err
 		}
+		if errno == unix.EINTR {
+			continue
+		}
+		if k == 0 {
+			return false, fault.New(fault.ErrPeerLost, c.peer, "shm: rank %d's buffer ended early (stream %d)", c.peer, c.stream)
+		}
+		got += k
+		budget -= k
+		op.Progress += k
 	}
 	if got < len(c.rdst) {
 		return false, nil
