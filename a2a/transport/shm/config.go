@@ -181,46 +181,77 @@ type Config struct {
 // normalize validates c and fills in defaults. The Local list comes back
 // sorted and owned by the transport.
 func (c Config) normalize() (Config, error) {
-	bad := func(format string, args ...any) (Config, error) {
-		return Config{}, fault.New(fault.ErrInvalidArgument, -1, "shm: "+format, args...)
+	if err := c.checkRanges(); err != nil {
+		return Config{}, err
 	}
+	local, err := localRanks(c.Local, c.Size, c.Rank)
+	if err != nil {
+		return Config{}, err
+	}
+	c.Local = local
+	c.setDefaults()
+	if segBytes(len(c.Local), c.Streams, c.RingBytes, c.SlotBytes) > maxSegBytes {
+		return Config{}, configError("%d local ranks x %d streams x %d-byte rings exceed the segment limit", len(c.Local), c.Streams, c.RingBytes)
+	}
+	return c, nil
+}
+
+// configError is the error of a Config that Open refuses.
+func configError(format string, args ...any) error {
+	return fault.New(fault.ErrInvalidArgument, -1, "shm: "+format, args...)
+}
+
+// checkRanges checks the numeric fields against their limits.
+func (c *Config) checkRanges() error {
 	switch {
 	case c.Size < 1:
-		return bad("world size %d", c.Size)
+		return configError("world size %d", c.Size)
 	case uint64(c.Size) > math.MaxUint32:
-		return bad("world size %d too large", c.Size)
+		return configError("world size %d too large", c.Size)
 	case c.Rank < 0 || c.Rank >= c.Size:
-		return bad("rank %d outside world of size %d", c.Rank, c.Size)
+		return configError("rank %d outside world of size %d", c.Rank, c.Size)
 	case c.Streams < 0 || c.Streams > maxStreams:
-		return bad("%d streams per peer (want 1..%d)", c.Streams, maxStreams)
+		return configError("%d streams per peer (want 1..%d)", c.Streams, maxStreams)
 	case c.RingBytes != 0 && (c.RingBytes < minRingBytes || c.RingBytes > maxRingBytes || c.RingBytes&(c.RingBytes-1) != 0):
-		return bad("ring of %d bytes (want a power of two in [%d, %d])", c.RingBytes, minRingBytes, maxRingBytes)
+		return configError("ring of %d bytes (want a power of two in [%d, %d])", c.RingBytes, minRingBytes, maxRingBytes)
 	case c.SlotBytes > maxSlotBytes:
-		return bad("LL slot of %d bytes (max %d)", c.SlotBytes, maxSlotBytes)
+		return configError("LL slot of %d bytes (max %d)", c.SlotBytes, maxSlotBytes)
 	}
-	if c.Local == nil {
-		c.Local = make([]int, c.Size)
-		for i := range c.Local {
-			c.Local[i] = i
+	return nil
+}
+
+// localRanks returns Config.Local sorted, in a copy of its own (every rank
+// of the world when local is nil), after checking that its ranks are
+// distinct, in the world of size ranks, and include rank.
+func localRanks(local []int, size, rank int) ([]int, error) {
+	if local == nil {
+		local = make([]int, size)
+		for i := range local {
+			local[i] = i
 		}
 	} else {
-		c.Local = slices.Clone(c.Local)
-		slices.Sort(c.Local)
+		local = slices.Clone(local)
+		slices.Sort(local)
 	}
-	if len(c.Local) > maxLocal {
-		return bad("%d local ranks (max %d)", len(c.Local), maxLocal)
+	if len(local) > maxLocal {
+		return nil, configError("%d local ranks (max %d)", len(local), maxLocal)
 	}
-	for i, r := range c.Local {
-		if r < 0 || r >= c.Size {
-			return bad("local rank %d outside world of size %d", r, c.Size)
+	for i, r := range local {
+		if r < 0 || r >= size {
+			return nil, configError("local rank %d outside world of size %d", r, size)
 		}
-		if i > 0 && c.Local[i-1] == r {
-			return bad("local rank %d listed twice", r)
+		if i > 0 && local[i-1] == r {
+			return nil, configError("local rank %d listed twice", r)
 		}
 	}
-	if _, ok := slices.BinarySearch(c.Local, c.Rank); !ok {
-		return bad("local ranks %v do not include rank %d", c.Local, c.Rank)
+	if _, ok := slices.BinarySearch(local, rank); !ok {
+		return nil, configError("local ranks %v do not include rank %d", local, rank)
 	}
+	return local, nil
+}
+
+// setDefaults fills in the zero fields.
+func (c *Config) setDefaults() {
 	if c.Streams == 0 {
 		c.Streams = 1
 	}
@@ -234,9 +265,6 @@ func (c Config) normalize() (Config, error) {
 	} else if c.SlotBytes < 0 {
 		c.SlotBytes = 0
 	}
-	if segBytes(len(c.Local), c.Streams, c.RingBytes, c.SlotBytes) > maxSegBytes {
-		return bad("%d local ranks x %d streams x %d-byte rings exceed the segment limit", len(c.Local), c.Streams, c.RingBytes)
-	}
 	if c.Dir == "" {
 		c.Dir = DefaultDir
 	}
@@ -249,5 +277,4 @@ func (c Config) normalize() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	return c, nil
 }
