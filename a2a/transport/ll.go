@@ -71,20 +71,78 @@ func SlotBegun(w []uint64, epoch uint32) bool {
 }
 
 // SlotWindow is what the slot format needs to know of one transport's LL
-// window: the capacity of its slots, and the transport's name for errors.
+// window: whose it is, the capacity of its slots, and the transport's name
+// for errors.
 type SlotWindow struct {
 	Name  string // the transport's name, which prefixes errors ("shm")
+	Rank  int    // this rank, whose window it is
 	Bytes int    // payload capacity of a slot
 }
 
+// CheckStore checks the arguments of a Slots.Store of n bytes into this
+// rank's slot at peer, where slot says whether peer has one. Every fault is
+// fault.ErrInvalidArgument: no slot, more than Bytes, an epoch below
+// FirstEpoch or a tag of more than SlotTagBits bits.
+func (win *SlotWindow) CheckStore(peer int, slot bool, epoch, tag uint32, n int) error {
+	if slot && n <= win.Bytes && epoch >= FirstEpoch && tag < 1<<SlotTagBits {
+		return nil
+	}
+	return win.storeError(peer, slot, epoch, tag, n)
+}
+
+// storeError is CheckStore's error, kept off its path.
+func (win *SlotWindow) storeError(peer int, slot bool, epoch, tag uint32, n int) error {
+	switch {
+	case !slot:
+		return win.noSlot(peer)
+	case n > win.Bytes:
+		return fault.New(fault.ErrInvalidArgument, peer, "%s: LL message of %d bytes to rank %d, slots hold %d", win.Name, n, peer, win.Bytes)
+	case epoch < FirstEpoch:
+		return win.badEpoch(peer, epoch)
+	}
+	return fault.New(fault.ErrInvalidArgument, peer, "%s: LL tag %#x wider than %d bits", win.Name, tag, SlotTagBits)
+}
+
+// CheckLoad checks the arguments of a Slots.Load of peer's message into n
+// bytes (with anyLen: at most n), where slot says whether peer has a slot
+// in this rank's window. Every fault is fault.ErrInvalidArgument: no slot,
+// more than Bytes unless anyLen, or an epoch below FirstEpoch.
+func (win *SlotWindow) CheckLoad(peer int, slot bool, epoch uint32, n int, anyLen bool) error {
+	if slot && (anyLen || n <= win.Bytes) && epoch >= FirstEpoch {
+		return nil
+	}
+	return win.loadError(peer, slot, epoch, n, anyLen)
+}
+
+// loadError is CheckLoad's error, kept apart so that CheckLoad, which every
+// poll of a Load passes, inlines.
+func (win *SlotWindow) loadError(peer int, slot bool, epoch uint32, n int, anyLen bool) error {
+	switch {
+	case !slot:
+		return win.noSlot(peer)
+	case !anyLen && n > win.Bytes:
+		return fault.New(fault.ErrInvalidArgument, peer, "%s: LL load of %d bytes from rank %d, slots hold %d", win.Name, n, peer, win.Bytes)
+	}
+	return win.badEpoch(peer, epoch)
+}
+
+func (win *SlotWindow) noSlot(peer int) error {
+	return fault.New(fault.ErrInvalidArgument, peer, "%s: rank %d has no LL slot at rank %d", win.Name, win.Rank, peer)
+}
+
+// badEpoch refuses the epochs no LL message uses: zeroed memory carries them.
+func (win *SlotWindow) badEpoch(peer int, epoch uint32) error {
+	return fault.New(fault.ErrInvalidArgument, peer, "%s: LL epoch %d (epochs start at %d)", win.Name, epoch, FirstEpoch)
+}
+
 // Take is one step of a Slots.Load: it copies into dst the words of slot w
-// (the length word, then SlotWords(win.Bytes) data words) that peer stored for
-// epoch and st has not taken yet, and reports done once the whole message is
-// in. Before the length is known it takes the words that fit dst; with
-// anyLen only those followed by another word of the epoch, so that the
-// padding of a shorter message's last word never lands in dst. A length word
-// with another tag, a length beyond the slot, or one dst cannot take (not
-// len(dst) unless anyLen) fails with fault.ErrMismatch.
+// (the length word, then SlotWords(win.Bytes) data words) that peer stored
+// for epoch and st has not taken yet, and reports done once the whole
+// message is in. Before the length is known it takes the words that fit
+// dst; with anyLen only those followed by another word of the epoch, so that
+// the padding of a shorter message's last word never lands in dst. A length
+// word with another tag, a length beyond the slot, or one dst cannot take
+// (not len(dst) unless anyLen) fails with fault.ErrMismatch.
 func (win *SlotWindow) Take(peer int, w []uint64, epoch, tag uint32, dst []byte, anyLen bool, st *SlotLoad) (bool, error) {
 	e := uint64(epoch)
 	if !st.Known {

@@ -84,11 +84,6 @@ func (t *Transport) SlotBytes(peer int) int {
 	return t.cfg.SlotBytes
 }
 
-// badEpoch refuses the epochs no LL message uses: zeroed memory carries them.
-func badEpoch(peer int, epoch uint32) error {
-	return fault.New(fault.ErrInvalidArgument, peer, "shm: LL epoch %d (epochs start at %d)", epoch, transport.FirstEpoch)
-}
-
 // Store writes data into this rank's slot of parity epoch&1 in peer's window
 // in the LL slot format (transport.EncodeSlot): the data words with plain
 // 8-byte stores, then the length word with a release store, which orders
@@ -113,15 +108,8 @@ func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error
 
 func (t *Transport) store(peer int, epoch uint32, tag uint32, data []byte) error {
 	p, i := t.llPeer(peer)
-	switch {
-	case p == nil:
-		return fault.New(fault.ErrInvalidArgument, peer, "shm: rank %d has no LL slot at rank %d", t.rank, peer)
-	case len(data) > t.cfg.SlotBytes:
-		return fault.New(fault.ErrInvalidArgument, peer, "shm: LL message of %d bytes to rank %d, slots hold %d", len(data), peer, t.cfg.SlotBytes)
-	case epoch < transport.FirstEpoch:
-		return badEpoch(peer, epoch)
-	case tag >= 1<<transport.SlotTagBits:
-		return fault.New(fault.ErrInvalidArgument, peer, "shm: LL tag %#x wider than %d bits", tag, transport.SlotTagBits)
+	if err := t.slots.CheckStore(peer, p != nil, epoch, tag, len(data)); err != nil {
+		return err
 	}
 	if err := t.goneErr(i, -1); err != nil {
 		return err
@@ -203,13 +191,8 @@ func (t *Transport) Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 
 func (t *Transport) load(peer int, epoch uint32, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
 	p, i := t.llPeer(peer)
-	switch {
-	case p == nil:
-		return false, fault.New(fault.ErrInvalidArgument, peer, "shm: rank %d has no LL slot at rank %d", t.rank, peer)
-	case !anyLen && len(dst) > t.cfg.SlotBytes:
-		return false, fault.New(fault.ErrInvalidArgument, peer, "shm: LL load of %d bytes from rank %d, slots hold %d", len(dst), peer, t.cfg.SlotBytes)
-	case epoch < transport.FirstEpoch:
-		return false, badEpoch(peer, epoch)
+	if err := t.slots.CheckLoad(peer, p != nil, epoch, len(dst), anyLen); err != nil {
+		return false, err
 	}
 	w := p.rx[epoch&1]
 	done, err := t.slots.Take(peer, w, epoch, tag, dst, anyLen, st)

@@ -124,7 +124,7 @@ func Open(ctx context.Context, cfg Config) (*Transport, error) {
 		dead:      make([]atomic.Bool, len(cfg.Local)),
 		conns:     make([]*conn, cfg.Size*cfg.Streams),
 		stats:     make([]peerStats, len(cfg.Local)),
-		slots:     transport.SlotWindow{Name: "shm", Bytes: cfg.SlotBytes},
+		slots:     transport.SlotWindow{Name: "shm", Rank: cfg.Rank, Bytes: cfg.SlotBytes},
 		log:       cfg.Logger,
 		closedErr: fault.New(fault.ErrClosed, -1, "shm: transport closed"),
 	}

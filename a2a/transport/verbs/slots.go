@@ -49,7 +49,7 @@ func (l *llState) init(t *Transport, remotes []remoteEndpoint) {
 	if g.SlotBytes == 0 {
 		return
 	}
-	l.slot = transport.SlotWindow{Name: "verbs", Bytes: g.SlotBytes}
+	l.slot = transport.SlotWindow{Name: "verbs", Rank: t.rank, Bytes: g.SlotBytes}
 	l.stride = llStride(g.SlotBytes)
 	l.win = words(t.dev.window.mem[:g.Size*2*l.stride])
 	off := g.Size * g.Streams * ctlBytes
@@ -124,16 +124,10 @@ func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error
 	defer t.mu.Unlock()
 	l := &t.ll
 	c := l.conn0(peer)
-	switch {
-	case c == nil:
-		return fault.New(fault.ErrInvalidArgument, peer, "verbs: rank %d has no LL slot at rank %d", t.rank, peer)
-	case len(data) > l.slot.Bytes:
-		return fault.New(fault.ErrInvalidArgument, peer, "verbs: LL message of %d bytes to rank %d, slots hold %d", len(data), peer, l.slot.Bytes)
-	case epoch < transport.FirstEpoch:
-		return fault.New(fault.ErrInvalidArgument, peer, "verbs: LL epoch %d (epochs start at %d)", epoch, transport.FirstEpoch)
-	case tag >= 1<<transport.SlotTagBits:
-		return fault.New(fault.ErrInvalidArgument, peer, "verbs: LL tag %#x wider than %d bits", tag, transport.SlotTagBits)
-	case c.lost != nil:
+	if err := l.slot.CheckStore(peer, c != nil, epoch, tag, len(data)); err != nil {
+		return err
+	}
+	if c.lost != nil {
 		return c.lost
 	}
 	slot := l.slotWord(peer, epoch)
@@ -202,13 +196,8 @@ func (t *Transport) Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 	defer t.mu.Unlock()
 	l := &t.ll
 	c := l.conn0(peer)
-	switch {
-	case c == nil:
-		return false, fault.New(fault.ErrInvalidArgument, peer, "verbs: rank %d has no LL slot at rank %d", t.rank, peer)
-	case !anyLen && len(dst) > l.slot.Bytes:
-		return false, fault.New(fault.ErrInvalidArgument, peer, "verbs: LL load of %d bytes from rank %d, slots hold %d", len(dst), peer, l.slot.Bytes)
-	case epoch < transport.FirstEpoch:
-		return false, fault.New(fault.ErrInvalidArgument, peer, "verbs: LL epoch %d (epochs start at %d)", epoch, transport.FirstEpoch)
+	if err := l.slot.CheckLoad(peer, c != nil, epoch, len(dst), anyLen); err != nil {
+		return false, err
 	}
 	w := l.inSlot(peer, epoch)
 	done, err := l.take(peer, w, epoch, tag, dst, anyLen, st)
