@@ -51,12 +51,15 @@ func (e *Engine) progress(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		framesMoved, pending, err := e.pollFrames(clk.waited)
-		if err != nil {
-			return err
+		pending := e.ll.left
+		if len(e.round.active) > 0 { // a round of LL messages only has none
+			framesMoved, framesPending, err := e.pollFrames(clk.waited)
+			if err != nil {
+				return err
+			}
+			moved, pending = moved || framesMoved, pending+framesPending
 		}
-		moved = moved || framesMoved
-		if pending+e.ll.left == 0 {
+		if pending == 0 {
 			return e.copyRest()
 		}
 		did, err := e.copySome()
@@ -65,6 +68,13 @@ func (e *Engine) progress(ctx context.Context) error {
 		}
 		if moved || did {
 			clk.start, clk.quiet = time.Time{}, clk.free
+			continue
+		}
+		if clk.quiet > 0 {
+			// Poll again without reading the clock, which costs as much as
+			// a pass over the operations and delays the pass that sees the
+			// data arrive.
+			clk.quiet--
 			continue
 		}
 		if err := e.idle(ctx, &clk); err != nil {
@@ -168,17 +178,9 @@ func (e *Engine) reduceLanded(a *activeOp, landed []byte) error {
 	return nil
 }
 
-// idle is one idle pass of progress: poll again without reading the clock
-// while quiet passes are left, then spin until the spin time, then check
-// the stops and pause.
+// idle is an idle pass of progress that reads the clock: it spins until the
+// spin time, then checks the stops and pauses.
 func (e *Engine) idle(ctx context.Context, clk *idleClock) error {
-	if clk.quiet > 0 {
-		// Poll again without reading the clock, which costs as much as a
-		// pass over the operations and delays the pass that sees the data
-		// arrive.
-		clk.quiet--
-		return nil
-	}
 	now := time.Now()
 	clk.waited = true
 	if clk.start.IsZero() {
