@@ -238,8 +238,7 @@ func (c *Comm) planAllToAllV(ctx context.Context, seq uint64, a algo.Algo, sendC
 		}
 		return &c.plan.sched, a, nil
 	}
-	sched, allLL, err := c.planFlat("alltoallv", a, algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts,
-		Streams: c.cfg.Streams, Window: c.cfg.Window, LLCutoff: c.ll.cut, LLQuiet: c.ll.quiet})
+	sched, allLL, err := c.planFlat("alltoallv", a, sendCounts, recvCounts, true)
 	if err != nil {
 		return nil, a, err
 	}
@@ -252,11 +251,17 @@ func (c *Comm) planAllToAllV(ctx context.Context, seq uint64, a algo.Algo, sendC
 // planFlat returns the plan of a flat AllToAllV (pairwise, fullmesh or ll)
 // for op, from the cache when a call with the same inputs planned it
 // before: these plans depend on the counts and the Comm's settings only.
-// allLL reports that every block of this rank goes by LL.
-func (c *Comm) planFlat(op string, a algo.Algo, args algo.AllToAllVArgs) (sched *algo.Schedule, allLL bool, err error) {
-	sched, entry, planned := c.plan.cache.lookup(op, a, args.SendCounts, args.RecvCounts)
+// With ll, blocks within the pairs' LL cutoffs go by LL. allLL reports that
+// every block of this rank does.
+func (c *Comm) planFlat(op string, a algo.Algo, sendCounts, recvCounts []int, ll bool) (sched *algo.Schedule, allLL bool, err error) {
+	sched, entry, planned := c.plan.cache.lookup(op, a, sendCounts, recvCounts)
 	if planned {
-		return sched, entry.allLL, nil
+		return sched, entry.allLL, nil // a steady loop of calls ends here
+	}
+	args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts,
+		Streams: c.cfg.Streams, Window: c.cfg.Window}
+	if ll {
+		args.LLCutoff, args.LLQuiet = c.ll.cut, c.ll.quiet
 	}
 	switch a {
 	case algo.AlgoPairwise:

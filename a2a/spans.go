@@ -133,8 +133,7 @@ func (c *Comm) spansRun(ctx context.Context, seq uint64) (algo.Algo, error) {
 	if a != algo.AlgoPairwise {
 		a = algo.AlgoFullmesh
 	}
-	args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: st.sendCounts, RecvCounts: st.recvCounts, Streams: c.cfg.Streams, Window: c.cfg.Window}
-	sched, _, err := c.planFlat("alltoallvspans", a, args)
+	sched, _, err := c.planFlat("alltoallvspans", a, st.sendCounts, st.recvCounts, false)
 	if err != nil {
 		return a, err
 	}
