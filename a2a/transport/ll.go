@@ -32,6 +32,18 @@ const (
 	lo32        = 0xffffffff
 )
 
+// SlotSize resolves a slot-size setting of a transport whose default slot
+// holds def bytes: 0 is def, a negative setting means no LL window (0).
+func SlotSize(setting, def int) int {
+	switch {
+	case setting == 0:
+		return def
+	case setting < 0:
+		return 0
+	}
+	return setting
+}
+
 // SlotWords is the number of data words of an LL message of n bytes.
 func SlotWords(n int) int { return (n + 3) / 4 }
 

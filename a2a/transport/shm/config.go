@@ -89,6 +89,7 @@ import (
 	"slices"
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
 // Defaults applied by Open to zero Config fields.
@@ -260,11 +261,7 @@ func (c *Config) setDefaults() {
 	}
 	// From here on SlotBytes is the slot capacity itself, 0 for no LL
 	// window, as the segment header records it and peers compare it.
-	if c.SlotBytes == 0 {
-		c.SlotBytes = DefaultSlotBytes
-	} else if c.SlotBytes < 0 {
-		c.SlotBytes = 0
-	}
+	c.SlotBytes = transport.SlotSize(c.SlotBytes, DefaultSlotBytes)
 	if c.Dir == "" {
 		c.Dir = DefaultDir
 	}

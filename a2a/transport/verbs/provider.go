@@ -65,14 +65,7 @@ func (Provider) Name() string { return "verbs" }
 // and 10 GB/s (Soft-RoCE is far slower: measure it with a2ad tune); its LL
 // slots hold SlotBytes (DefaultSlotBytes), written by RDMA WRITE.
 func (p Provider) Capabilities() transport.Capabilities {
-	slot := p.SlotBytes
-	switch {
-	case slot == 0:
-		slot = DefaultSlotBytes
-	case slot < 0:
-		slot = 0
-	}
-	return transport.Capabilities{Cost: transport.Cost{Alpha: 3e-6, Beta: 1 / 10e9, Lanes: 1}, SlotBytes: slot}
+	return transport.Capabilities{Cost: transport.Cost{Alpha: 3e-6, Beta: 1 / 10e9, Lanes: 1}, SlotBytes: transport.SlotSize(p.SlotBytes, DefaultSlotBytes)}
 }
 
 func (p Provider) geometry(self transport.Self) (geometry, error) {
@@ -83,12 +76,7 @@ func (p Provider) geometry(self transport.Self) (geometry, error) {
 	if g.RingSlots == 0 {
 		g.RingSlots = DefaultRingSlots
 	}
-	switch {
-	case g.SlotBytes == 0:
-		g.SlotBytes = DefaultSlotBytes
-	case g.SlotBytes < 0:
-		g.SlotBytes = 0
-	}
+	g.SlotBytes = transport.SlotSize(g.SlotBytes, DefaultSlotBytes)
 	switch {
 	case g.Size < 1 || g.Streams < 1 || g.Streams > 1<<15:
 		return g, fault.New(fault.ErrInvalidArgument, -1, "verbs: %d ranks, %d streams", g.Size, g.Streams)
