@@ -2,15 +2,14 @@ package verbs
 
 import (
 	"context"
-	"encoding/json"
 	"os"
-	"os/exec"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/a2a-moe/a2a/a2a/transport"
 	"github.com/a2a-moe/a2a/a2a/transport/transporttest"
+	"github.com/a2a-moe/a2a/internal/rdmalab"
 	ibv "github.com/a2a-moe/a2a/verbs"
 )
 
@@ -126,23 +125,9 @@ func newCluster(t testing.TB, n, streams int) []*Transport {
 // (`rdma resource show`): what a leak would leave behind.
 func rdmaResources(t testing.TB) map[string]map[string]int {
 	t.Helper()
-	out, err := exec.Command("rdma", "-j", "resource", "show").Output()
+	m, err := rdmalab.Resources()
 	if err != nil {
-		t.Fatalf("rdma -j resource show: %v", err)
-	}
-	var rows []map[string]any
-	if err := json.Unmarshal(out, &rows); err != nil {
-		t.Fatalf("rdma -j resource show: %v: %s", err, out)
-	}
-	m := map[string]map[string]int{}
-	for _, r := range rows {
-		name, _ := r["ifname"].(string)
-		counts := map[string]int{}
-		for _, k := range []string{"pd", "cq", "qp", "mr", "ctx"} {
-			v, _ := r[k].(float64)
-			counts[k] = int(v)
-		}
-		m[name] = counts
+		t.Fatal(err)
 	}
 	return m
 }
