@@ -90,9 +90,12 @@
 // Every member publishes a heartbeat per HeartbeatInterval and checks, on the
 // same tick, every other member's last heartbeat; one silent for PeerTimeout is
 // declared lost: the member aborts with an error matching both fault.ErrAborted
-// and fault.ErrPeerLost and publishes the abort. An aborted member stops
-// heartbeating, so a peer that missed the abort message still detects it as
-// lost. A member whose NATS connection closes, or stays disconnected for
+// and fault.ErrPeerLost and publishes the abort. A member aborted from its
+// first operation stops heartbeating, so a peer that missed the abort message
+// still detects it as lost. One aborted from a later operation (AbortAt past
+// the operation it runs) keeps heartbeating and watching until its abort
+// covers everything: its earlier operations must still complete, or fail
+// when a peer they wait for is lost. A member whose NATS connection closes, or stays disconnected for
 // PeerTimeout, aborts itself. Leave publishes a leave message; the others stop
 // watching that rank and do not treat its silence as a loss.
 //

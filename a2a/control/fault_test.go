@@ -108,6 +108,43 @@ func TestPeerLost(t *testing.T) {
 	}
 }
 
+// TestPeerLostAfterScopedAbort: a peer's abort of later operations leaves
+// this member's earlier ones running, so it keeps watching its peers: one
+// that dies meanwhile fails those earlier operations too (ErrPeerLost naming
+// it), instead of leaving them waiting for data that will never come.
+func TestPeerLostAfterScopedAbort(t *testing.T) {
+	const hb, timeout = 50 * time.Millisecond, 400 * time.Millisecond
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	mems, errs, conns := e.join(ctx, configs("gscoped", []int{0, 1, 2}, func(i int, c *JoinConfig) {
+		c.HeartbeatInterval, c.PeerTimeout = hb, timeout
+	}))
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	mems[0].AbortAt(5, fault.New(fault.ErrInvalidArgument, 0, "bad counts"))
+	waitDone(t, mems[1], time.Second)
+	if err := mems[1].FailedAt(4); err != nil {
+		t.Fatalf("operation 4 failed by an abort from 5: %v", err)
+	}
+	conns[2].Close()
+	deadline := time.Now().Add(timeout + 2*time.Second)
+	for mems[1].FailedAt(4) == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("rank 1: operation 4 still running after its peer 2 died")
+		}
+		time.Sleep(hb)
+	}
+	err := mems[1].FailedAt(4)
+	var fe *fault.Error
+	if !errors.Is(err, fault.ErrPeerLost) || !errors.As(errors.Unwrap(err), &fe) || fe.Rank != 2 {
+		t.Errorf("rank 1, operation 4: %v, want ErrPeerLost naming rank 2", err)
+	}
+}
+
 // TestPeerLostDefaults: with default settings every survivor's Done fires
 // within 3s of a member vanishing.
 func TestPeerLostDefaults(t *testing.T) {

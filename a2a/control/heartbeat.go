@@ -11,8 +11,11 @@ import (
 )
 
 // heartbeat publishes heartbeats and watches peers and the connection. It
-// stops when the member aborts (so peers that missed the abort message see it
-// go silent) or leaves.
+// stops when the member aborts all its operations (so peers that missed the
+// abort message see it go silent) or leaves. An abort of later operations
+// only (a peer's AbortAt past this rank's running operation) does not stop
+// it: the operations before the abort must still complete or fail, and a
+// peer lost meanwhile is what fails them.
 func (m *Member) heartbeat() {
 	defer m.live.wg.Done()
 	t := time.NewTicker(m.cfg.HeartbeatInterval)
@@ -22,12 +25,16 @@ func (m *Member) heartbeat() {
 	_ = m.publish(m.subj.hb, "", m.epoch, hb)
 	var downSince time.Time
 	lastTick := time.Now()
+	aborted := m.exit.done
 	for {
 		select {
 		case <-m.live.stop:
 			return
-		case <-m.exit.done:
-			return
+		case <-aborted:
+			if m.abortedAll() {
+				return
+			}
+			aborted = nil // scoped: keep watching until it covers everything
 		case <-m.subs.statusCh:
 			if m.abortIfClosed() {
 				return
@@ -43,7 +50,7 @@ func (m *Member) heartbeat() {
 			tick := time.Now()
 			gap := tick.Sub(lastTick)
 			lastTick = tick
-			if m.abortIfClosed() {
+			if m.abortIfClosed() || m.abortedAll() {
 				return
 			}
 			if m.nc.Status() != nats.CONNECTED {
@@ -68,6 +75,15 @@ func (m *Member) heartbeat() {
 			}
 		}
 	}
+}
+
+// abortedAll reports whether an abort covers every operation of this member
+// (an abort from operation 0: a lost peer or control plane, a local abort
+// before the first operation), so nothing is left for the heartbeat to keep
+// alive.
+func (m *Member) abortedAll() bool {
+	s := m.exit.scope.Load()
+	return s != nil && s.from == 0
 }
 
 // onHeartbeat notes the time of an opened heartbeat from a peer.
