@@ -103,7 +103,7 @@ func (k *child) await(t *testing.T, r int, prefix string, d time.Duration) strin
 				return line
 			}
 		case <-timeout:
-			t.Fatalf("rank %d: no %q within %v\n%s", r, prefix, d, k.errb.String())
+			t.Fatalf("rank %d: no %q within %v\n%s%s", r, prefix, d, k.out.String(), k.errb.String())
 		}
 	}
 }
