@@ -22,6 +22,11 @@ var (
 	// user, token, nkey or creds file), or TLS could not verify the server
 	// or was refused a client certificate. Join fails with it at once.
 	ErrAuth = fault.ErrAuth
+	// ErrResource: this rank ran out of a local resource (file descriptors,
+	// /dev/shm space, locked memory, memory). The rank that ran out returns
+	// it naming itself and the resource; its peers get ErrAborted wrapping
+	// it. It is never reported as a peer's failure.
+	ErrResource = fault.ErrResource
 )
 
 // Error is the concrete type behind the error kinds: Kind is one of the

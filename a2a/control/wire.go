@@ -83,7 +83,7 @@ func validToken(s string) bool {
 
 // Kinds travel as small integers; index 0 means "no error".
 var kindTable = [...]error{nil, fault.ErrInvalidArgument, fault.ErrMismatch, fault.ErrPeerLost,
-	fault.ErrAborted, fault.ErrTimeout, fault.ErrClosed}
+	fault.ErrAborted, fault.ErrTimeout, fault.ErrClosed, fault.ErrAuth, fault.ErrResource}
 
 func kindCode(kind error) uint8 {
 	for i, k := range kindTable {

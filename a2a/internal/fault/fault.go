@@ -21,6 +21,7 @@ var (
 	ErrTimeout         = errors.New("a2a: timeout")
 	ErrClosed          = errors.New("a2a: communicator closed")
 	ErrAuth            = errors.New("a2a: not authorized")
+	ErrResource        = errors.New("a2a: out of resources")
 )
 
 // Error is a typed failure. Kind is one of the sentinels above; Rank is the rank
@@ -62,9 +63,11 @@ func (e *Error) Is(target error) bool { return target == e.Kind }
 // Unwrap returns the cause, so an abort caused by a lost peer also matches ErrPeerLost.
 func (e *Error) Unwrap() error { return e.Err }
 
-// KindOf returns the sentinel err matches, or nil.
+// KindOf returns the sentinel err matches, or nil. An abort matches the kind
+// of its cause first (ErrAborted wrapping ErrResource is ErrResource), so a
+// cause keeps its kind when it travels to the peers.
 func KindOf(err error) error {
-	for _, k := range []error{ErrInvalidArgument, ErrMismatch, ErrPeerLost, ErrTimeout, ErrClosed, ErrAborted, ErrAuth} {
+	for _, k := range []error{ErrInvalidArgument, ErrMismatch, ErrPeerLost, ErrTimeout, ErrClosed, ErrAuth, ErrResource, ErrAborted} {
 		if errors.Is(err, k) {
 			return k
 		}
