@@ -38,6 +38,7 @@ type Listener struct {
 	slots   []*net.TCPConn // accepted connections by (dialer-rank-1)*Streams + stream
 	linked  []bool         // by rank: the ranks Connect links (those with an address)
 	filled  chan struct{}  // one token per slot whose hello completed
+	starved chan error     // the accept loop ran out of a local resource (one error, buffered)
 	pending map[*net.TCPConn]struct{}
 	wg      sync.WaitGroup // the accept loop and every hello in progress
 
@@ -159,6 +160,7 @@ func (l *Listener) Connect(ctx context.Context, epoch uint32, peers []string) (*
 	l.epoch = epoch
 	l.slots = make([]*net.TCPConn, (cfg.Size-1-cfg.Rank)*cfg.Streams)
 	l.filled = make(chan struct{}, nAccept)
+	l.starved = make(chan error, 1)
 	l.linked = linked
 	l.wg.Add(1)
 	l.mu.Unlock()
@@ -230,6 +232,12 @@ func (l *Listener) connect(ctx context.Context, epoch uint32, peers []string, nA
 			out[r.peer*S+r.stream] = r.c
 		case <-l.filled:
 			accepted++
+		case err := <-l.starved:
+			// The peers dialing us wait in the backlog for an accept that
+			// cannot come: this rank fails, so they are not left to blame
+			// each other or time out.
+			collect(left)
+			return nil, err
 		case <-ctx.Done():
 			err := l.missing(ctx, out)
 			collect(left)
@@ -312,6 +320,10 @@ func (l *Listener) dial(ctx context.Context, epoch uint32, peer, s int, addr str
 		switch {
 		case err == nil:
 			return c, nil
+		case fault.LocalResource(err) != "":
+			// Our own shortage, not the peer's silence: retrying it as a peer
+			// not up yet would end in blaming a healthy rank.
+			return nil, fault.Exhausted(l.cfg.Rank, err, "tcp: rank %d dialing rank %d stream %d", l.cfg.Rank, peer, s)
 		case ctx.Err() != nil:
 			return nil, ctxError(ctx, peer, "tcp: dialing rank %d stream %d at %s", peer, s, addr)
 		case permanent:
@@ -377,6 +389,7 @@ func (l *Listener) ready(c *net.TCPConn) error {
 
 func (l *Listener) acceptLoop() {
 	defer l.wg.Done()
+	var failures acceptBackoff
 	for {
 		c, err := l.ln.AcceptTCP()
 		if err != nil {
@@ -386,12 +399,10 @@ func (l *Listener) acceptLoop() {
 			if closed || errors.Is(err, net.ErrClosed) {
 				return
 			}
-			// Out of descriptors or a connection reset in the backlog: keep
-			// serving, but do not spin.
-			l.log.Warn("tcp: accept failed", "err", err)
-			time.Sleep(10 * time.Millisecond)
+			l.acceptFailed(err, &failures)
 			continue
 		}
+		failures = acceptBackoff{}
 		l.mu.Lock()
 		if l.state == stateClosed {
 			l.mu.Unlock()
@@ -403,6 +414,39 @@ func (l *Listener) acceptLoop() {
 		l.mu.Unlock()
 		go l.serve(c)
 	}
+}
+
+// acceptBackoff paces an accept loop that keeps failing: the pause doubles
+// up to a second, and the failure is logged once per interval with how many
+// were not.
+type acceptBackoff struct {
+	pause    time.Duration
+	logged   time.Time
+	unlogged int
+}
+
+// acceptLogEvery is how often a failing accept loop logs.
+const acceptLogEvery = 5 * time.Second
+
+// acceptFailed handles a failed accept: out of a local resource (descriptors),
+// the Connect in progress fails with ErrResource for this rank; anything else
+// (a connection reset in the backlog) is passed over. Either way the loop
+// keeps serving, but does not spin or flood the log.
+func (l *Listener) acceptFailed(err error, b *acceptBackoff) {
+	if fault.LocalResource(err) != "" {
+		select {
+		case l.starved <- fault.Exhausted(l.cfg.Rank, err, "tcp: rank %d accepting its peers' connections", l.cfg.Rank):
+		default: // told already
+		}
+	}
+	if now := time.Now(); now.Sub(b.logged) >= acceptLogEvery {
+		l.log.Warn("tcp: accept failed", "err", err, "failures_not_logged", b.unlogged)
+		b.logged, b.unlogged = now, 0
+	} else {
+		b.unlogged++
+	}
+	b.pause = min(max(2*b.pause, 10*time.Millisecond), time.Second)
+	time.Sleep(b.pause)
 }
 
 // serve runs the acceptor side of one hello. Every connection gets its own
