@@ -15,6 +15,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(helperMain())
 	}
+	if dir := os.Getenv(fullDirEnv); dir != "" {
+		os.Exit(fullDirMain(dir))
+	}
 	// The runtime opens its poller's descriptors when the os package first
 	// opens a file (Open reads /proc); open them before taking the baseline.
 	os.ReadFile("/proc/self/stat")

@@ -175,6 +175,9 @@ func (t *Transport) create() error {
 	t.path = filepath.Join(cfg.Dir, segName(cfg.Group, cfg.Epoch, cfg.Rank))
 	size := segBytes(len(cfg.Local), cfg.Streams, cfg.RingBytes, cfg.SlotBytes)
 	bad := func(err error, what string) error {
+		if fault.LocalResource(err) != "" {
+			return fault.Exhausted(t.rank, err, "shm: rank %d %s %s (%s)", t.rank, what, t.path, spaceFor(cfg.Dir, size))
+		}
 		return fault.Wrap(fault.ErrInvalidArgument, -1, err, "shm: %s %s", what, t.path)
 	}
 	var fd int
@@ -353,6 +356,19 @@ func (t *Transport) attach(ctx context.Context) error {
 	return nil
 }
 
+// spaceFor says how much a segment of size bytes needs and how much the file
+// system of dir has free, for an error that says what to free or enlarge.
+func spaceFor(dir string, size int) string {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return "it needs " + kib(uint64(size))
+	}
+	return fmt.Sprintf("it needs %s, %s has %s free", kib(uint64(size)), dir, kib(st.Bavail*uint64(st.Bsize)))
+}
+
+// kib formats a byte count in KiB, the unit of tmpfs sizes (df -k).
+func kib(n uint64) string { return fmt.Sprintf("%d KiB", (n+1023)/1024) }
+
 // mapPeer maps the segment of the rank at local index i. It returns nil and
 // no error while the segment is missing, incomplete or a stale leftover that
 // its owner has yet to replace.
@@ -363,6 +379,9 @@ func (t *Transport) mapPeer(i int) (*segment, error) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err == unix.ENOENT {
 		return nil, nil
+	}
+	if what := fault.LocalResource(err); what != "" {
+		return nil, fault.Exhausted(t.rank, err, "shm: rank %d opening the segment of rank %d", t.rank, r)
 	}
 	if err != nil {
 		return nil, fault.Wrap(fault.ErrInvalidArgument, r, err, "shm: opening %s", path)
