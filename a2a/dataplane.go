@@ -114,6 +114,19 @@ func (dp *dataPlane) close() {
 // that reaches it: its index in dp.providers by rank (-1 for this rank).
 // Both ranks of a pair decide from what both announced, so they agree. A
 // peer no provider reaches fails the join with every provider's reason.
+// descriptors is how many file descriptors the links of choice (see choose)
+// hold open with streams streams per peer.
+func (dp *dataPlane) descriptors(choice []int, streams int) int {
+	n := 0
+	for _, i := range choice {
+		if i >= 0 {
+			c := dp.providers[i].Capabilities()
+			n += c.StreamDescriptors*streams + c.PeerDescriptors
+		}
+	}
+	return n
+}
+
 func (dp *dataPlane) choose(rank int, nodes []control.NodeInfo) ([]int, error) {
 	peer := func(r int, name string) transport.Peer {
 		return transport.Peer{Rank: r, Host: nodes[r].Host, PID: nodes[r].PID, Address: nodes[r].Transports[name]}

@@ -2,6 +2,7 @@ package a2a
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/control"
 	"github.com/a2a-moe/a2a/a2a/internal/engine"
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/internal/cpus"
 )
 
@@ -84,18 +86,42 @@ func (c *Comm) connectData(ctx context.Context, dp *dataPlane) error {
 	stop := context.AfterFunc(doneContext{m.Done()}, cancel)
 	choice, err := dp.choose(c.rank, m.Nodes())
 	if err == nil {
+		err = checkDescriptors(c.rank, dp.descriptors(choice, c.cfg.Streams))
+	}
+	if err == nil {
 		c.tr, c.byPeer, err = dp.connect(cctx, c.rank, m.Epoch(), m.Nodes(), choice)
 	}
 	stop()
 	cancel()
 	if err != nil {
-		if merr := m.Err(); merr != nil {
+		if merr := explainedLoss(m, err); merr != nil {
 			err = merr
 		}
 		m.Abort(err)
 		return err
 	}
 	return nil
+}
+
+// lossGrace is how long a rank that saw a peer's connections close waits for
+// the control plane to say why. A peer closes when it was aborted, and the
+// abort message reaches every rank within milliseconds of the first one.
+const lossGrace = 500 * time.Millisecond
+
+// explainedLoss returns the member's own failure (an abort, a departure)
+// when it explains err, or nil. A peer that closed its links because a third
+// rank aborted the group is not lost: waiting briefly for that abort keeps
+// the cause, instead of naming the healthy peer.
+func explainedLoss(m *control.Member, err error) error {
+	if merr := m.Err(); merr != nil || !errors.Is(err, fault.ErrPeerLost) {
+		return merr
+	}
+	select {
+	case <-m.Done():
+		return m.Err()
+	case <-time.After(lossGrace):
+		return nil
+	}
 }
 
 // startEngine makes the engine and what runs on it: the progress queue, the

@@ -108,6 +108,10 @@ type Capabilities struct {
 	// memory, so a layer above may move bytes between them through mapped
 	// segments of its own instead of through the transport.
 	MapsMemory bool
+	// StreamDescriptors and PeerDescriptors are the file descriptors a link
+	// to one peer holds open: per stream (a socket each) and per peer (a
+	// pidfd), so Join can check the rank's descriptor limit up front.
+	StreamDescriptors, PeerDescriptors int
 }
 
 // Cost is the alpha-beta price of a link: a message costs Alpha seconds

@@ -26,7 +26,7 @@ func (Provider) Name() string { return "tcp" }
 // (loopback and a fast LAN); it has no LL window, so LL messages travel as
 // frames.
 func (Provider) Capabilities() transport.Capabilities {
-	return transport.Capabilities{Cost: transport.Cost{Alpha: 10e-6, Beta: 1 / 3e9, Lanes: 1}}
+	return transport.Capabilities{Cost: transport.Cost{Alpha: 10e-6, Beta: 1 / 3e9, Lanes: 1}, StreamDescriptors: 1}
 }
 
 // Listen opens the data-plane listener (see Listen).
