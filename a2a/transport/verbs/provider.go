@@ -96,8 +96,8 @@ func (p Provider) geometry(self transport.Self) (geometry, error) {
 // peer use only when the group has formed (they spread over a host's ports
 // by local rank), so every port announces its own. It fails with an error
 // matching ibv.ErrUnavailable, saying why, where there is no library, no
-// device or no usable port, and with ibv.ErrMemlock where RLIMIT_MEMLOCK
-// forbids the registrations.
+// device or no usable port, and with ErrResource wrapping ibv.ErrMemlock
+// where RLIMIT_MEMLOCK forbids the registrations.
 func (p Provider) Listen(ctx context.Context, self transport.Self) (transport.Endpoint, error) {
 	g, err := p.geometry(self)
 	if err != nil {
@@ -122,7 +122,7 @@ func (p Provider) Listen(ctx context.Context, self transport.Self) (transport.En
 		return nil, err
 	}
 	if err := ibv.CheckMemlock(uint64(len(eps)) * memlockNeed(g)); err != nil {
-		return nil, fault.Wrap(fault.ErrInvalidArgument, self.Rank, err, "verbs: %d ranks x %d streams on %d ports", g.Size, g.Streams, len(eps))
+		return nil, fault.Wrap(fault.ErrResource, self.Rank, err, "verbs: rank %d, %d ranks x %d streams on %d ports", self.Rank, g.Size, g.Streams, len(eps))
 	}
 	e := &endpoint{p: p, self: self, geo: g}
 	for _, ep := range eps {
