@@ -3,9 +3,11 @@ package control
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
@@ -285,5 +287,64 @@ func TestStalled(t *testing.T) {
 		if got := stalled(tc.gap, interval, timeout); got != tc.want {
 			t.Errorf("stalled(%v) = %v, want %v", tc.gap, got, tc.want)
 		}
+	}
+}
+
+// TestJoinControlPlaneLost: the NATS server dies while a rank waits in Join
+// for the rest of its group. Whether its connection keeps reconnecting
+// (as a2a's does) or closes, Join ends within 3 s with ErrAborted saying the
+// control plane is lost, not a timeout at the join deadline or ErrClosed.
+func TestJoinControlPlaneLost(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		reconnects int
+	}{
+		{"reconnecting", -1},
+		{"closed", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkGoroutines(t)
+			srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			go srv.Start()
+			if !srv.ReadyForConnections(5 * time.Second) {
+				t.Fatal("nats server not ready")
+			}
+			defer srv.WaitForShutdown()
+			defer srv.Shutdown()
+			nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(tc.reconnects), nats.ReconnectWait(50*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			joined := make(chan error, 1)
+			go func() {
+				m, err := Join(ctx, nc, configs("glostjoin", []int{0}, func(_ int, c *JoinConfig) { c.WorldSize = 2 })[0])
+				if m != nil {
+					m.Leave()
+				}
+				joined <- err
+			}()
+			time.Sleep(300 * time.Millisecond) // waiting for rank 1
+			srv.Shutdown()
+			killed := time.Now()
+			select {
+			case err := <-joined:
+				took := time.Since(killed)
+				t.Logf("after %v: %v", took, err)
+				if !errors.Is(err, fault.ErrAborted) || !strings.Contains(err.Error(), "control plane lost") {
+					t.Errorf("Join: %v, want ErrAborted: control plane lost", err)
+				}
+				if took > 3*time.Second {
+					t.Errorf("Join noticed the lost control plane after %v", took)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("Join still waiting 10 s after its NATS server died")
+			}
+		})
 	}
 }

@@ -217,7 +217,13 @@ func Join(ctx context.Context, nc *nats.Conn, cfg JoinConfig) (*Member, error) {
 		m.release()
 		return nil, err
 	}
-	if err := m.rendezvous(ctx); err != nil {
+	jctx, stopWatch := m.whileConnected(ctx)
+	err := m.rendezvous(jctx)
+	stopWatch()
+	if err != nil {
+		if cause := context.Cause(jctx); ctx.Err() == nil && errors.Is(cause, fault.ErrAborted) {
+			err = cause // the control plane went away: say so, not what it broke
+		}
 		m.withdraw()
 		m.release()
 		if m.svc != nil {
@@ -381,7 +387,9 @@ func (m *Member) ctxErr(ctx context.Context, format string, args ...any) error {
 	return fault.Wrap(fault.ErrTimeout, -1, ctx.Err(), "control: "+format, args...)
 }
 
-var errConnClosed = fault.Wrap(fault.ErrClosed, -1, nats.ErrConnectionClosed, "control: NATS connection closed")
+// errConnClosed is a join whose NATS connection closed under it: the control
+// plane is lost (nobody closed the communicator, so not ErrClosed).
+var errConnClosed = fault.Wrap(fault.ErrAborted, -1, nats.ErrConnectionClosed, "control plane lost: the NATS connection closed during join")
 
 // Rank returns this member's rank.
 func (m *Member) Rank() int { return m.rank }
@@ -430,5 +438,48 @@ func (m *Member) onGroup(msg *nats.Msg) {
 		m.onAbort(env, p, msg.Subject)
 	case opLeave:
 		m.onLeave(env, p, msg.Subject)
+	}
+}
+
+// joinCheckEvery is how often a join looks at its NATS connection.
+const joinCheckEvery = 100 * time.Millisecond
+
+// whileConnected returns a context for the join that ends, with an ErrAborted
+// "control plane lost" cause, once the NATS connection has been down for
+// PeerTimeout. nats.go reconnects for ever, so without it a join would wait
+// out its whole deadline for a server that is gone. stop ends the watch.
+func (m *Member) whileConnected(ctx context.Context) (jctx context.Context, stop func()) {
+	jctx, cancel := context.WithCancelCause(ctx)
+	url := m.nc.ConnectedUrlRedacted()
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(joinCheckEvery)
+		defer t.Stop()
+		var downSince time.Time
+		for {
+			select {
+			case <-done:
+				return
+			case <-jctx.Done():
+				return
+			case now := <-t.C:
+				switch {
+				case m.nc.Status() == nats.CONNECTED:
+					downSince = time.Time{}
+				case downSince.IsZero():
+					downSince = now
+				case now.Sub(downSince) > m.cfg.PeerTimeout:
+					cancel(fault.Wrap(fault.ErrAborted, m.cfg.Rank, nats.ErrDisconnected,
+						"control plane lost: disconnected from NATS %s for %v during join", url, now.Sub(downSince).Round(time.Millisecond)))
+					return
+				}
+			}
+		}
+	}()
+	return jctx, func() {
+		close(done)
+		<-exited
+		cancel(nil)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
@@ -137,7 +138,9 @@ func (m *Member) joinReq(withdraw bool) []byte {
 }
 
 func (m *Member) withdraw() {
-	if !m.nc.IsClosed() {
+	// A connection that is down would hold the flush for its whole timeout
+	// and the withdrawal would not get through anyway.
+	if m.nc.Status() == nats.CONNECTED {
 		_ = m.publish(m.subj.join, "", 0, m.joinReq(true))
 		_ = m.nc.FlushTimeout(time.Second)
 	}

@@ -2,6 +2,7 @@ package control
 
 import (
 	"cmp"
+	"context"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
@@ -65,10 +66,12 @@ type outMsg struct {
 // (and counts, see Rejects) every message it cannot verify, so a group that
 // runs with another secret is not served, and hosts its coordinator itself.
 func NewService(nc *nats.Conn, secret []byte, logger *slog.Logger) (*Service, error) {
-	return newService(nc, secret, logger, "")
+	return newService(context.Background(), nc, secret, logger, "")
 }
 
-func newService(nc *nats.Conn, secret []byte, logger *slog.Logger, only string) (*Service, error) {
+// newService starts a coordinator for group only, or for every group. ctx
+// bounds the flush that makes its subscriptions effective.
+func newService(ctx context.Context, nc *nats.Conn, secret []byte, logger *slog.Logger, only string) (*Service, error) {
 	if nc == nil {
 		return nil, fault.New(fault.ErrInvalidArgument, -1, "control: nil NATS connection")
 	}
@@ -122,7 +125,9 @@ func newService(nc *nats.Conn, secret []byte, logger *slog.Logger, only string) 
 	}
 	// Make the subscriptions effective at the server before anyone is told
 	// this service exists.
-	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := nc.FlushWithContext(fctx); err != nil {
 		s.unsubscribe()
 		return nil, fault.Wrap(fault.ErrTimeout, -1, err, "control: registering service subscriptions")
 	}
