@@ -1,6 +1,7 @@
 package reduce_test
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/a2a-moe/a2a/a2a/reduce"
@@ -36,4 +37,18 @@ func ExampleFinish() {
 func ExampleF32ToF16() {
 	fmt.Printf("%#04x %#04x %v\n", reduce.F32ToF16(1), reduce.F32ToF16(65520), reduce.F16ToF32(0x3555))
 	// Output: 0x3c00 0x7c00 0.33325195
+}
+
+// A buffer that arrived as bytes (a collective's receive buffer, a
+// dispatch.Handle's rows) read and written as floats in place.
+func ExampleFloat32s() {
+	recv := reduce.AsBytes([]float32{1, 2}) // stands for received bytes
+	xs, err := reduce.Float32s(recv)
+	if err != nil {
+		panic(err) // misaligned, or not whole float32s: a2a.ErrInvalidArgument
+	}
+	xs[1] *= 10 // 20 is 0x41a00000
+	_, err = reduce.Float32s(recv[1:5])
+	fmt.Println(xs, recv[4:], errors.Is(err, reduce.ErrInvalidArgument))
+	// Output: [1 20] [0 0 160 65] true
 }

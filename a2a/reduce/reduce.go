@@ -2,8 +2,9 @@
 // ReduceScatter and Reduce collectives: dst = dst op src over buffers of
 // little-endian encoded elements.
 //
-// The package imports only the standard library so that both the algorithm
-// simulator and the engine can use it.
+// The package imports only the standard library and the error kinds
+// (a2a/internal/fault, itself a leaf) so that both the algorithm simulator
+// and the engine can use it.
 //
 // Semantics, per element:
 //   - Integers are exact two's complement (uint8: modulo 256); Sum and Prod wrap
@@ -25,20 +26,39 @@
 // of the bytes (no copying) in loops unrolled by eight; otherwise they decode
 // through encoding/binary in small stack chunks. Half-precision and uint8
 // kernels work on the bytes directly. Nothing allocates.
+//
+// Typed views: Float32s, Float64s, BFloat16s, Float16s, Int32s and Int64s
+// are the inverse of AsBytes. They return a byte buffer (a collective's
+// receive buffer, a dispatch.Handle's rows) as its elements without copying,
+// and an error matching ErrInvalidArgument when the bytes are misaligned for
+// the element type or hold a partial element. Buffers from a2a.AllocBuffer,
+// from make and from a dispatch.Handle, and their row slices, are aligned.
 package reduce
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"unsafe"
+
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
 // ErrInvalidArgument is matched (errors.Is) by every error of this package: an
-// unknown dtype or op, mismatched or partial lengths, or partially overlapping
-// buffers. The engine reports these as its own invalid-argument kind.
-var ErrInvalidArgument = errors.New("reduce: invalid argument")
+// unknown dtype or op, mismatched or partial lengths, partially overlapping
+// buffers, or a typed view of misaligned bytes. It is also the library's
+// invalid-argument kind: errors.Is(err, a2a.ErrInvalidArgument) holds for
+// the same errors, so a caller of reduce and a2a checks one sentinel.
+var ErrInvalidArgument error = invalidArgument{}
+
+// invalidArgument is this package's sentinel; Is makes it match the kind
+// package a2a re-exports from fault, which this package may import (fault
+// imports nothing of ours).
+type invalidArgument struct{}
+
+func (invalidArgument) Error() string { return "reduce: invalid argument" }
+
+func (invalidArgument) Is(target error) bool { return target == fault.ErrInvalidArgument }
 
 // chunk is the number of elements the portable paths decode at a time: large
 // enough to amortise the kernel dispatch, small enough to live on the stack.

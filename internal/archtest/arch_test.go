@@ -244,7 +244,7 @@ func networkCall(call *ast.CallExpr) bool {
 // anything of the repository but a command.
 var layers = map[string][]string{
 	"a2a/algo":            {},
-	"a2a/reduce":          {},
+	"a2a/reduce":          {"a2a/internal/fault"},
 	"a2a/internal/fault":  {},
 	"a2a/internal/engine": {"a2a/algo", "a2a/transport", "a2a/reduce", "a2a/internal/fault"},
 	"a2a/transport":       {"a2a/internal/fault"},
