@@ -82,14 +82,20 @@ func rank(url string, r, ranks, experts, hidden, tokens int) string {
 		var got []float32
 		for _, seg := range h.Segments(l) {
 			span := seg.Offset + seg.Rows*d.RowBytes()
-			rows := asFloats(in[seg.Offset:span])
-			for i, v := range rows {
+			x, err := reduce.Float32s(in[seg.Offset:span]) // views: no copies
+			if err != nil {
+				panic(err)
+			}
+			y, err := reduce.Float32s(out[seg.Offset:span])
+			if err != nil {
+				panic(err)
+			}
+			for i, v := range x {
 				if i%hidden == 0 {
 					got = append(got, v)
 				}
-				rows[i] = float32(e+1) * v // the expert
+				y[i] = float32(e+1) * v // the expert
 			}
-			copy(out[seg.Offset:span], reduce.AsBytes(rows))
 		}
 		if l > 0 {
 			sb.WriteString(",")
@@ -106,12 +112,4 @@ func rank(url string, r, ranks, experts, hidden, tokens int) string {
 	}
 	fmt.Fprintf(&sb, "\nrank %d: combined %v\n", r, firsts)
 	return sb.String()
-}
-
-// asFloats views little-endian float32 bytes as floats (copying, so that
-// alignment does not matter).
-func asFloats(b []byte) []float32 {
-	f := make([]float32, len(b)/4)
-	copy(reduce.AsBytes(f), b)
-	return f
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/binary"
 	"math"
 	"math/rand/v2"
 
@@ -57,13 +56,11 @@ func newModel(o options) *model {
 	return m
 }
 
-// forward computes expert e on one row: in and out are rows of the layer's
-// dtype, act is scratch of o.hidden+o.ffn float32. The reference and the
-// distributed path both call it, so their expert outputs are identical.
-func (m *model) forward(e int, in, out []byte, act []float32) {
+// forward computes expert e on one row x into y, in float32: h is scratch of
+// o.ffn values, and y may be x itself. The reference and the distributed
+// path both call it, so their expert outputs are identical.
+func (m *model) forward(e int, x, y, h []float32) {
 	H, F := m.o.hidden, m.o.ffn
-	x, h := act[:H], act[H:H+F]
-	decode(m.o.dtype, x, in)
 	ex := &m.experts[e]
 	for f := range F {
 		w := ex.w1[f*H : (f+1)*H]
@@ -79,17 +76,27 @@ func (m *model) forward(e int, in, out []byte, act []float32) {
 		for f, v := range h {
 			s += float32(w[f] * v)
 		}
-		x[j] = s // x is free again: reuse it for the output
+		y[j] = s // x is read no more: y may be x
 	}
-	encode(m.o.dtype, out, x)
+}
+
+// apply runs expert e on every row of in into the same row of out. act is
+// scratch of o.hidden+o.ffn values.
+func (m *model) apply(e int, in, out rows, act []float32) {
+	H := m.o.hidden
+	for t := range in.len() / H {
+		x := in.row(t, act[:H])
+		y := out.dest(t, act[:H])
+		m.forward(e, x, y, act[H:])
+		out.put(t, y)
+	}
 }
 
 // tokens fills buf with the rows of (step, rank): standard normal values.
-func (m *model) tokens(step, rank int, buf []byte) {
+func (m *model) tokens(step, rank int, buf rows) {
 	rng := rand.New(rand.NewPCG(m.o.seed^saltTokens, uint64(step)<<32|uint64(rank)))
-	n := len(buf) / m.o.dtype.Size()
-	for i := range n {
-		encodeOne(m.o.dtype, buf, i, float32(rng.NormFloat64()))
+	for i := range buf.len() {
+		buf.set(i, float32(rng.NormFloat64()))
 	}
 }
 
@@ -108,8 +115,7 @@ func (m *model) logits(step, rank int, dst []float32) error {
 // dropped assignment contributes zero, and a token that lost every
 // assignment gets a zero row: in a real model the residual connection
 // carries it past the layer.
-func (m *model) reference(tokens []byte, dec *routing.Decision, out []byte, act, acc []float32, row []byte) {
-	rb := m.o.hidden * m.o.dtype.Size()
+func (m *model) reference(tokens rows, dec *routing.Decision, out rows, act, acc []float32, row rows) {
 	for t := range dec.Tokens {
 		clear(acc)
 		for s := range dec.K {
@@ -117,39 +123,97 @@ func (m *model) reference(tokens []byte, dec *routing.Decision, out []byte, act,
 			if e == routing.Dropped {
 				continue
 			}
-			m.forward(int(e), tokens[t*rb:(t+1)*rb], row, act)
+			// Through a row of the layer's dtype, as the distributed
+			// path's expert outputs are.
+			m.apply(int(e), tokens.slice(t, t+1), row, act)
 			w := dec.Weight[t*dec.K+s]
 			for j := range acc {
-				acc[j] += float32(w * decodeOne(m.o.dtype, row, j))
+				acc[j] += float32(w * row.at(j))
 			}
 		}
-		encode(m.o.dtype, out[t*rb:(t+1)*rb], acc)
+		out.put(t, acc)
 	}
 }
 
-func decode(dt reduce.DType, dst []float32, src []byte) {
-	for j := range dst {
-		dst[j] = decodeOne(dt, src, j)
+// rows is a buffer of token rows in the layer's dtype seen through reduce's
+// typed views, without copying: float32 rows are read and written in place,
+// bfloat16 rows are widened to float32 and rounded back a row at a time.
+type rows struct {
+	hidden int
+	bf16   bool
+	f32    []float32 // float32 layers
+	h16    []uint16  // bfloat16 layers: the bits
+}
+
+// viewRows views b, rows of hidden elements of dt (float32 or bfloat16).
+// It fails only when b is misaligned or holds partial elements, which
+// buffers from make and from a dispatch.Handle never are.
+func viewRows(dt reduce.DType, b []byte, hidden int) (rows, error) {
+	r := rows{hidden: hidden, bf16: dt == reduce.BFloat16}
+	var err error
+	if r.bf16 {
+		r.h16, err = reduce.BFloat16s(b)
+	} else {
+		r.f32, err = reduce.Float32s(b)
+	}
+	return r, err
+}
+
+// len is the number of elements.
+func (r rows) len() int { return len(r.f32) + len(r.h16) }
+
+// slice returns rows lo..hi-1.
+func (r rows) slice(lo, hi int) rows {
+	if r.bf16 {
+		r.h16 = r.h16[lo*r.hidden : hi*r.hidden]
+	} else {
+		r.f32 = r.f32[lo*r.hidden : hi*r.hidden]
+	}
+	return r
+}
+
+func (r rows) at(i int) float32 {
+	if r.bf16 {
+		return reduce.BF16ToF32(r.h16[i])
+	}
+	return r.f32[i]
+}
+
+func (r rows) set(i int, v float32) {
+	if r.bf16 {
+		r.h16[i] = reduce.F32ToBF16(v)
+	} else {
+		r.f32[i] = v
 	}
 }
 
-func encode(dt reduce.DType, dst []byte, src []float32) {
-	for j, v := range src {
-		encodeOne(dt, dst, j, v)
+// row returns row t in float32: the row itself, or widened into scratch.
+func (r rows) row(t int, scratch []float32) []float32 {
+	if !r.bf16 {
+		return r.f32[t*r.hidden : (t+1)*r.hidden]
 	}
+	for j, h := range r.h16[t*r.hidden : (t+1)*r.hidden] {
+		scratch[j] = reduce.BF16ToF32(h)
+	}
+	return scratch
 }
 
-func decodeOne(dt reduce.DType, b []byte, i int) float32 {
-	if dt == reduce.BFloat16 {
-		return reduce.BF16ToF32(binary.LittleEndian.Uint16(b[2*i:]))
+// dest returns where to compute row t: the row itself, or scratch that put
+// then rounds into the row.
+func (r rows) dest(t int, scratch []float32) []float32 {
+	if !r.bf16 {
+		return r.f32[t*r.hidden : (t+1)*r.hidden]
 	}
-	return math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	return scratch
 }
 
-func encodeOne(dt reduce.DType, b []byte, i int, v float32) {
-	if dt == reduce.BFloat16 {
-		binary.LittleEndian.PutUint16(b[2*i:], reduce.F32ToBF16(v))
+// put stores v as row t; a row computed in place (dest) is already there.
+func (r rows) put(t int, v []float32) {
+	if !r.bf16 {
+		copy(r.f32[t*r.hidden:(t+1)*r.hidden], v) // no-op when v is the row
 		return
 	}
-	binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	for j, x := range v {
+		r.h16[t*r.hidden+j] = reduce.F32ToBF16(x)
+	}
 }

@@ -73,7 +73,11 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 		out = stdout
 		printHeader(out, o, c.Size(), m.d.Placement(), urls, c.TransportName(), rowPaths(m.d))
 	}
-	if err := m.runSteps(ctx, o, newRankState(o, m.d, c.Rank()), out); err != nil {
+	rs, err := newRankState(o, m.d, c.Rank())
+	if err != nil {
+		return err
+	}
+	if err := m.runSteps(ctx, o, rs, out); err != nil {
 		return err
 	}
 	if o.killRank > 0 {
@@ -265,32 +269,39 @@ type rankState struct {
 	rank   int
 	gate   routing.Gate
 	cap    routing.Capacity
-	tokens []byte
+	tokens []byte // what Dispatch sends
 	logits []float32
 	decs   []routing.Decision // per micro-batch, as routed
 	refDec routing.Decision
-	out    []byte
-	ref    []byte
+	out    []byte // what Combine writes
 	hs     []*dispatch.Handle
 	act    []float32
 	acc    []float32
-	row    []byte
 	res    stepResult
+
+	// Views of the rows, and the reference's own buffers.
+	tokensV, outV, ref, row rows
 }
 
-func newRankState(o options, d *dispatch.Dispatcher, rank int) *rankState {
+func newRankState(o options, d *dispatch.Dispatcher, rank int) (*rankState, error) {
 	rb := d.RowBytes()
-	return &rankState{
+	r := &rankState{
 		o: o, m: newModel(o), d: d, rank: rank,
 		gate:   routing.Gate{Experts: o.experts, K: o.k},
 		cap:    routing.Capacity{Factor: o.capacity},
 		tokens: make([]byte, o.tokens*rb), logits: make([]float32, o.tokens*o.experts),
 		decs: make([]routing.Decision, o.microbatches),
-		out:  make([]byte, o.tokens*rb), ref: make([]byte, o.tokens*rb),
-		hs:  make([]*dispatch.Handle, o.microbatches),
-		act: make([]float32, o.hidden+o.ffn), acc: make([]float32, o.hidden), row: make([]byte, rb),
+		out:  make([]byte, o.tokens*rb),
+		hs:   make([]*dispatch.Handle, o.microbatches),
+		act:  make([]float32, o.hidden+o.ffn), acc: make([]float32, o.hidden),
 		res: stepResult{load: make([]int, o.experts)},
 	}
+	var errs [4]error
+	r.tokensV, errs[0] = viewRows(o.dtype, r.tokens, o.hidden)
+	r.outV, errs[1] = viewRows(o.dtype, r.out, o.hidden)
+	r.ref, errs[2] = viewRows(o.dtype, make([]byte, o.tokens*rb), o.hidden)
+	r.row, errs[3] = viewRows(o.dtype, make([]byte, rb), o.hidden)
+	return r, errors.Join(errs[:]...)
 }
 
 // span is micro-batch i's token range.
@@ -301,8 +312,8 @@ func (r *rankState) span(i int) (lo, hi int) {
 
 // step runs one step: route, dispatch, experts, combine, verify.
 func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
-	o, rb := r.o, r.d.RowBytes()
-	r.m.tokens(step, r.rank, r.tokens)
+	o := r.o
+	r.m.tokens(step, r.rank, r.tokensV)
 	if err := r.m.logits(step, r.rank, r.logits); err != nil {
 		return nil, err
 	}
@@ -335,7 +346,7 @@ func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
 		r.hs[i] = nil
 	}
 	if r.rank == o.corruptRank && len(r.out) > 0 {
-		encodeOne(o.dtype, r.out, 0, decodeOne(o.dtype, r.out, 0)+1)
+		r.outV.set(0, r.outV.at(0)+1)
 	}
 
 	// The reference: the same micro-batches routed and capped
@@ -349,11 +360,10 @@ func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
 		if _, err := r.cap.Apply(dec, o.experts, nil); err != nil {
 			return nil, err
 		}
-		r.m.reference(r.tokens[lo*rb:hi*rb], dec, r.ref[lo*rb:hi*rb], r.act, r.acc, r.row)
+		r.m.reference(r.tokensV.slice(lo, hi), dec, r.ref.slice(lo, hi), r.act, r.acc, r.row)
 	}
-	n := len(r.out) / o.dtype.Size()
-	for i := range n {
-		got, want := decodeOne(o.dtype, r.out, i), decodeOne(o.dtype, r.ref, i)
+	for i := range r.outV.len() {
+		got, want := r.outV.at(i), r.ref.at(i)
 		if !matches(o.dtype, got, want) {
 			if res.mismatches == 0 {
 				res.first = fmt.Sprintf("token %d element %d: got %v, want %v", i/o.hidden, i%o.hidden, got, want)
@@ -404,7 +414,9 @@ func (r *rankState) pipeline(ctx context.Context) error {
 				return err
 			}
 		}
-		r.experts(r.hs[i])
+		if err := r.experts(r.hs[i]); err != nil {
+			return err
+		}
 		if i+1 < M {
 			if err := r.hs[i+1].Wait(); err != nil {
 				return err
@@ -423,19 +435,27 @@ func (r *rankState) pipeline(ctx context.Context) error {
 	return nil
 }
 
-// experts runs every local expert on its received rows.
-func (r *rankState) experts(h *dispatch.Handle) {
+// experts runs every local expert on its received rows, reading them and
+// writing the outputs in place through typed views.
+func (r *rankState) experts(h *dispatch.Handle) error {
 	rb := r.d.RowBytes()
 	in, out := h.Recv(), h.Output()
 	for l := range h.LocalExperts() {
 		e := h.Expert(l)
 		for _, seg := range h.Segments(l) {
-			for i := range seg.Rows {
-				off := seg.Offset + i*rb
-				r.m.forward(e, in[off:off+rb], out[off:off+rb], r.act)
+			end := seg.Offset + seg.Rows*rb
+			x, err := viewRows(r.o.dtype, in[seg.Offset:end], r.o.hidden)
+			if err != nil {
+				return err
 			}
+			y, err := viewRows(r.o.dtype, out[seg.Offset:end], r.o.hidden)
+			if err != nil {
+				return err
+			}
+			r.m.apply(e, x, y, r.act)
 		}
 	}
+	return nil
 }
 
 // aggregate collects every rank's stepResult on every rank (a small
