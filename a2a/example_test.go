@@ -176,7 +176,7 @@ func ExampleComm_AllReduce() {
 
 			x := []float32{float32(c.Rank() + 1), float32(10 * (c.Rank() + 1))}
 			buf := reduce.AsBytes(x) // the same memory as x
-			if err := c.AllReduce(ctx, buf, buf, a2a.Float32, a2a.Sum); err != nil {
+			if err := c.AllReduce(ctx, buf, buf, reduce.Float32, reduce.Sum); err != nil {
 				panic(err)
 			}
 			got[c.Rank()] = fmt.Sprintf("rank %d: %v", c.Rank(), x)
@@ -207,11 +207,11 @@ func ExampleAllReduceSlice() {
 			defer c.Close()
 
 			grad := []float64{float64(c.Rank()), 1, -float64(c.Rank())}
-			if err := a2a.AllReduceSlice(ctx, c, grad, grad, a2a.Avg); err != nil {
+			if err := a2a.AllReduceSlice(ctx, c, grad, grad, reduce.Avg); err != nil {
 				panic(err)
 			}
 			steps := []int64{int64(100 + 7*c.Rank())}
-			if err := a2a.AllReduceSlice(ctx, c, steps, steps, a2a.Max); err != nil {
+			if err := a2a.AllReduceSlice(ctx, c, steps, steps, reduce.Max); err != nil {
 				panic(err)
 			}
 			if c.Rank() == 0 { // every rank holds the same results

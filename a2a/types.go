@@ -5,10 +5,16 @@ import (
 	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
-// DType is the element type of reduction collectives.
+// DType is the element type of reduction collectives: the same type as
+// reduce.DType, whose constants (reduce.Float32, reduce.BFloat16, ...) name
+// its values. Package reduce is the one home of the dtypes, with their typed
+// views (reduce.Float32s, ...) and half-precision conversions.
 type DType = reduce.DType
 
-// Element types.
+// Element types, kept so that existing calls compile.
+//
+// Deprecated: use reduce.Float32, reduce.Float64, ... (the same values: the
+// library names each dtype once, in package reduce).
 const (
 	Float32  = reduce.Float32
 	Float64  = reduce.Float64
@@ -19,12 +25,16 @@ const (
 	Uint8    = reduce.Uint8
 )
 
-// Op is a reduction operation. Integer ops are exact (wrapping); bfloat16 and
-// float16 reduce in float32 and round to nearest-even; Avg is Sum divided by
-// the number of ranks at the end (integer division truncates toward zero).
+// Op is a reduction operation, the same type as reduce.Op. Integer ops are
+// exact (wrapping); bfloat16 and float16 reduce in float32 and round to
+// nearest-even; Avg is Sum divided by the number of ranks at the end (integer
+// division truncates toward zero).
 type Op = reduce.Op
 
-// Reduction operations.
+// Reduction operations, kept so that existing calls compile.
+//
+// Deprecated: use reduce.Sum, reduce.Prod, reduce.Max, reduce.Min and
+// reduce.Avg (the same values).
 const (
 	Sum  = reduce.Sum
 	Prod = reduce.Prod

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/reduce"
 )
 
 // The link-cut test (scripts/testbed.sh --link-cut) runs one such worker per
@@ -78,7 +79,7 @@ func linkCutRound(ctx context.Context, s *rankState, o workerOptions, round int)
 	if err := s.checkRecv("alltoallv", seq, recv, got); err != nil {
 		return "alltoallv", err
 	}
-	r := reduction{dt: a2a.Float32, op: a2a.Sum}
+	r := reduction{dt: reduce.Float32, op: reduce.Sum}
 	n := 4 << 10
 	values(s.send[:n], r.dt, s.seed, seq, s.me)
 	if err := s.c.AllReduce(octx, s.send[:n], s.recv[:n], r.dt, r.op); err != nil {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/a2a/control"
+	"github.com/a2a-moe/a2a/a2a/reduce"
 	"github.com/a2a-moe/a2a/internal/natsd"
 )
 
@@ -172,7 +173,7 @@ func runRank(res *rankResult) error {
 		}
 		binary.LittleEndian.PutUint64(arIn[8*arLen:], stopWord)
 		if err := timed("AllReduce", i, func(ctx context.Context) error {
-			return c.AllReduce(ctx, arIn, arOut, a2a.Int64, a2a.Sum)
+			return c.AllReduce(ctx, arIn, arOut, reduce.Int64, reduce.Sum)
 		}); err != nil {
 			return err
 		}

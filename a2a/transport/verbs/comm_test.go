@@ -20,6 +20,7 @@ import (
 
 	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/a2a/a2atest"
+	"github.com/a2a-moe/a2a/a2a/reduce"
 	"github.com/a2a-moe/a2a/a2a/transport/verbs"
 )
 
@@ -357,7 +358,7 @@ func rankOps(ctx context.Context, t *testing.T, c *a2a.Comm) {
 			binary.LittleEndian.PutUint32(in[4*i:], math.Float32bits(float32(me*1000+i%997)))
 		}
 		fmt.Fprintln(os.Stderr, "AllReduce")
-		if err := c.AllReduce(ctx, in, out, a2a.Float32, a2a.Sum); err != nil {
+		if err := c.AllReduce(ctx, in, out, reduce.Float32, reduce.Sum); err != nil {
 			t.Fatalf("AllReduce %d: %v", n, err)
 		}
 		for i := range n {
@@ -384,7 +385,7 @@ func rankOps(ctx context.Context, t *testing.T, c *a2a.Comm) {
 		binary.LittleEndian.PutUint32(in[4*i:], uint32(i+me))
 	}
 	fmt.Fprintln(os.Stderr, "ReduceScatter")
-	if err := c.ReduceScatter(ctx, in, rs, a2a.Int32, a2a.Sum); err != nil {
+	if err := c.ReduceScatter(ctx, in, rs, reduce.Int32, reduce.Sum); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 1024 {
@@ -407,7 +408,7 @@ func rankOps(ctx context.Context, t *testing.T, c *a2a.Comm) {
 	one := make([]byte, 8)
 	binary.LittleEndian.PutUint64(one, uint64(me+1))
 	fmt.Fprintln(os.Stderr, "Reduce")
-	if err := c.Reduce(ctx, one, red, a2a.Int64, a2a.Prod, 2); err != nil {
+	if err := c.Reduce(ctx, one, red, reduce.Int64, reduce.Prod, 2); err != nil {
 		t.Fatal(err)
 	}
 	if want := uint64(1); me == 2 {
