@@ -81,32 +81,7 @@ var newcomerOut = flag.String("newcomer-out", "", "copy the built user program h
 // the module cache only: GOPROXY=off), builds and vets it, and runs it as 3
 // ranks under a2ad run: each verifies every byte of an AllToAllV.
 func TestBuildOutsideTheRepository(t *testing.T) {
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	goMod := "module example.com/newcomer\n\ngo 1.26.0\n\nrequire github.com/a2a-moe/a2a v0.0.0\n\nreplace github.com/a2a-moe/a2a => " + root + "\n"
-	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, data := range map[string][]byte{"go.mod": []byte(goMod), "go.sum": sum, "main.go": []byte(userProgram)} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// tidy -e: tidy also looks for the modules of the tests of every
-	// dependency (testify, goleak, ...), which a machine that only built
-	// a2a has not downloaded; the build and vet that follow need none.
-	for _, args := range [][]string{{"mod", "tidy", "-e"}, {"build", "-o", filepath.Join(dir, "newcomer"), "."}, {"vet", "."}} {
-		cmd := exec.Command("go", args...)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
+	root, dir := buildModule(t, userProgram)
 	mod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
 	if err != nil {
 		t.Fatal(err)
@@ -115,10 +90,7 @@ func TestBuildOutsideTheRepository(t *testing.T) {
 		t.Errorf("go mod tidy did not record a2a's requirements:\n%s", mod)
 	}
 	prog := filepath.Join(dir, "newcomer")
-	a2ad := filepath.Join(dir, "a2ad")
-	if out, err := exec.Command("go", "build", "-o", a2ad, filepath.Join(root, "cmd", "a2ad")).CombinedOutput(); err != nil {
-		t.Fatalf("building a2ad: %v\n%s", err, out)
-	}
+	a2ad := buildA2ad(t, root, dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	run := exec.CommandContext(ctx, a2ad, "run", "-n", "3", "--", prog)
@@ -135,4 +107,51 @@ func TestBuildOutsideTheRepository(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// buildModule makes a module of its own in a temporary directory whose
+// main.go is program, requiring github.com/a2a-moe/a2a replaced by this
+// checkout since the module is not published; it lets the go command fill
+// in the requirements (-mod=mod, with the module cache only: GOPROXY=off),
+// builds the program as dir/newcomer and vets it. It returns the checkout's
+// root and the module's directory.
+func buildModule(t *testing.T, program string) (root, dir string) {
+	t.Helper()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	goMod := "module example.com/newcomer\n\ngo 1.26.0\n\nrequire github.com/a2a-moe/a2a v0.0.0\n\nreplace github.com/a2a-moe/a2a => " + root + "\n"
+	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{"go.mod": []byte(goMod), "go.sum": sum, "main.go": []byte(program)} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// tidy -e: tidy also looks for the modules of the tests of every
+	// dependency (testify, goleak, ...), which a machine that only built
+	// a2a has not downloaded; the build and vet that follow need none.
+	for _, args := range [][]string{{"mod", "tidy", "-e"}, {"build", "-o", filepath.Join(dir, "newcomer"), "."}, {"vet", "."}} {
+		cmd := exec.Command("go", args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go %s: %v\n%s\nmain.go:\n%s", strings.Join(args, " "), err, out, program)
+		}
+	}
+	return root, dir
+}
+
+// buildA2ad builds the checkout's a2ad into dir.
+func buildA2ad(t *testing.T, root, dir string) string {
+	t.Helper()
+	a2ad := filepath.Join(dir, "a2ad")
+	if out, err := exec.Command("go", "build", "-o", a2ad, filepath.Join(root, "cmd", "a2ad")).CombinedOutput(); err != nil {
+		t.Fatalf("building a2ad: %v\n%s", err, out)
+	}
+	return a2ad
 }
