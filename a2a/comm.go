@@ -1,8 +1,10 @@
 // Package a2a is the Go client of the a2a all-to-all service: a communicator
 // (Comm) that joins a group of ranks over a NATS control plane and runs
 // collectives, foremost the variable-size AllToAllV of MoE dispatch and
-// combine, over a data-plane transport (TCP; shared memory and RDMA verbs in
-// later packages).
+// combine, over a data plane chosen per pair of ranks: shared memory between
+// ranks of one host, RDMA verbs between hosts that both have an active port,
+// TCP otherwise (packages transport/shm, transport/verbs and transport/tcp,
+// in that order in DefaultProviders).
 //
 // Every collective is planned as a schedule (package algo) and executed by one
 // engine. Any failure — a bad argument, ranks calling different collectives, a

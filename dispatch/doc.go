@@ -5,12 +5,12 @@
 //
 // One layer step on every rank of the group:
 //
-//	h, err := d.Dispatch(ctx, tokens, &decision) // route -> counts -> pack -> AllToAllV or shared memory
+//	h, err := d.Dispatch(ctx, tokens, &decision) // capacity -> counts -> AllToAllVSpans or shared memory
 //	for l := range h.LocalExperts() {
 //		for _, seg := range h.Segments(l) {           // rows of local expert l, by source rank
 //			in := h.Recv()[seg.Offset : seg.Offset+seg.Rows*rowBytes]
 //			out := h.Output()[seg.Offset : seg.Offset+seg.Rows*rowBytes]
-//			expert(h.Expert(l), in, out)
+//			expert(h.Expert(l), in, out) // reduce.Float32s(in) views the rows as floats
 //		}
 //	}
 //	err = d.Combine(ctx, h, h.Output(), combined) // reverse AllToAllV or shared memory -> weighted sum
@@ -24,15 +24,20 @@
 // lowest gate weights), builds the permutation ([routing.Plan]: rows grouped by
 // destination rank, then expert, then token), copies the token rows into that
 // order, tells every rank how many rows it will get for each of its local
-// experts, and runs one AllToAllV of the rows. Rows for this rank's own
-// experts stay out of the collective: they are copied once, straight from the
-// tokens to the front of the receive buffer, instead of being packed and then
-// copied again by the engine. The copy walks the tokens in order, so each
-// token row is read once for all its k destinations, and for steps of 1 MiB
-// or more it uses streaming (non-temporal) stores, as Go's memmove does for
-// large copies: the packed rows are read next by the peers, not by this
-// core, so reading their old contents into the cache first would only add
-// memory traffic.
+// experts, and exchanges the rows in one collective. With [CountsInBand] (the
+// default) that is an [a2a.Comm.AllToAllVSpans] straight from the caller's
+// tokens: each destination's rows go out as a gather list of spans of the
+// token buffer, in the permuted order, and nothing is packed. With
+// [CountsNATS] every block starts with a row-count header, so the rows are
+// first packed behind their headers into a send buffer and sent by one
+// [a2a.Comm.AllToAllV]. Rows for this rank's own experts stay out of the
+// collective in both modes: they are copied once, straight from the tokens
+// to the front of the receive buffer. The copies walk the tokens in order,
+// so each token row is read once for all its k destinations, and for steps
+// of 1 MiB or more they use streaming (non-temporal) stores, as Go's memmove
+// does for large copies: the packed rows are read next by the peers, not by
+// this core, so reading their old contents into the cache first would only
+// add memory traffic.
 //
 // # Same host: shared memory instead of AllToAllV
 //
@@ -45,8 +50,8 @@
 //   - Dispatch, after the counts, exchanges 48-byte segment descriptors (each
 //     receiver says where each sender's block goes) and packs every row for
 //     such a peer straight into that peer's receive buffer: one copy per row
-//     instead of a pack plus the exchange's copy. Rows for other hosts are
-//     packed and sent by the AllToAllV as before; its message from every peer
+//     instead of a pack plus the exchange's copy. Rows for other hosts travel
+//     by the exchange described above; its message from every peer
 //     (every pair exchanges one, empty or not) also says that the peer's rows
 //     are in place, and a group on one host uses a barrier instead.
 //   - Combine exchanges descriptors of the expert outputs (which also says
@@ -96,8 +101,8 @@
 // # Combine
 //
 // Without shared memory, [Dispatcher.Combine] runs the reverse AllToAllV with the dispatch counts
-// swapped — no second counts exchange — into the dispatch's own send buffer,
-// which then holds the other ranks' expert outputs in the packed order (the
+// swapped — no second counts exchange — into the dispatch's send buffer,
+// which then holds the other ranks' expert outputs in the permuted order (the
 // outputs for this rank's own rows are read where the experts wrote them),
 // and forms, for every token t, out[t] = sum over its kept slots s (in slot
 // order) of weight[t,s] * output[row(t,s)] in float32, rounded once to the
@@ -149,14 +154,16 @@
 // Beyond moving the rows, a step costs one rank: the gate's top-k (the
 // caller's), copying the decision and planning (O(tokens*k)), one in-band
 // counts exchange, and the weighted sum, which reads every expert output once
-// and writes every token once; with the AllToAllV path, also one extra copy
-// of every kept row (the pack). BenchmarkLocalCost measures these alone for
+// and writes every token once; with [CountsNATS], also one extra copy of every
+// row sent to another rank (the pack behind the headers; in-band counts send
+// rows from the tokens as they are). BenchmarkLocalCost measures these alone for
 // 4096 tokens of 1024 bf16 elements, 16 experts, top-2; BenchmarkOverhead
 // compares whole steps with two plain AllToAllV of the same bytes (forward
 // with the local block, which Dispatch copies too; reverse without it, which
 // Combine reads in place). Between ranks of one host an AllToAllV is itself a
-// single memory copy (process_vm_readv), so with the AllToAllV path the pack
-// and the weighted sum, which move about as many bytes again, weigh far more
+// single memory copy (process_vm_readv), so with the AllToAllV path the
+// weighted sum (and the pack, with CountsNATS), which move about as many
+// bytes again, weigh far more
 // than they would next to a real network; with shared memory a step copies
 // each row once in each direction at most, and beats the two bare AllToAllV.
 //
