@@ -3,7 +3,7 @@
 #
 #   scripts/compare-mpi.sh [-n "2 4"] [-t "shm tcp"] [-s 8,64K,1M] [-o "alltoallv alltoall allreduce"]
 #
-# For every transport and rank count it runs ../shared/peers/run_mpi.sh (Open MPI,
+# For every transport and rank count it runs scripts/peers/run_mpi.sh (Open MPI,
 # ompi-shm or ompi-tcp; on shm also MPICH, whose default device uses shared memory on one
 # host; it installs both on first use), then bin/a2ad bench with the same sizes, and
 # prints one line per case: the p50 latencies (slowest rank after a barrier, us), a2a's
@@ -22,7 +22,7 @@ while getopts "n:t:s:o:" opt; do
 	*) sed -n '2,11p' "$0"; exit 2 ;;
 	esac
 done
-PEERS=../shared/peers/run_mpi.sh
+PEERS=scripts/peers/run_mpi.sh
 [ -x "$PEERS" ] || { echo "compare-mpi: $PEERS not found" >&2; exit 2; }
 [ -x bin/a2ad ] || { echo "compare-mpi: bin/a2ad missing: make build" >&2; exit 2; }
 # The peers' benchmark compiles against both MPIs: their headers must be there too (the

@@ -5,8 +5,8 @@ import (
 	"math"
 )
 
-// PlanLL plans an AllToAllV on the LL epoch/slot protocol (seeds 001 §4.2 and
-// 003, NCCL's LL and DeepEP's low-latency kernels): every block of at most
+// PlanLL plans an AllToAllV on the LL epoch/slot protocol (after NCCL's LL and
+// DeepEP's low-latency kernels): every block of at most
 // a.LLCutoff[peer] bytes is stored one-sided into the peer's slot for the
 // current epoch, all peers at once, with no handshake and no round; the
 // receiver polls until every word of the block carries the epoch. A larger
