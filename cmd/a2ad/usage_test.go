@@ -141,3 +141,32 @@ func TestBenchStreamsDefault(t *testing.T) {
 		t.Errorf("help says streams default %s, the header:\n%s", m[1], out)
 	}
 }
+
+// TestCommandListsAgree: the usage, the package doc and the README's list
+// of a2ad's commands name every command.
+func TestCommandListsAgree(t *testing.T) {
+	var usageText strings.Builder
+	usage(&usageText)
+	doc, err := os.ReadFile("main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkgDoc, _, _ := strings.Cut(string(doc), "package main")
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, item, _ := strings.Cut(string(readme), "- `cmd/a2ad/` —")
+	item, _, _ = strings.Cut(item, "\n- ")
+	for _, c := range commands() {
+		if !strings.Contains(usageText.String(), "a2ad "+c.name+" ") {
+			t.Errorf("a2ad's usage does not list %s", c.name)
+		}
+		if !regexp.MustCompile(`(?m)^//\s+a2ad ` + c.name + `\b`).MatchString(pkgDoc) {
+			t.Errorf("cmd/a2ad's package doc does not list %s", c.name)
+		}
+		if !strings.Contains(item, "`"+c.name+"`") {
+			t.Errorf("README.md's cmd/a2ad/ item does not name `%s`", c.name)
+		}
+	}
+}
