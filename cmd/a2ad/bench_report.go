@@ -65,8 +65,9 @@ func (r benchRow) wrongText() string {
 // run's settings and the column names.
 func printBenchHeader(c *a2a.Comm, f benchFlags, d dist) {
 	spin, yield := c.WaitPolicy()
-	fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s counts=%s streams=%d window=%d seed=%d transport=%s spin=%v yield=%v timing=%s alloc=%s\n",
-		f.op, c.Size(), d, f.counts, c.Config().Streams, c.Config().Window, f.seed, c.TransportName(), spin, yield, f.timing, f.alloc)
+	fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s counts=%s streams=%d window=%d seed=%d transport=%s spin=%v yield=%v timing=%s alloc=%s ll=%s\n",
+		f.op, c.Size(), d, f.counts, c.Config().Streams, c.Config().Window, f.seed, c.TransportName(), spin, yield, f.timing, f.alloc, llNote(c))
+	fmt.Println("# ll: blocks up to these bytes go by the LL protocol, per data plane (A2A_LL_BYTES capped by the plane's slot)")
 	fmt.Printf("# %10s %12s %8s %6s %5s %-12s %10s %10s %10s %11s %11s %7s\n",
 		"size", "count", "type", "redop", "root", "algo", "avg_us", "p50_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "#wrong")
 }

@@ -50,7 +50,7 @@ type planFlags struct {
 
 func (f *planFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.algos, "algo", "all", "candidates: all, or a comma list of pairwise, fullmesh, skew, staged, ll")
-	fs.IntVar(&f.llBytes, "ll-bytes", a2a.ClassCapabilities("shm").SlotBytes, "LL cutoff for the ll candidate: the shm slot size")
+	fs.IntVar(&f.llBytes, "ll-bytes", a2a.DefaultLLBytes, llBytesUsage)
 	fs.IntVar(&f.n, "n", 8, "ranks")
 	fs.StringVar(&f.sizeSpec, "sizes", "64K", "per-peer bytes: MIN:MAX (x2 steps) or a comma list")
 	fs.StringVar(&f.distSpec, "dist", "uniform", "traffic: uniform | zipf:S | lognormal:SIGMA | hot:F")
@@ -188,21 +188,27 @@ func (p *planner) layOut() {
 }
 
 // setCutoffs computes the printed rank's LL cutoffs under auto and those of
-// the ll candidate.
+// the ll candidate from --ll-bytes, as a Comm does from A2A_LL_BYTES: each
+// pair's data plane caps the setting at its slot; forced ll uses the
+// default when the setting turns LL off.
 func (p *planner) setCutoffs() {
-	p.llLocal = a2a.ClassLLCutoff(p.links.LocalClass, a2a.DefaultLLBytes)
-	p.llRemote = a2a.ClassLLCutoff(p.links.RemoteClass, a2a.DefaultLLBytes)
+	p.llLocal = pairLLCutoff(p.links.LocalClass, p.llBytes)
+	p.llRemote = pairLLCutoff(p.links.RemoteClass, p.llBytes)
+	forced := max(p.llBytes, 0)
 	p.autoCut, p.autoQuiet = make([]int, p.n), make([]bool, p.n)
+	p.llCut = make([]int, p.n)
 	for j := range p.autoCut {
 		p.autoCut[j], p.autoQuiet[j] = p.llLocal, true
+		p.llCut[j] = pairLLCutoff(p.links.LocalClass, forced)
 		if p.hostOf[j] != p.hostOf[p.rank] {
 			p.autoCut[j] = p.llRemote
+			p.llCut[j] = pairLLCutoff(p.links.RemoteClass, forced)
 		}
 	}
-	p.autoCut[p.rank] = -1
-	p.llCut = make([]int, p.n)
-	for j := range p.llCut {
-		p.llCut[j] = p.llBytes
+	if p.llLocal < 0 {
+		p.autoCut, p.autoQuiet = nil, nil // no pair uses LL
+	} else {
+		p.autoCut[p.rank] = -1
 	}
 	p.llCut[p.rank] = -1
 }
@@ -244,9 +250,13 @@ func (p *planner) printSize(size int) error {
 // printHeader prints the line that opens a size's plans.
 func (p *planner) printHeader(size int, chosen algo.Algo) {
 	links := p.links
-	fmt.Printf("# plan n=%d size=%d dist=%s streams=%d window=%d hosts=%d%s links local(%s) alpha=%.1fus beta=%.2fGB/s remote(%s) alpha=%.1fus beta=%.2fGB/s: auto picks %s\n",
+	ll := "off"
+	if p.llLocal >= 0 {
+		ll = fmt.Sprintf("%s:%d,%s:%d", links.LocalClass, p.llLocal, links.RemoteClass, p.llRemote)
+	}
+	fmt.Printf("# plan n=%d size=%d dist=%s streams=%d window=%d hosts=%d%s links local(%s) alpha=%.1fus beta=%.2fGB/s remote(%s) alpha=%.1fus beta=%.2fGB/s ll=%s: auto picks %s\n",
 		p.n, size, p.dist, p.streams, p.window, p.hosts, crowdNote(p.machines, p.cores), links.LocalClass, links.Local.Alpha*1e6, 1/links.Local.Beta/1e9,
-		links.RemoteClass, links.Remote.Alpha*1e6, 1/links.Remote.Beta/1e9, chosen)
+		links.RemoteClass, links.Remote.Alpha*1e6, 1/links.Remote.Beta/1e9, ll, chosen)
 }
 
 // candidate is a's entry among the priced candidates; the zero Candidate
@@ -272,7 +282,11 @@ func (p *planner) printCandidate(a algo.Algo, cand algo.Candidate, chosen algo.A
 	}
 	est, note := cand.Estimate, ""
 	if a == algo.AlgoLL {
-		est = algo.EstimateLL(t.m, p.n, p.streams, p.window, p.llBytes, p.links.Flat(p.hosts))
+		cut := pairLLCutoff(p.links.LocalClass, max(p.llBytes, 0))
+		if p.hosts > 1 {
+			cut = pairLLCutoff(p.links.RemoteClass, max(p.llBytes, 0)) // priced with the remote link, as Flat
+		}
+		est = algo.EstimateLL(t.m, p.n, p.streams, p.window, cut, p.links.Flat(p.hosts))
 		note = " (forced only: under auto every algorithm sends blocks up to a pair's LL cutoff one-sided)"
 	}
 	if a == chosen {
