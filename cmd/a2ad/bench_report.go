@@ -9,7 +9,8 @@ import (
 )
 
 // benchHelp closes `a2ad bench -h`: what the columns of the rows mean.
-const benchHelp = `Each row is one size, with nccl-tests' columns:
+const benchHelp = `Each row is one size, with nccl-tests' columns (the header's "# size:"
+line says what size counts for the op):
   size    bytes: per peer block for alltoallv, alltoall, allgather, gather and
           scatter; the buffer each rank passes for the others (rounded down to
           whole elements, and for reducescatter to n blocks)
@@ -67,9 +68,20 @@ func printBenchHeader(c *a2a.Comm, f benchFlags, d dist) {
 	spin, yield := c.WaitPolicy()
 	fmt.Printf("# a2ad bench op=%s ranks=%d dist=%s counts=%s streams=%d window=%d seed=%d transport=%s spin=%v yield=%v timing=%s alloc=%s ll=%s\n",
 		f.op, c.Size(), d, f.counts, c.Config().Streams, c.Config().Window, f.seed, c.TransportName(), spin, yield, f.timing, f.alloc, llNote(c))
-	fmt.Println("# ll: blocks up to these bytes go by the LL protocol, per data plane (A2A_LL_BYTES capped by the plane's slot)")
+	fmt.Printf("# size: %s; ll: blocks up to these bytes go by the LL protocol, per data plane (A2A_LL_BYTES capped by the plane's slot)\n", sizeMeaning(f.op))
 	fmt.Printf("# %10s %12s %8s %6s %5s %-12s %10s %10s %10s %11s %11s %7s\n",
 		"size", "count", "type", "redop", "root", "algo", "avg_us", "p50_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "#wrong")
+}
+
+// sizeMeaning says what the size column counts for op, as benchHelp does.
+func sizeMeaning(op string) string {
+	switch op {
+	case "alltoallv", "alltoall", "allgather", "gather", "scatter":
+		return "bytes per peer (the block a rank sends or receives from each rank)"
+	case "barrier":
+		return "unused (a barrier moves no data)"
+	}
+	return "bytes of the buffer each rank passes"
 }
 
 // report prints a row on rank 0 and fails when --check found wrong

@@ -50,6 +50,9 @@ func TestOneLLCutoff(t *testing.T) {
 		if want := fmt.Sprintf(" ll=shm:%d\n", tc.cutoff); !strings.Contains(text, want) {
 			t.Errorf("bench %s: no %q in the header:\n%s", tc.env, want, text)
 		}
+		if !strings.Contains(text, "# size: bytes per peer") {
+			t.Errorf("bench %s: the header does not say the size is per peer:\n%s", tc.env, text)
+		}
 		rows := 0
 		for _, line := range strings.Split(text, "\n") {
 			f := strings.Fields(line)
