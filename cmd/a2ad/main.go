@@ -4,7 +4,7 @@
 //	a2ad run    -n N [--nats URL] [--group G] -- PROG [ARGS]   start N local ranks (like mpirun/torchrun)
 //	a2ad bench  --op alltoallv -n N --sizes 8:1M ...   nccl-tests style benchmark
 //	a2ad demo   [-n 4]                               a verified AllToAllV demo on local ranks
-//	a2ad plan   [--algo A] [-n N] ...                  AllToAllV schedules and estimated times
+//	a2ad plan   [--algo A] [-n N] [--rounds R] ...     AllToAllV estimates and auto's pick (--rounds: schedules)
 //	a2ad tune   [-n N] [--out FILE]                    measure the link table
 //	a2ad devices [--require]                           RDMA devices verbs would use, or why none
 //

@@ -12,9 +12,10 @@ import (
 	"github.com/a2a-moe/a2a/a2a/algo"
 )
 
-// cmdPlan prints, without running anything, the AllToAllV schedule every
-// candidate algorithm would run for a traffic matrix, its estimated time under
-// the cost model, and the one auto selection picks.
+// cmdPlan prints, without running anything, the estimated time under the cost
+// model of every candidate AllToAllV algorithm for a traffic matrix and the
+// one auto selection picks: a summary of a few lines per size. --rounds adds
+// the schedules themselves.
 func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
 	p, err := newPlanner(args)
 	if err != nil {
@@ -58,7 +59,7 @@ func (f *planFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.streams, "streams", a2a.DefaultStreams, "connections per peer pair, as a job has by default")
 	fs.IntVar(&f.window, "window", algo.DefaultWindow, "fullmesh peers in flight")
 	fs.IntVar(&f.rank, "rank", 0, "rank whose schedule is printed")
-	fs.IntVar(&f.rounds, "rounds", 6, "rounds of the schedule printed (0: none, -1: all)")
+	fs.IntVar(&f.rounds, "rounds", 0, "rounds of each schedule printed after its estimate (0: the summary only, -1: whole schedules)")
 	fs.IntVar(&f.hosts, "hosts", 1, "hosts the ranks are spread over (consecutive ranks per host)")
 	fs.IntVar(&f.machines, "machines", 0, "machines the hosts share (consecutive hosts per machine; 0: one per host), e.g. 1 for the test bed's namespaces")
 	fs.IntVar(&f.cores, "cores", 0, "CPUs each machine gives the job (0: a core per rank); fewer than its ranks bound every estimate by the machine's total work")
