@@ -45,6 +45,11 @@
 // The MoE dispatch layer reports its steps with ObserveDispatch and
 // ObserveCombine.
 //
+// A control-plane service (a2ad serve) registers RegisterControl (groups
+// and their members, a2a_control_*), RegisterControlRejects and
+// RegisterControlTraffic: the traffic and wait matrices of every group,
+// a2a_control_traffic_*{group,from,to}, the ones its live view draws.
+//
 // deploy/grafana/a2a-dashboard.json charts these families and
 // deploy/prometheus/prometheus.yml scrapes them; the package's tests check
 // that the dashboard only names families this package exports.

@@ -142,6 +142,9 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		if err := metrics.RegisterControlRejects(reg, cp.svc.Rejects); err != nil {
 			return err
 		}
+		if err := metrics.RegisterControlTraffic(reg, cp.svc); err != nil { // what /ui/ draws
+			return err
+		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", metrics.Handler(reg))
 		mux.Handle("/ui/", uiHandler(cp.svc))

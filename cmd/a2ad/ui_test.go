@@ -135,6 +135,44 @@ func TestLiveView(t *testing.T) {
 	if !strings.Contains(string(body), fmt.Sprintf(`a2a_control_members{group=%q} 4`, group)) {
 		t.Errorf("/metrics beside /ui/ lacks the group's members:\n%.1500s", body)
 	}
+	checkTrafficSeries(t, string(body), group, n)
+}
+
+// checkTrafficSeries asserts that /metrics has the matrices /ui/ draws: a
+// sent-bytes and a wait series for every pair of ranks of group, with
+// bytes between every pair of distinct ranks.
+func checkTrafficSeries(t *testing.T, body, group string, n int) {
+	t.Helper()
+	for from := range n {
+		for to := range n {
+			labels := fmt.Sprintf(`{from="%d",group=%q,to="%d"} `, from, group, to)
+			sent := metricValue(body, "a2a_control_traffic_sent_bytes_total"+labels)
+			if sent < 0 || (from != to && sent == 0) {
+				t.Errorf("/metrics: a2a_control_traffic_sent_bytes_total%s is %v, want bytes", labels, sent)
+			}
+			if metricValue(body, "a2a_control_traffic_wait_seconds_total"+labels) < 0 {
+				t.Errorf("/metrics lacks a2a_control_traffic_wait_seconds_total%s", labels)
+			}
+		}
+	}
+	ops := regexp.MustCompile(`(?m)^a2a_control_traffic_operations_total\{algo="[a-z]+",group="` + regexp.QuoteMeta(group) + `",op="alltoallv"\} [1-9]`)
+	if !ops.MatchString(body) {
+		t.Errorf("/metrics lacks the group's alltoallv calls:\n%.3000s", body)
+	}
+}
+
+// metricValue is the value of the series that starts line of a text
+// exposition, -1 when there is none.
+func metricValue(body, series string) float64 {
+	for line := range strings.Lines(body) {
+		if v, ok := strings.CutPrefix(line, series); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
 }
 
 // freeAddr returns a loopback address with a free port.
