@@ -20,8 +20,10 @@ build:
 	$(GO) build -o $(BIN)/soak ./cmd/soak
 
 # The main job: the MoE expert-routing demo on 4 local ranks (route, dispatch,
-# expert FFNs, combine, verified against a single-process reference).
-demo: build
+# expert FFNs, combine, verified against a single-process reference). It
+# builds only the program it runs.
+demo:
+	$(GO) build -o $(BIN)/moe ./examples/moe
 	$(BIN)/moe -n 4
 
 deps:
