@@ -120,6 +120,12 @@ func checkOutput(t *testing.T, out string, ranks, steps int) {
 	if !strings.Contains(out, fmt.Sprintf("all %d steps verified on %d ranks", steps, ranks)) {
 		t.Errorf("no summary in:\n%s", out)
 	}
+	// The columns are explained, and how to keep the metrics up.
+	for _, want := range []string{"\n  imbalance          max/mean of the rows each rank's experts processed", "--hold 1m keeps them up"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
 }
 
 // TestDemoInProcess runs the demo's rank logic in-process over several

@@ -84,6 +84,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 		fmt.Fprintf(out, "metrics: a2a_shrinks_total %v, a2a_membership_size %v\n", gauge(reg, "a2a_shrinks_total"), gauge(reg, "a2a_membership_size"))
 	}
 	fmt.Fprintf(out, "all %d steps verified on %d ranks\n", o.steps, m.c.Size())
+	fmt.Fprint(out, legend)
 	if o.hold > 0 {
 		fmt.Fprintf(out, "holding for %v (metrics stay up)\n", o.hold)
 		sleep(ctx, o.hold) // interrupted is fine: the work is done
@@ -233,9 +234,26 @@ func printHeader(w io.Writer, o options, size int, pl *routing.Placement, urls [
 	for r, u := range urls {
 		fmt.Fprintf(w, "rank %d metrics %s\n", r, u)
 	}
+	if o.hold > 0 {
+		fmt.Fprintf(w, "(the ranks serve /metrics until %v after the last step)\n", o.hold)
+	} else {
+		fmt.Fprintln(w, "(the ranks serve /metrics only while they run: --hold 1m keeps them up a minute after the last step)")
+	}
 	fmt.Fprintf(w, "%4s %13s %8s %9s %9s %9s %9s  %-8s  %s\n",
 		"step", "kept/routed", "dropped", "imbalance", "dispatch", "combine", "moved", "result", "tokens per expert")
 }
+
+// legend explains the step lines' columns, after the run.
+const legend = `columns, totals over all ranks:
+  kept/routed        token->expert assignments the gate made (routed) and those under capacity (kept)
+  dropped            assignments over an expert's capacity (--capacity): they contribute zero
+  imbalance          max/mean of the rows each rank's experts processed: 1.00 is even, 2.00
+                     means the busiest rank did twice the average (--skew raises it)
+  dispatch, combine  the slowest rank's time, waiting for the other ranks included
+  moved              bytes that crossed between ranks, both directions
+  result             verified: every output element equals the single-process reference
+  tokens per expert  rows each expert processed
+`
 
 func expertsPerRank(pl *routing.Placement) string {
 	lo, hi := pl.Experts, 0
