@@ -21,6 +21,10 @@
 //     Integer Avg truncates toward zero (-7/2 = -3), after any wrap-around of the
 //     accumulated sum.
 //
+// It also holds the element conversions the layers above share: bfloat16 and
+// float16 (half.go), typed views of byte buffers, and FP8 E4M3 with one scale
+// per block of 128 elements (fp8.go), the wire format of MoE dispatch rows.
+//
 // Performance: for 4- and 8-byte elements, when the host is little-endian and
 // every buffer is aligned for the element type, the kernels work on typed views
 // of the bytes (no copying) in loops unrolled by eight; otherwise they decode
