@@ -1,25 +1,38 @@
 #!/usr/bin/env bash
 # compare-mpi.sh: Open MPI and MPICH against a2a on this machine, in one run, same sizes.
 #
-#   scripts/compare-mpi.sh [-n "2 4"] [-t "shm tcp"] [-s 8,64K,1M] [-o "alltoallv alltoall allreduce"]
+#   scripts/compare-mpi.sh [-q] [-r ROUNDS] [-n "2 4"] [-w 8] [-t "shm tcp"] [-s SIZES]
+#                          [-o "alltoallv alltoall allreduce"] [-b BUDGET_S]
 #
-# For every transport and rank count it runs scripts/peers/run_mpi.sh (Open MPI,
-# ompi-shm or ompi-tcp; on shm also MPICH, whose default device uses shared memory on one
-# host; it installs both on first use), then bin/a2ad bench with the same sizes, and
-# prints one line per case: the p50 latencies (slowest rank after a barrier, us), a2a's
-# algorithm, and the ratios Open MPI / a2a and MPICH / a2a (above 1: a2a is faster).
-# Needs make build. Both sides drift run to run on shared machines: compare ratios of one
-# run, and run it more than once before trusting a small difference.
+#   -q, --quick  three sizes, 8,64K,1M (default: the sweep 8,64,256,1K,4K,16K,64K,256K,1M)
+#   -r  rounds per case (default 3): the cell is the median of the rounds
+#   -w  also run AllToAllV alone at this many ranks ("" for none; default 8)
+#   -b  time budget per size and op, seconds (default 0.5)
+#
+# For every transport and rank count it runs, round after round, scripts/peers/run_mpi.sh
+# (Open MPI: ompi-shm or ompi-tcp; on shm also MPICH, whose default device uses shared
+# memory on one host; it installs both on first use) and then bin/a2ad bench with the same
+# sizes, so the three alternate and share the machine's moods. It prints one line per case:
+# the medians over the rounds of the p50 latencies (slowest rank after a barrier, us),
+# a2a's algorithm, and the ratios Open MPI / a2a and MPICH / a2a (above 1: a2a is faster).
+# Needs make build. Both sides are bimodal at small sizes on shared machines: trust a
+# ratio of medians over rounds, not one round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RANKS="2 4" TRANSPORTS="shm tcp" SIZES="8,64K,1M" OPS="alltoallv alltoall allreduce"
-while getopts "n:t:s:o:" opt; do
+SWEEP="8,64,256,1K,4K,16K,64K,256K,1M" QUICK="8,64K,1M"
+RANKS="2 4" WIDE=8 TRANSPORTS="shm tcp" SIZES=$SWEEP OPS="alltoallv alltoall allreduce" ROUNDS=3 BUDGET=0.5
+[ "${1:-}" = --quick ] && set -- -q "${@:2}"
+while getopts "qr:n:w:t:s:o:b:" opt; do
 	case $opt in
+	q) SIZES=$QUICK ;;
+	r) ROUNDS=$OPTARG ;;
 	n) RANKS=$OPTARG ;;
+	w) WIDE=$OPTARG ;;
 	t) TRANSPORTS=$OPTARG ;;
 	s) SIZES=$OPTARG ;;
 	o) OPS=$OPTARG ;;
-	*) sed -n '2,11p' "$0"; exit 2 ;;
+	b) BUDGET=$OPTARG ;;
+	*) sed -n '2,19p' "$0"; exit 2 ;;
 	esac
 done
 PEERS=scripts/peers/run_mpi.sh
@@ -34,38 +47,62 @@ if ! dpkg -s libopenmpi-dev libmpich-dev >/dev/null 2>&1; then
 fi
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
+
+# peer TRANSPORT RANKS IMPL CONFIG OPS: one MPI's rows, "tr n impl op bytes us -".
+peer() {
+	"$PEERS" "$4" "$2" "$SIZES" uniform -t "$BUDGET" 2>&1 |
+		sed -n 's/^RESULT .* op=\([a-z]*\) .* peer_bytes=\([0-9]*\) .* med_us=\([0-9.]*\) .*/'"$1 $2 $3"' \1 \2 \3 -/p' |
+		awk -v ops=" $5 " 'index(ops, " " $4 " ")' >>"$out"
+}
+
+# ours TRANSPORT RANKS OPS: a2a's rows, "tr n a2a op bytes us algo".
+ours() {
+	for op in $3; do
+		# One JSON object per row; pick size, p50_us and algo by key.
+		bin/a2ad bench --op "$op" -n "$2" --transport "$1" --sizes "$SIZES" --budget "${BUDGET}s" --json 2>&1 |
+			awk -v k="$1 $2 a2a $op" '
+				function val(key,   v) {
+					if (!match($0, "\"" key "\": *(\"[^\"]*\"|[^,}]*)")) return ""
+					v = substr($0, RSTART, RLENGTH); sub(/^"[^"]*": */, "", v); gsub(/"/, "", v)
+					return v
+				}
+				/^\{.*"p50_us":/ {print k, val("size"), val("p50_us"), val("algo")}' >>"$out"
+	done
+}
+
 for tr in $TRANSPORTS; do
-	for n in $RANKS; do
-		peers="ompi:ompi-$tr"
-		[ "$tr" = shm ] && peers="$peers mpich:mpich"
-		for peer in $peers; do
-			"$PEERS" "${peer#*:}" "$n" "$SIZES" uniform 2>&1 |
-				sed -n 's/^RESULT .* op=\([a-z]*\) .* peer_bytes=\([0-9]*\) .* med_us=\([0-9.]*\) .*/'"$tr $n ${peer%%:*}"' \1 \2 \3 -/p' >>"$out"
-		done
-		for op in $OPS; do
-			# One JSON object per row; pick size, p50_us and algo by key.
-			bin/a2ad bench --op "$op" -n "$n" --transport "$tr" --sizes "$SIZES" --json 2>&1 |
-				awk -v k="$tr $n a2a $op" '
-					function val(key,   v) {
-						if (!match($0, "\"" key "\": *(\"[^\"]*\"|[^,}]*)")) return ""
-						v = substr($0, RSTART, RLENGTH); sub(/^"[^"]*": */, "", v); gsub(/"/, "", v)
-						return v
-					}
-					/^\{.*"p50_us":/ {print k, val("size"), val("p50_us"), val("algo")}' >>"$out"
+	for n in $RANKS $WIDE; do
+		ops=$OPS
+		[ "$n" = "$WIDE" ] && ops=alltoallv
+		for ((round = 1; round <= ROUNDS; round++)); do
+			echo "compare-mpi: $tr, $n ranks, round $round of $ROUNDS" >&2
+			peer "$tr" "$n" ompi "ompi-$tr" "$ops"
+			[ "$tr" = shm ] && peer "$tr" "$n" mpich mpich "$ops"
+			ours "$tr" "$n" "$ops"
 		done
 	done
 done
-awk '
-	{ key = $1 " " $2 " " $4 " " $5; us[key, $3] = $6; algo[key] = ($3 == "a2a") ? $7 : algo[key]
+awk -v rounds="$ROUNDS" '
+	{ key = $1 " " $2 " " $4 " " $5; v[key, $3, ++cnt[key, $3]] = $6
+	  if ($3 == "a2a" && !index("," algos[key] ",", "," $7 ",")) algos[key] = (algos[key] == "" ? $7 : algos[key] "," $7)
 	  if (!(key in seen)) { seen[key] = 1; order[n++] = key } }
-	function ratio(k, who) { return ((k, who) in us) ? sprintf("%.2f", us[k, who] / us[k, "a2a"]) : "-" }
-	function lat(k, who) { return ((k, who) in us) ? sprintf("%.2f", us[k, who]) : "-" }
+	# median of the rounds of one implementation (insertion sort: at most a few values)
+	function med(k, who,   i, j, m, t, a) {
+		m = cnt[k, who]
+		for (i = 1; i <= m; i++) a[i] = v[k, who, i] + 0
+		for (i = 2; i <= m; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+		return (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2
+	}
+	function has(k, who) { return ((k, who) in cnt) }
+	function ratio(k, who) { return has(k, who) ? sprintf("%.2f", med(k, who) / med(k, "a2a")) : "-" }
+	function lat(k, who) { return has(k, who) ? sprintf("%.2f", med(k, who)) : "-" }
 	END {
-		printf "%-4s %-5s %-10s %9s %11s %11s %11s  %-12s %9s %10s\n", "tr", "ranks", "op", "bytes", "ompi_us", "mpich_us", "a2a_us", "a2a_algo", "ompi/a2a", "mpich/a2a"
+		printf "# medians of %d rounds of p50 latencies (us); ratio above 1: a2a is faster\n", rounds
+		printf "%-4s %-5s %-10s %9s %11s %11s %11s  %-16s %9s %10s\n", "tr", "ranks", "op", "bytes", "ompi_us", "mpich_us", "a2a_us", "a2a_algo", "ompi/a2a", "mpich/a2a"
 		for (i = 0; i < n; i++) {
 			k = order[i]
-			if (!((k, "a2a") in us) || (!((k, "ompi") in us) && !((k, "mpich") in us))) continue
+			if (!has(k, "a2a") || (!has(k, "ompi") && !has(k, "mpich"))) continue
 			split(k, f, " ")
-			printf "%-4s %-5s %-10s %9s %11s %11s %11.2f  %-12s %9s %10s\n", f[1], f[2], f[3], f[4], lat(k, "ompi"), lat(k, "mpich"), us[k, "a2a"], algo[k], ratio(k, "ompi"), ratio(k, "mpich")
+			printf "%-4s %-5s %-10s %9s %11s %11s %11.2f  %-16s %9s %10s\n", f[1], f[2], f[3], f[4], lat(k, "ompi"), lat(k, "mpich"), med(k, "a2a"), algos[k], ratio(k, "ompi"), ratio(k, "mpich")
 		}
 	}' "$out"
