@@ -8,10 +8,13 @@ package natsd
 
 import (
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"time"
 
@@ -69,6 +72,9 @@ type Config struct {
 	// TLSCert and TLSKey are the server's certificate and key files (PEM):
 	// with them every client connection is TLS.
 	TLSCert, TLSKey string
+	// Certificate, instead of TLSCert and TLSKey, is the server's
+	// certificate in memory (GenerateTLS makes one).
+	Certificate *tls.Certificate
 	// TLSCA, with a certificate, makes the server require client
 	// certificates signed by this CA (PEM), in addition to the users'
 	// passwords.
@@ -79,7 +85,7 @@ type Config struct {
 }
 
 // ErrInsecure is returned for a listener beyond loopback without TLS.
-var ErrInsecure = errors.New("natsd: refusing to listen beyond loopback without TLS (give a certificate and key, or allow it explicitly as insecure)")
+var ErrInsecure = errors.New("natsd: refusing to listen beyond loopback without TLS (give a certificate, or allow it explicitly as insecure)")
 
 // StartServer runs an embedded NATS server as cfg says and waits until it
 // accepts clients.
@@ -91,7 +97,10 @@ func StartServer(cfg Config) (*server.Server, error) {
 	if len(cfg.Users) == 0 {
 		return nil, errors.New("natsd: no users: the server would let nobody in")
 	}
-	tlsOn := cfg.TLSCert != "" || cfg.TLSKey != ""
+	if cfg.Certificate != nil && (cfg.TLSCert != "" || cfg.TLSKey != "") {
+		return nil, errors.New("natsd: a certificate in memory or files, not both")
+	}
+	tlsOn := cfg.TLSCert != "" || cfg.TLSKey != "" || cfg.Certificate != nil
 	if !tlsOn && !cfg.Insecure && !Loopback(host) {
 		return nil, fmt.Errorf("%w: %s", ErrInsecure, net.JoinHostPort(host, strconv.Itoa(max(port, 0))))
 	}
@@ -111,8 +120,7 @@ func StartServer(cfg Config) (*server.Server, error) {
 		opts.Users = append(opts.Users, su)
 	}
 	if tlsOn {
-		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cfg.TLSCert, KeyFile: cfg.TLSKey,
-			CaFile: cfg.TLSCA, Verify: cfg.TLSCA != ""})
+		tc, err := tlsConfig(cfg)
 		if err != nil {
 			return nil, fmt.Errorf("natsd: TLS: %w", err)
 		}
@@ -120,6 +128,28 @@ func StartServer(cfg Config) (*server.Server, error) {
 		opts.TLSTimeout = 5
 	}
 	return run(opts)
+}
+
+// tlsConfig is the server's TLS configuration: its certificate from files or
+// memory, and the CA of client certificates when it verifies them.
+func tlsConfig(cfg Config) (*tls.Config, error) {
+	if cfg.Certificate == nil {
+		return server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cfg.TLSCert, KeyFile: cfg.TLSKey,
+			CaFile: cfg.TLSCA, Verify: cfg.TLSCA != ""})
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{*cfg.Certificate}}
+	if cfg.TLSCA != "" {
+		raw, err := os.ReadFile(cfg.TLSCA)
+		if err != nil {
+			return nil, err
+		}
+		tc.ClientCAs = x509.NewCertPool()
+		if !tc.ClientCAs.AppendCertsFromPEM(raw) {
+			return nil, fmt.Errorf("no certificate in %s", cfg.TLSCA)
+		}
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
 }
 
 // Start runs an open embedded NATS server on addr ("host:port"; port 0 or ""
