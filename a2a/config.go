@@ -45,9 +45,13 @@ type Config struct {
 	NATSUser     string // A2A_NATS_USER     user name (with NATSPassword)
 	NATSPassword string // A2A_NATS_PASSWORD
 	NATSToken    string // A2A_NATS_TOKEN    token
-	NATSTLSCA    string // A2A_NATS_TLS_CA   CA file the server's certificate must chain to (turns TLS on)
+	NATSTLSCA    string // A2A_NATS_TLS_CA   CA the server's certificate must chain to (turns TLS on): a PEM file, or the PEM itself as a2ad serve's credentials file holds it
 	NATSTLSCert  string // A2A_NATS_TLS_CERT client certificate file, for servers that verify clients
 	NATSTLSKey   string // A2A_NATS_TLS_KEY  its key file
+	// CredsFile is the credentials file ConfigFromEnv read the fields
+	// above from (A2A_CREDS: the one a2ad serve writes), for the errors
+	// that say which credentials were refused; Join does not read it.
+	CredsFile string
 
 	// HeartbeatInterval and PeerTimeout tune failure detection (defaults
 	// 250ms and 1.5s: a dead rank is noticed by everyone within 3s).
@@ -79,27 +83,38 @@ type Config struct {
 // a launcher that exports none (Hydra's mpiexec) needs A2A_GROUP. torchrun's
 // MASTER_ADDR is the default control-plane host (nats://MASTER_ADDR:4222)
 // when A2A_NATS_URL is unset. A2A_* variables that are set always win.
+//
+// A2A_CREDS names a credentials file, the one `a2ad serve` writes: its NATS
+// login (A2A_NATS_USER, A2A_NATS_PASSWORD or another A2A_NATS_* way), TLS CA
+// (A2A_NATS_TLS_CA) and A2A_SECRET fill what the environment leaves unset,
+// so that a launcher passes one variable (mpirun -x A2A_CREDS). A login set
+// in the environment replaces the file's whole.
 func ConfigFromEnv() (Config, error) {
+	getenv, credsFile, err := withCredsFile(os.Getenv)
+	if err != nil {
+		return Config{Rank: -1, LocalRank: -1}, err
+	}
 	cfg := Config{
+		CredsFile:     credsFile,
 		NATSURL:       os.Getenv("A2A_NATS_URL"),
 		Group:         os.Getenv("A2A_GROUP"),
 		Rank:          -1,
 		LocalRank:     -1,
-		Secret:        os.Getenv("A2A_SECRET"),
+		Secret:        getenv("A2A_SECRET"),
 		Algo:          os.Getenv("A2A_ALGO"),
 		AlgoAllReduce: os.Getenv("A2A_ALGO_ALLREDUCE"),
 		Listen:        os.Getenv("A2A_LISTEN"),
 		Host:          os.Getenv("A2A_HOST"),
 		Transport:     os.Getenv("A2A_TRANSPORT"),
 		Links:         os.Getenv("A2A_LINKS"),
-		NATSCreds:     os.Getenv("A2A_NATS_CREDS"),
-		NATSNKey:      os.Getenv("A2A_NATS_NKEY"),
-		NATSUser:      os.Getenv("A2A_NATS_USER"),
-		NATSPassword:  os.Getenv("A2A_NATS_PASSWORD"),
-		NATSToken:     os.Getenv("A2A_NATS_TOKEN"),
-		NATSTLSCA:     os.Getenv("A2A_NATS_TLS_CA"),
-		NATSTLSCert:   os.Getenv("A2A_NATS_TLS_CERT"),
-		NATSTLSKey:    os.Getenv("A2A_NATS_TLS_KEY"),
+		NATSCreds:     getenv("A2A_NATS_CREDS"),
+		NATSNKey:      getenv("A2A_NATS_NKEY"),
+		NATSUser:      getenv("A2A_NATS_USER"),
+		NATSPassword:  getenv("A2A_NATS_PASSWORD"),
+		NATSToken:     getenv("A2A_NATS_TOKEN"),
+		NATSTLSCA:     getenv("A2A_NATS_TLS_CA"),
+		NATSTLSCert:   getenv("A2A_NATS_TLS_CERT"),
+		NATSTLSKey:    getenv("A2A_NATS_TLS_KEY"),
 	}
 	if os.Getenv("A2A_RANK") == "" && os.Getenv("A2A_WORLD_SIZE") == "" {
 		if err := cfg.fromLauncher(os.Getenv); err != nil {

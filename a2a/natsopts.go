@@ -18,7 +18,8 @@ import (
 // control plane as cfg says: one of a credentials file (NATSCreds), an nkey
 // seed file (NATSNKey), a user and password (NATSUser, NATSPassword) or a
 // token (NATSToken), or none (user, password or token may also be in the
-// URL, which nats.go reads); TLS verified against NATSTLSCA, with a client
+// URL, which nats.go reads); TLS verified against NATSTLSCA (a PEM file or
+// the PEM itself), with a client
 // certificate when NATSTLSCert and NATSTLSKey are set. Replies come to
 // inboxes under control.InboxPrefix(cfg.Group), so that an account can limit
 // the job's user to control.Subjects(cfg.Group).
@@ -59,7 +60,16 @@ func (cfg Config) NATSOptions() ([]nats.Option, error) {
 	if (cfg.NATSTLSCert == "") != (cfg.NATSTLSKey == "") {
 		return nil, bad("A2A_NATS_TLS_CERT and A2A_NATS_TLS_KEY go together")
 	}
-	if cfg.NATSTLSCA != "" {
+	switch {
+	case strings.HasPrefix(strings.TrimSpace(cfg.NATSTLSCA), "-----BEGIN"):
+		// The PEM itself, as a2ad serve's credentials file holds its CA:
+		// the file travels alone, with nothing beside it to copy.
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(cfg.NATSTLSCA)) {
+			return nil, bad("A2A_NATS_TLS_CA: no certificate in its PEM")
+		}
+		opts = append(opts, nats.ClientTLSConfig(nil, func() (*x509.CertPool, error) { return pool, nil }))
+	case cfg.NATSTLSCA != "":
 		if err := readable(cfg.NATSTLSCA); err != nil {
 			return nil, bad("A2A_NATS_TLS_CA: %v", err)
 		}

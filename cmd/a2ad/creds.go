@@ -1,34 +1,21 @@
 package main
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
-	"path/filepath"
-	"strings"
 
+	"github.com/a2a-moe/a2a/internal/credsfile"
 	"github.com/a2a-moe/a2a/internal/natsd"
 )
 
 // serveCreds are what a2ad serve lets in (the clients' NATS user, when it
 // embeds the server) and signs and verifies control messages with (the job
 // secret of the groups it coordinates). They live in an env-style file, mode
-// 0600, that a job reads with `a2ad run --creds FILE` or a shell with
-// `set -a; . FILE; set +a`.
+// 0600 (package credsfile), that a job reads with A2A_CREDS=FILE, `a2ad run
+// --creds FILE` or a shell with `set -a; . FILE; set +a`.
 type serveCreds struct {
 	User, Password, Secret string
-}
-
-// defaultCredsFile is where a2ad serve keeps its credentials unless told:
-// in the user's configuration directory, not in a shared temp directory.
-func defaultCredsFile() (string, error) {
-	dir, err := os.UserConfigDir()
-	if err != nil {
-		return "", fmt.Errorf("no configuration directory for the credentials file (%v): give --creds FILE", err)
-	}
-	return filepath.Join(dir, "a2ad", "serve.env"), nil
 }
 
 // serveCredentials finds a2ad serve's credentials and says where from: the
@@ -48,7 +35,7 @@ func serveCredentials(flagPath string, needUser bool, getenv func(string) string
 	}
 	path := flagPath
 	if path == "" {
-		if path, err = defaultCredsFile(); err != nil {
+		if path, err = credsfile.DefaultPath(); err != nil {
 			return c, "", "", err
 		}
 	}
@@ -66,7 +53,7 @@ func serveCredentials(flagPath string, needUser bool, getenv func(string) string
 // credentials and writes them there (0600, its directory 0700). needUser:
 // the file must hold a NATS user (a2ad serve embeds the server).
 func loadOrCreateCreds(path string, needUser bool) (c serveCreds, created bool, err error) {
-	vars, err := readEnvFile(path)
+	vars, err := credsfile.Read(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		c = serveCreds{Secret: natsd.RandomHex(32)}
 		if needUser {
@@ -90,56 +77,19 @@ func loadOrCreateCreds(path string, needUser bool) (c serveCreds, created bool, 
 	return c, false, nil
 }
 
-func writeCreds(path string, c serveCreds) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	var b strings.Builder
-	b.WriteString("# a2ad serve credentials: keep private. A job uses them with\n")
-	b.WriteString("#   a2ad run --nats URL --creds THIS_FILE ...   or   set -a; . THIS_FILE; set +a\n")
-	if c.User != "" {
-		fmt.Fprintf(&b, "A2A_NATS_USER=%s\nA2A_NATS_PASSWORD=%s\n", c.User, c.Password)
-	}
-	fmt.Fprintf(&b, "A2A_SECRET=%s\n", c.Secret)
-	// O_EXCL: never write through a file or link someone else put there.
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.WriteString(b.String()); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+// credsHeader opens the credentials file: what it is and how a job uses it.
+var credsHeader = []string{
+	"a2ad serve credentials: keep private. A job uses them with",
+	"  export A2A_CREDS=THIS_FILE   (launchers pass it on: mpirun -x A2A_CREDS; srun, torchrun inherit it)",
+	"  a2ad run --nats URL ...      (reads this file when it is the default one, else give --creds THIS_FILE)",
+	"  set -a; . THIS_FILE; set +a  (every variable on its own)",
 }
 
-// readEnvFile reads KEY=VALUE lines (blank lines and # comments skipped). It
-// refuses a file that others may read or write, as ssh does with keys.
-func readEnvFile(path string) (map[string]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
+func writeCreds(path string, c serveCreds) error {
+	var vars []credsfile.Var
+	if c.User != "" {
+		vars = append(vars, credsfile.Var{Key: "A2A_NATS_USER", Value: c.User}, credsfile.Var{Key: "A2A_NATS_PASSWORD", Value: c.Password})
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if st.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("credentials file %s is accessible to others (mode %v): chmod 600 it", path, st.Mode().Perm())
-	}
-	vars := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		k, v, ok := strings.Cut(line, "=")
-		if !ok {
-			return nil, fmt.Errorf("%s:%d: not KEY=VALUE", path, n)
-		}
-		vars[strings.TrimSpace(strings.TrimPrefix(k, "export "))] = strings.Trim(strings.TrimSpace(v), `"'`)
-	}
-	return vars, sc.Err()
+	vars = append(vars, credsfile.Var{Key: "A2A_SECRET", Value: c.Secret})
+	return credsfile.Write(path, credsHeader, vars, false)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/a2a/control"
 	"github.com/a2a-moe/a2a/a2a/transport/shm"
+	"github.com/a2a-moe/a2a/internal/credsfile"
 	"github.com/a2a-moe/a2a/internal/launch"
 	"github.com/a2a-moe/a2a/internal/natsd"
 )
@@ -38,7 +39,7 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 		if *natsURL == "" {
 			return usagef("--creds is for --nats: the embedded control plane makes its own credentials")
 		}
-		vars, err := readEnvFile(*creds)
+		vars, err := credsfile.Read(*creds)
 		if err != nil {
 			return err
 		}

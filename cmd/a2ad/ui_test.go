@@ -65,15 +65,8 @@ func TestLiveView(t *testing.T) {
 		t.Fatalf("serve did not announce its metrics and live view (metrics %q)", metricsURL)
 	}
 	go io.Copy(io.Discard, so)
-	// The ranks log in with serve's credentials, as `a2ad run --creds` does.
-	vars, err := readEnvFile(creds)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var login []string
-	for k, v := range vars {
-		login = append(login, k+"="+v)
-	}
+	// The ranks log in with serve's credentials file, as a launcher passes it.
+	login := []string{"A2A_CREDS=" + creds}
 
 	const n = 4
 	group := fmt.Sprintf("ui%d", os.Getpid())

@@ -40,7 +40,7 @@ func (u User) Options() []nats.Option { return []nats.Option{nats.UserInfo(u.Nam
 
 // authEnv are the client variables of package a2a that choose NATS
 // credentials and TLS.
-var authEnv = []string{"A2A_NATS_CREDS", "A2A_NATS_NKEY", "A2A_NATS_USER", "A2A_NATS_PASSWORD",
+var authEnv = []string{"A2A_CREDS", "A2A_NATS_CREDS", "A2A_NATS_NKEY", "A2A_NATS_USER", "A2A_NATS_PASSWORD",
 	"A2A_NATS_TOKEN", "A2A_NATS_TLS_CA", "A2A_NATS_TLS_CERT", "A2A_NATS_TLS_KEY"}
 
 // Env returns the environment that makes a rank (package a2a's
