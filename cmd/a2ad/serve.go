@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -47,6 +48,7 @@ type cpConfig struct {
 // runs the control-plane service on it.
 func startControlPlane(log *slog.Logger, c cpConfig) (*controlPlane, error) {
 	cp := &controlPlane{URL: c.NATSURL}
+	connectURL := c.NATSURL
 	var opts []nats.Option
 	if c.NATSURL == "" {
 		svcUser := natsd.NewUser("a2a-service", nil)
@@ -56,7 +58,11 @@ func startControlPlane(log *slog.Logger, c cpConfig) (*controlPlane, error) {
 			return nil, err
 		}
 		cp.srv, cp.URL = srv, srv.ClientURL()
-		// In-process: no socket, no TLS to verify, its own password.
+		// In-process: no socket, no TLS to verify, its own password. The
+		// URL must say nats://, not the tls:// of a TLS server: with tls://
+		// nats.go starts a handshake on the pipe that the server, which
+		// offers in-process clients TLS without requiring it, never answers.
+		connectURL = "nats://" + strings.TrimPrefix(cp.URL, "tls://")
 		opts = append(svcUser.Options(), nats.InProcessServer(srv))
 	} else {
 		cfg, err := a2a.ConfigFromEnv()
@@ -68,7 +74,7 @@ func startControlPlane(log *slog.Logger, c cpConfig) (*controlPlane, error) {
 			return nil, err
 		}
 	}
-	nc, err := nats.Connect(cp.URL, append(opts, nats.Name("a2ad control service"), nats.MaxReconnects(-1))...)
+	nc, err := nats.Connect(connectURL, append(opts, nats.Name("a2ad control service"), nats.MaxReconnects(-1))...)
 	if err != nil {
 		cp.Close()
 		return nil, fmt.Errorf("connect to NATS %s: %w", cp.URL, err)
