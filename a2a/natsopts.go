@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/a2a-moe/a2a/a2a/control"
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
+	"github.com/a2a-moe/a2a/internal/credsfile"
 )
 
 // NATSOptions returns the nats.go options that log this rank in to the
@@ -113,13 +115,13 @@ func connectError(cfg Config, err error) error {
 	var alert tls.AlertError
 	switch {
 	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked):
-		how := "the credentials given were refused"
-		if cfg.NATSCreds == "" && cfg.NATSNKey == "" && cfg.NATSUser == "" && cfg.NATSToken == "" && !strings.Contains(cfg.NATSURL, "@") {
-			how = "no credentials given: set A2A_NATS_CREDS, A2A_NATS_NKEY, A2A_NATS_USER and A2A_NATS_PASSWORD, A2A_NATS_TOKEN, or put them in the URL"
-		}
-		return fault.Wrap(fault.ErrAuth, -1, err, "control plane %s refused the connection (%s)", url, how)
+		return fault.Wrap(fault.ErrAuth, -1, err, "control plane %s refused the connection (%s)", url, refusedHow(cfg))
 	case errors.As(err, &unknownCA), errors.As(err, &hostErr), errors.As(err, &invalid), errors.As(err, &verify):
-		return fault.Wrap(fault.ErrAuth, -1, err, "control plane %s: its TLS certificate does not verify (A2A_NATS_TLS_CA names the CA to trust)", url)
+		how := "A2A_NATS_TLS_CA names the CA to trust; the CA a2ad serve made is in its credentials file: " + passCreds()
+		if cfg.CredsFile != "" && cfg.NATSTLSCA != "" {
+			how = fmt.Sprintf("the CA of A2A_CREDS=%s does not sign it: that file belongs to another a2ad serve, or to this one before it restarted", cfg.CredsFile)
+		}
+		return fault.Wrap(fault.ErrAuth, -1, err, "control plane %s: its TLS certificate does not verify (%s)", url, how)
 	case errors.As(err, &alert), errors.Is(err, nats.ErrTLS), strings.Contains(err.Error(), "remote error: tls: "):
 		// A TLS alert from the server arrives as crypto/tls's unexported
 		// alert type inside a net.OpError: only its text says it.
@@ -128,6 +130,32 @@ func connectError(cfg Config, err error) error {
 		return fault.Wrap(fault.ErrAuth, -1, err, "control plane %s: the two ends disagree on TLS", url)
 	}
 	return fault.Wrap(fault.ErrInvalidArgument, -1, err, "control plane %s unreachable", url)
+}
+
+// refusedHow says why the server refused the login and what to do: which
+// credentials were given, and where a2ad serve's are.
+func refusedHow(cfg Config) string {
+	switch {
+	case cfg.NATSCreds == "" && cfg.NATSNKey == "" && cfg.NATSUser == "" && cfg.NATSToken == "" && !strings.Contains(cfg.NATSURL, "@"):
+		return "no credentials given: " + passCreds() +
+			"; or set A2A_NATS_USER and A2A_NATS_PASSWORD, A2A_NATS_CREDS, A2A_NATS_NKEY or A2A_NATS_TOKEN, or put them in the URL"
+	case cfg.CredsFile != "":
+		return fmt.Sprintf("the credentials of A2A_CREDS=%s were refused: is it the file of the a2ad serve at this URL? "+
+			"serve prints its file when it starts; A2A_NATS_* variables set in the environment win over the file's", cfg.CredsFile)
+	}
+	return "the credentials given were refused"
+}
+
+// passCreds says how a rank gets the credentials a2ad serve wrote: the file,
+// named where this user's serve would write it, and the variable and flag
+// that pass it.
+func passCreds() string {
+	file := "~/.config/a2ad/serve.env"
+	if p, err := credsfile.DefaultPath(); err == nil {
+		file = p
+	}
+	return fmt.Sprintf("pass the file a2ad serve wrote (by default %s) with A2A_CREDS=FILE "+
+		"(launchers: export it, then mpirun -x A2A_CREDS; srun and torchrun inherit it), or run the ranks with a2ad run --nats URL --creds FILE", file)
 }
 
 // redactURL drops the user information of a NATS URL (or of each of a

@@ -121,6 +121,21 @@ func TestJoinCredentials(t *testing.T) {
 	}
 }
 
+// joinRefused joins with cfg, fails the test unless Join fails with ErrAuth,
+// and returns that error.
+func joinRefused(t *testing.T, cfg Config) error {
+	t.Helper()
+	c, err := Join(context.Background(), cfg)
+	if err == nil {
+		c.Close()
+		t.Fatal("joined")
+	}
+	if !errors.Is(err, ErrAuth) {
+		t.Fatalf("%v, want ErrAuth", err)
+	}
+	return err
+}
+
 // testPKI makes a CA and certificates it signs, PEM files in dir.
 type testPKI struct {
 	dir    string
@@ -218,14 +233,7 @@ func TestNATSTLS(t *testing.T) {
 			cfg := Config{NATSURL: url, Group: "tlsjob", Rank: 0, WorldSize: 2, Logger: discard}
 			base(&cfg)
 			tc.mod(&cfg)
-			c, err := Join(context.Background(), cfg)
-			if err == nil {
-				c.Close()
-				t.Fatal("joined")
-			}
-			if !errors.Is(err, ErrAuth) {
-				t.Fatalf("%v, want ErrAuth", err)
-			}
+			joinRefused(t, cfg)
 		})
 	}
 	comms := group(t, url, 2, base)
