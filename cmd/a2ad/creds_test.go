@@ -1,8 +1,10 @@
 package main
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -65,4 +67,47 @@ func TestServeCredentials(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRunFindsServeCredentials checks which credentials `a2ad run` gives its ranks:
+// with --nats, --creds FILE's variables, else A2A_CREDS, else serve's default
+// file when it exists (no flag needed), else none; never any without --nats.
+func TestRunFindsServeCredentials(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "config"))
+	log := slog.New(slog.DiscardHandler)
+	own := filepath.Join(dir, "own.env")
+	if err := os.WriteFile(own, []byte("A2A_NATS_USER=u\nA2A_NATS_PASSWORD=p\nA2A_SECRET=ownsecret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := func(kv ...string) func(string) string {
+		return func(k string) string {
+			for i := 0; i+1 < len(kv); i += 2 {
+				if kv[i] == k {
+					return kv[i+1]
+				}
+			}
+			return ""
+		}
+	}
+	check := func(name string, gotEnv []string, secret string, err error, wantEnv []string, wantSecret string) {
+		t.Helper()
+		if err != nil || !slices.Equal(gotEnv, wantEnv) || secret != wantSecret {
+			t.Errorf("%s: env %q secret %q err %v, want env %q secret %q", name, gotEnv, secret, err, wantEnv, wantSecret)
+		}
+	}
+	e, s, err := runCredentials(log, "", true, env())
+	check("no file yet", e, s, err, nil, "")
+	e, s, err = runCredentials(log, own, true, env())
+	check("--creds", e, s, err, []string{"A2A_NATS_PASSWORD=p", "A2A_NATS_USER=u"}, "ownsecret")
+	e, s, err = runCredentials(log, "", true, env("A2A_CREDS", own))
+	check("A2A_CREDS", e, s, err, []string{"A2A_CREDS=" + own}, "ownsecret")
+	c, _, def, err := serveCredentials("", true, env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, s, err = runCredentials(log, "", true, env())
+	check("serve's default file", e, s, err, []string{"A2A_CREDS=" + def}, c.Secret)
+	e, s, err = runCredentials(log, "", false, env("A2A_CREDS", own))
+	check("embedded control plane", e, s, err, nil, "")
 }

@@ -26,7 +26,8 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 	// No default taken from the environment here: help prints defaults,
 	// and a secret must never be printed.
 	secret := fs.String("secret", "", "job secret: signs control messages and data-plane connections (default: $A2A_SECRET, the --creds file's, or random; must be shared across hosts; prefer --creds or $A2A_SECRET: a command line is visible to every user)")
-	creds := fs.String("creds", "", "with --nats: a credentials file of a2ad serve (or any A2A_* KEY=VALUE file, mode 0600) whose variables the ranks get")
+	creds := fs.String("creds", "", "with --nats: a credentials file of a2ad serve (or any A2A_* KEY=VALUE file, mode 0600) whose variables the ranks get "+
+		"(default: $A2A_CREDS, else serve's default file when it exists, ~/.config/a2ad/serve.env)")
 	bind := bindFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return usageError{err}
@@ -34,27 +35,17 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 	if *secret == "" {
 		*secret = os.Getenv("A2A_SECRET")
 	}
-	var env []string
-	if *creds != "" {
-		if *natsURL == "" {
-			return usagef("--creds is for --nats: the embedded control plane makes its own credentials")
-		}
-		vars, err := credsfile.Read(*creds)
-		if err != nil {
-			return err
-		}
-		explicit := false
-		fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "secret" })
-		for k, v := range vars {
-			if k == "A2A_SECRET" {
-				if !explicit {
-					*secret = v
-				}
-				continue
-			}
-			env = append(env, k+"="+v)
-		}
-		slices.Sort(env)
+	if *creds != "" && *natsURL == "" {
+		return usagef("--creds is for --nats: the embedded control plane makes its own credentials")
+	}
+	explicit := false
+	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "secret" })
+	env, fileSecret, err := runCredentials(log, *creds, *natsURL != "", os.Getenv)
+	if err != nil {
+		return err
+	}
+	if fileSecret != "" && ((*creds != "" && !explicit) || *secret == "") {
+		*secret = fileSecret
 	}
 	if err := checkBind(*bind); err != nil {
 		return err
@@ -71,6 +62,49 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 		Group: *group, Secret: *secret, Env: env, Prog: prog[0], Args: prog[1:], Prefix: true,
 		BindVia: bindVia(*bind),
 	})
+}
+
+// runCredentials finds the credentials of the a2ad serve that `run --nats`
+// joins, and returns what the ranks get and the job secret the file holds:
+//   - --creds FILE: every variable of the file, which wins over the
+//     environment (the secret too, unless --secret is given);
+//   - else $A2A_CREDS, or else serve's default file when it exists: the ranks
+//     get A2A_CREDS=FILE and read it themselves (package a2a: the
+//     environment's variables win), and its secret is the job's unless
+//     A2A_SECRET or --secret is set. So `a2ad run --nats URL` works with the
+//     serve this user started, with no flag.
+//
+// Without --nats (the embedded control plane) there is nothing to find.
+func runCredentials(log *slog.Logger, flagPath string, shared bool, getenv func(string) string) (env []string, secret string, err error) {
+	path := flagPath
+	if path == "" && shared {
+		path = getenv("A2A_CREDS")
+		if path == "" {
+			if p, err := credsfile.DefaultPath(); err == nil {
+				if _, err := os.Stat(p); err == nil {
+					path = p
+				}
+			}
+		}
+	}
+	if path == "" {
+		return nil, "", nil
+	}
+	vars, err := credsfile.Read(path)
+	if err != nil {
+		return nil, "", err
+	}
+	if flagPath == "" {
+		log.Info("a2ad: the ranks log in with the credentials file of a2ad serve (give --creds FILE for another)", "file", path)
+		return []string{"A2A_CREDS=" + path}, vars["A2A_SECRET"], nil
+	}
+	for k, v := range vars {
+		if k != "A2A_SECRET" {
+			env = append(env, k+"="+v)
+		}
+	}
+	slices.Sort(env)
+	return env, vars["A2A_SECRET"], nil
 }
 
 // launchRanks fills in a fresh group and secret, embeds a control plane when
