@@ -10,7 +10,6 @@ NEEDS=(
   "mpiexec.hydra mpich"       # MPICH's Hydra mpiexec starts ranks in the launcher test
   "ip iproute2"               # deploy's Slurm test: the batch script's DATA_IFACE address
   "chromium chromium"         # headless browser of a2ad serve's /ui/ test
-  "openssl openssl"           # the test bed's TLS CA and certificate
 )
 # scripts/deps.sh rdma-lab: what scripts/rdma-lab.sh needs (qemu guest with Soft-RoCE).
 NEEDS_RDMA_LAB=(

@@ -40,9 +40,9 @@
 # holds at 1.7-1.8x.
 #
 # Steps: namespaces and links; `a2ad serve` (NATS + control service) in h0 on
-# 10.77.x.1:4222, over TLS with a CA and certificate made with openssl for the run, its
-# credentials (NATS user and job secret) in a 0600 file every host's `a2ad run --creds`
-# reads; correctness: for every algorithm of --algos an AllToAllV bench with --check
+# 10.77.x.1:4222, over TLS with the CA and certificate serve makes itself beyond loopback,
+# its credentials (NATS user, job secret and that CA) in a 0600 file every host's
+# `a2ad run --creds` reads; correctness: for every algorithm of --algos an AllToAllV bench with --check
 # over sizes 0,1,1K,64K (zipf:1.1 traffic), then AllToAll once, every host running
 # `a2ad run -n L` with A2A_HOST=host<i>, all hosts in parallel; rank 0's rows must all say
 # #wrong 0. Then the MoE demo's ranks (bin/moe --worker, or --moe PATH; skipped if absent)
@@ -516,22 +516,12 @@ say "$HOSTS hosts x $LOCAL ranks in namespaces $PFX-h0..h$((HOSTS - 1)) on $NET.
 
 # ---- control plane --------------------------------------------------------------------------
 
-# The control plane listens beyond loopback, so over TLS: a CA made for this run signs the
-# server's certificate (its address as SAN); the ranks trust that CA (A2A_NATS_TLS_CA).
-tls_setup() {
-	local d=$LOGDIR ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
-	openssl req -x509 "${ec[@]}" -keyout "$d/ca.key" -out "$d/ca.pem" -days 1 -subj /CN=a2a-testbed-ca &&
-		openssl req "${ec[@]}" -keyout "$d/server.key" -out "$d/server.csr" -subj /CN=a2a-testbed &&
-		printf 'subjectAltName=IP:%s\n' "$H0IP" >"$d/san.ext" &&
-		openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
-			-out "$d/server.pem" -days 1 -extfile "$d/san.ext"
-}
-command -v openssl >/dev/null || die 2 "openssl missing: run scripts/deps.sh"
-setup tls_setup
-export A2A_NATS_TLS_CA=$LOGDIR/ca.pem
+# The control plane listens beyond loopback, so over TLS: a2ad serve makes a CA and a
+# certificate for its address itself, and writes the CA into its credentials file, which
+# the ranks read (a2ad run --creds): nothing made by hand, as docs/MULTIHOST.md promises.
 CREDS=$LOGDIR/serve.env
 "${PDEATH[@]}" ip netns exec "$(host_ns 0)" "$A2AD" serve --listen "$H0IP:4222" --metrics '' \
-	--tls-cert "$LOGDIR/server.pem" --tls-key "$LOGDIR/server.key" --creds "$CREDS" \
+	--creds "$CREDS" \
 	>"$LOGDIR/serve.log" 2>&1 &
 SERVE_PID=$!
 PIDS+=("$SERVE_PID")
@@ -542,8 +532,11 @@ for ((i = 0; i < HOSTS; i++)); do
 	await "$SERVE_PID" "$LOGDIR/serve.log" "$deadline" "a2ad serve exited in $(host_ns 0)" reaches_nats "$i" ||
 		die 2 "host $i ($(host_ns "$i")) cannot reach the control plane at $H0IP:4222 after 15s"
 done
+await "$SERVE_PID" "$LOGDIR/serve.log" "$deadline" "a2ad serve exited in $(host_ns 0)" \
+	grep -q '^a2ad: TLS with a CA made for this start' "$LOGDIR/serve.log" ||
+	die 2 "a2ad serve beyond loopback does not say it serves TLS with a CA of its own: $(tail -n 5 "$LOGDIR/serve.log")"
 T_SETUP=$(($(now_us) - T0))
-say "control plane at $NATS_URL in $(host_ns 0); setup took $(secs "$T_SETUP")"
+say "control plane at $NATS_URL in $(host_ns 0), TLS with serve's own CA; setup took $(secs "$T_SETUP")"
 
 # The delay line's round trip h0-h1 as the ranks will see it (TCP, one byte each way):
 # 2 x --delay plus the hosts' own stack and wake-up costs.

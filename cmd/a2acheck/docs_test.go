@@ -143,12 +143,14 @@ func shellBlocks(t *testing.T, path string) [][]string {
 
 // A docSession runs a page's commands on this machine as a user would run
 // them on a cluster, with what one machine cannot do as written replaced:
-//   - the home directory is a temporary one, and the commands run in a
+//   - the home directory is a temporary one (a2ad serve's credentials file
+//     in its .config), and the commands run in a
 //     directory holding the rank program as ./prog and ./a2acheck;
 //   - node0 and node1 are localhost, 0.0.0.0 is 127.0.0.1, and the ports
 //     4222 (NATS) and 9464 (a2ad serve's /metrics) free ones, so that tests
 //     running at once do not meet; a2ad serve's /metrics, on by default,
-//     gets a free port too;
+//     gets a free port too; a serve line listening beyond loopback gets
+//     --tls, which makes on 127.0.0.1 the TLS it makes there (serveLine);
 //   - mpirun and mpiexec are Debian's Open MPI and Hydra, run as root and
 //     oversubscribed with their daemons on lo (set by their environment
 //     variables, not on the command line); srun, torchrun and hostname are
@@ -180,7 +182,7 @@ func newDocSession(t *testing.T) *docSession {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.env = append(cleanEnv(), "HOME="+home,
+	s.env = append(cleanEnv(), "HOME="+home, "XDG_CONFIG_HOME=", // a2ad serve's file in ~/.config, as the pages say
 		"PATH="+strings.Join([]string{bin, standins, filepath.Dir(a2adBin), os.Getenv("PATH")}, string(os.PathListSeparator)),
 		"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_rmaps_base_oversubscribe=1",
 		"OMPI_MCA_btl=self,tcp", "OMPI_MCA_btl_tcp_if_include=lo", "OMPI_MCA_oob_tcp_if_include=lo",
@@ -206,12 +208,12 @@ func (s *docSession) run(t *testing.T, script string, env []string) ([]byte, err
 }
 
 // startServe runs block up to its a2ad serve line, which keeps running until
-// the test ends, and waits until a2ad says the control plane is ready.
+// the test ends, and waits until a2ad says the control plane is ready: over
+// TLS when serveLine gave it --tls, in clear otherwise.
 func (s *docSession) startServe(t *testing.T, block []string) {
 	t.Helper()
 	at := slices.IndexFunc(block, isServe)
-	checkServeListen(t, block[at])
-	cmds := append(slices.Clone(block[:at]), "exec "+block[at])
+	cmds := append(slices.Clone(block[:at]), "exec "+serveLine(t, block[at]))
 	cmd := exec.Command("bash", "-e", "-c", s.script(cmds))
 	cmd.Dir, cmd.Env = s.dir, s.env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -236,14 +238,14 @@ func (s *docSession) startServe(t *testing.T, block []string) {
 		}
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	})
-	ready := make(chan bool, 1)
+	ready := make(chan string, 1)
 	var out bytes.Buffer
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			out.WriteString(sc.Text() + "\n")
-			if strings.HasPrefix(sc.Text(), "a2ad: control plane ready at ") {
-				ready <- true
+			if u, ok := strings.CutPrefix(sc.Text(), "a2ad: control plane ready at "); ok {
+				ready <- u
 			}
 		}
 		close(ready)
@@ -251,21 +253,26 @@ func (s *docSession) startServe(t *testing.T, block []string) {
 		close(exited)
 	}()
 	select {
-	case ok := <-ready:
+	case url, ok := <-ready:
 		if !ok {
 			<-exited
 			t.Fatalf("%s\nexited before it was ready:\n%s%s", s.script(cmds), out.String(), stderr.String())
+		}
+		line := cmds[len(cmds)-1]
+		if tls := strings.Contains(line, "--tls ") || strings.Contains(line, "--tls-cert"); tls != strings.HasPrefix(url, "tls://") {
+			t.Errorf("%s\nserves %s: TLS %v expected", s.script(cmds), url, tls)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatalf("%s\nnot ready after 30 s (a2ad serve printed no 'control plane ready')", s.script(cmds))
 	}
 }
 
-// checkServeListen fails the test when the a2ad serve line would listen
-// beyond loopback without TLS or --insecure, which a2ad serve refuses
-// (natsd.ErrInsecure): the session listens on 127.0.0.1 instead of the
-// page's 0.0.0.0, where nothing would be refused.
-func checkServeListen(t *testing.T, line string) {
+// serveLine returns the a2ad serve line to run for the page's line. A line
+// that listens beyond loopback without a certificate or --insecure gets a
+// TLS of its own there, with a CA serve makes; as the session listens on
+// 127.0.0.1 instead of the page's 0.0.0.0, it gets --tls, which does the same
+// on loopback: the ranks must then trust serve's CA as on a cluster.
+func serveLine(t *testing.T, line string) string {
 	t.Helper()
 	args := strings.Fields(line)
 	listen := "127.0.0.1:4222" // a2ad serve's default
@@ -280,9 +287,10 @@ func checkServeListen(t *testing.T, line string) {
 	if err != nil {
 		t.Fatalf("%q: --listen %q: %v", line, listen, err)
 	}
-	if !natsd.Loopback(host) && !slices.Contains(args, "--insecure") && !slices.Contains(args, "--tls-cert") {
-		t.Fatalf("%q listens on %s without --tls-cert or --insecure: a2ad serve refuses that (%v)", line, host, natsd.ErrInsecure)
+	if natsd.Loopback(host) || slices.Contains(args, "--insecure") || slices.Contains(args, "--tls-cert") {
+		return line
 	}
+	return strings.Replace(line, "a2ad serve ", "a2ad serve --tls ", 1)
 }
 
 // runLauncher runs setup then line, a launcher command of docs/LAUNCHERS.md,

@@ -5,11 +5,10 @@
 // ExchangeCounts, checks every byte it receives, and exits 1 on a wrong count
 // or byte or any error.
 //
-//	mpirun -n 4 -x A2A_NATS_URL -x A2A_NATS_USER -x A2A_NATS_PASSWORD -x A2A_SECRET \
-//	    a2acheck [--rounds N] [--big BYTES]
+//	mpirun -n 4 -x A2A_NATS_URL -x A2A_CREDS a2acheck [--rounds N] [--big BYTES]
 //
-// docs/LAUNCHERS.md says where those variables come from (a2ad serve's
-// credentials file) and how each launcher passes them on; its tests run the
+// docs/LAUNCHERS.md says where those variables come from (A2A_CREDS: the
+// path of a2ad serve's credentials file) and how each launcher passes them on; its tests run the
 // page's commands with this program as the ranks.
 //
 // Each rank prints one line on success:

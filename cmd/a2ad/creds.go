@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/a2a-moe/a2a/internal/credsfile"
 	"github.com/a2a-moe/a2a/internal/natsd"
@@ -92,4 +95,40 @@ func writeCreds(path string, c serveCreds) error {
 	}
 	vars = append(vars, credsfile.Var{Key: "A2A_SECRET", Value: c.Secret})
 	return credsfile.Write(path, credsHeader, vars, false)
+}
+
+// credsOrder is the order of the variables serve writes; others a user added
+// follow, sorted.
+var credsOrder = []string{"A2A_NATS_USER", "A2A_NATS_PASSWORD", "A2A_SECRET", "A2A_NATS_TLS_CA"}
+
+// setCredsCA keeps the A2A_NATS_TLS_CA of serve's credentials file in step
+// with what this start serves: caPEM, the CA it made for its TLS (every start
+// makes a new one), or when caPEM is empty no CA, if the file's is one an
+// earlier start wrote (a PEM: a path is the user's and stays). The file is
+// replaced whole, so a rank reading it sees the old or the new one.
+func setCredsCA(path, caPEM string) error {
+	vars, err := credsfile.Read(path)
+	if err != nil {
+		return err
+	}
+	old := vars["A2A_NATS_TLS_CA"]
+	if old == caPEM || (caPEM == "" && !strings.HasPrefix(old, "-----BEGIN")) {
+		return nil
+	}
+	if caPEM == "" {
+		delete(vars, "A2A_NATS_TLS_CA")
+	} else {
+		vars["A2A_NATS_TLS_CA"] = caPEM
+	}
+	var out []credsfile.Var
+	for _, k := range credsOrder {
+		if v, ok := vars[k]; ok {
+			out = append(out, credsfile.Var{Key: k, Value: v})
+			delete(vars, k)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(vars)) {
+		out = append(out, credsfile.Var{Key: k, Value: vars[k]})
+	}
+	return credsfile.Write(path, credsHeader, out, true)
 }

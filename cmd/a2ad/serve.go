@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/a2a/control"
+	"github.com/a2a-moe/a2a/internal/credsfile"
 	"github.com/a2a-moe/a2a/internal/natsd"
 	"github.com/a2a-moe/a2a/metrics"
 )
@@ -41,7 +43,10 @@ type cpConfig struct {
 	// in as a user of its own, made here.
 	Users                  []natsd.User
 	TLSCert, TLSKey, TLSCA string
-	Insecure               bool
+	// Certificate is the embedded server's certificate in memory (one
+	// serve generated), instead of TLSCert and TLSKey.
+	Certificate *tls.Certificate
+	Insecure    bool
 }
 
 // startControlPlane embeds a NATS server (unless c.NATSURL names one) and
@@ -53,7 +58,7 @@ func startControlPlane(log *slog.Logger, c cpConfig) (*controlPlane, error) {
 	if c.NATSURL == "" {
 		svcUser := natsd.NewUser("a2a-service", nil)
 		srv, err := natsd.StartServer(natsd.Config{Listen: c.Listen, Users: append(c.Users[:len(c.Users):len(c.Users)], svcUser),
-			TLSCert: c.TLSCert, TLSKey: c.TLSKey, TLSCA: c.TLSCA, Insecure: c.Insecure})
+			TLSCert: c.TLSCert, TLSKey: c.TLSKey, TLSCA: c.TLSCA, Certificate: c.Certificate, Insecure: c.Insecure})
 		if err != nil {
 			return nil, err
 		}
@@ -89,6 +94,79 @@ func startControlPlane(log *slog.Logger, c cpConfig) (*controlPlane, error) {
 	return cp, nil
 }
 
+// dialURL is the URL clients dial for a server's URL: a wildcard listen
+// address (0.0.0.0, ::) is no address to dial, so this host's name, which
+// its generated certificate names, takes its place.
+func dialURL(u string) string {
+	scheme, hostPort, ok := strings.Cut(u, "://")
+	host, port, err := net.SplitHostPort(hostPort)
+	if ip := net.ParseIP(host); !ok || err != nil || ip == nil || !ip.IsUnspecified() {
+		return u
+	}
+	name, err := os.Hostname()
+	if err != nil {
+		return u
+	}
+	return scheme + "://" + net.JoinHostPort(name, port)
+}
+
+// printReady says that serve is ready, where, and how ranks get its
+// credentials (and its CA, as tlsNote says).
+func printReady(url, credsFrom, credsPath, tlsNote string) {
+	fmt.Printf("a2ad: control plane ready at %s (export A2A_NATS_URL=%s)\n", url, url)
+	if credsPath == "" {
+		fmt.Printf("a2ad: credentials %s (jobs need the same A2A_SECRET)\n", credsFrom)
+		return
+	}
+	run := "a2ad run --nats " + url
+	if def, err := credsfile.DefaultPath(); err != nil || def != credsPath {
+		run += " --creds " + credsPath // run finds the default file by itself
+	}
+	fmt.Printf("a2ad: credentials %s (ranks: export A2A_CREDS=%s, launchers pass it on; or %s)\n", credsFrom, credsPath, run)
+	if tlsNote != "" {
+		fmt.Printf("a2ad: %s\n", tlsNote)
+	}
+}
+
+// serveTLS makes the embedded server's TLS when it is due: beyond loopback
+// (or with --tls), unless the user gave a certificate or --insecure. It
+// generates a CA and a server certificate for this host's names, and writes
+// the CA into the credentials file, which the ranks read with A2A_CREDS and
+// trust. Without TLS of its own, an earlier start's CA leaves the file. note
+// says what it did, for serve's output.
+func serveTLS(cfg *cpConfig, force bool, credsPath string) (note string, err error) {
+	host, _, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return "", usagef("--listen %q: %v", cfg.Listen, err)
+	}
+	if host == "" {
+		host = "127.0.0.1" // as the server takes it (natsd)
+	}
+	switch {
+	case force && (cfg.TLSCert != "" || cfg.Insecure):
+		return "", usagef("--tls makes a certificate: not with --tls-cert or --insecure")
+	case cfg.TLSCert != "" || cfg.Insecure || (natsd.Loopback(host) && !force):
+		if credsPath != "" {
+			return "", setCredsCA(credsPath, "")
+		}
+		return "", nil
+	case credsPath == "":
+		return "", usagef("TLS with a CA of its own needs a credentials file to give the ranks the CA: " +
+			"give --creds FILE, or --tls-cert and --tls-key, or --insecure on a network you trust")
+	}
+	names := natsd.HostNames(host)
+	gen, err := natsd.GenerateTLS(names)
+	if err != nil {
+		return "", err
+	}
+	if err := setCredsCA(credsPath, string(gen.CAPEM)); err != nil {
+		return "", err
+	}
+	cfg.Certificate = &gen.Certificate
+	return fmt.Sprintf("TLS with a CA made for this start, in %s as A2A_NATS_TLS_CA (the certificate names %s)",
+		credsPath, strings.Join(names, ", ")), nil
+}
+
 // Close stops the service and the embedded server.
 func (cp *controlPlane) Close() {
 	if cp.svc != nil {
@@ -105,16 +183,17 @@ func (cp *controlPlane) Close() {
 
 func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	listen := fs.String("listen", "127.0.0.1:4222", "embedded NATS listen address (beyond loopback needs TLS or --insecure)")
+	listen := fs.String("listen", "127.0.0.1:4222", "embedded NATS listen address (beyond loopback: TLS, with a CA of its own unless --tls-cert is given)")
 	natsURL := fs.String("nats", "", "use this NATS server instead of embedding one (the service logs in as A2A_NATS_* say)")
 	status := fs.Duration("status", 0, "print the group memberships this often (0: never)")
 	metricsAddr := fs.String("metrics", "127.0.0.1:9464", "serve Prometheus /metrics of the control plane and the live view /ui/ here (empty: off). "+
 		"Keep it on loopback or a trusted network: without authentication, /ui/ shows anyone who connects every group's name, "+
 		"its ranks' hosts and PIDs, the bytes between each pair of ranks, their waits and their operations")
 	credsFile := fs.String("creds", "", "credentials file: read, or generated (mode 0600) when missing (default: $A2A_SECRET and $A2A_NATS_USER/$A2A_NATS_PASSWORD when A2A_SECRET is set, else serve.env in the user's config dir a2ad/)")
-	tlsCert := fs.String("tls-cert", "", "server certificate (PEM): clients connect with TLS")
+	tlsCert := fs.String("tls-cert", "", "server certificate (PEM): clients connect with TLS (default beyond loopback: a certificate signed by a CA serve makes at each start, which it writes into the credentials file)")
 	tlsKey := fs.String("tls-key", "", "key of --tls-cert (PEM)")
-	tlsCA := fs.String("tls-ca", "", "require client certificates signed by this CA (PEM), with --tls-cert")
+	tlsCA := fs.String("tls-ca", "", "require client certificates signed by this CA (PEM), with TLS")
+	tlsOwn := fs.Bool("tls", false, "serve TLS with a CA of its own on loopback too (beyond loopback it does unless --tls-cert or --insecure)")
 	insecure := fs.Bool("insecure", false, "allow listening beyond loopback without TLS (passwords and messages in clear)")
 	if err := parseFlags(fs, args); err != nil {
 		return usageError{err}
@@ -125,13 +204,19 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	}
 	cfg := cpConfig{Listen: *listen, NATSURL: *natsURL, Secret: []byte(creds.Secret),
 		TLSCert: *tlsCert, TLSKey: *tlsKey, TLSCA: *tlsCA, Insecure: *insecure}
+	var tlsNote string
 	if *natsURL == "" {
 		// Clients of a2ad serve may run any group: the NATS user reaches
 		// the a2a subjects and inboxes, nothing else on this server.
 		cfg.Users = []natsd.User{{Name: creds.User, Password: creds.Password, Allow: []string{"a2a.>", "_INBOX.>"}}}
-		if h, _, err := net.SplitHostPort(*listen); err == nil && !natsd.Loopback(h) && *tlsCert == "" && *insecure {
+		if tlsNote, err = serveTLS(&cfg, *tlsOwn, credsPath); err != nil {
+			return err
+		}
+		if h, _, err := net.SplitHostPort(*listen); err == nil && !natsd.Loopback(h) && cfg.TLSCert == "" && cfg.Certificate == nil {
 			log.Warn("a2ad: listening beyond loopback without TLS (--insecure): NATS passwords and control messages travel in clear", "listen", *listen)
 		}
+	} else if *tlsOwn {
+		return usagef("--tls is for the embedded server: with --nats, TLS is the NATS server's")
 	}
 	cp, err := startControlPlane(log, cfg)
 	if err != nil {
@@ -161,12 +246,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		fmt.Printf("a2ad: metrics at http://%s/metrics\n", addr)
 		uiURL = "http://" + addr + "/ui/"
 	}
-	fmt.Printf("a2ad: control plane ready at %s (export A2A_NATS_URL=%s)\n", cp.URL, cp.URL)
-	if credsPath != "" {
-		fmt.Printf("a2ad: credentials %s (jobs: a2ad run --nats %s --creds %s)\n", credsFrom, cp.URL, credsPath)
-	} else {
-		fmt.Printf("a2ad: credentials %s (jobs need the same A2A_SECRET)\n", credsFrom)
-	}
+	printReady(dialURL(cp.URL), credsFrom, credsPath, tlsNote)
 	if uiURL != "" {
 		fmt.Printf("a2ad: live view at %s\n", uiURL)
 	}

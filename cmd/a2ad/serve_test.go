@@ -74,6 +74,54 @@ func startServe(t *testing.T, env []string, tls bool, args ...string) string {
 	return out.String()
 }
 
+// TestServeTLS starts a2ad serve as it runs beyond loopback, TLS with a CA of
+// its own (forced on 127.0.0.1 with --tls): its credentials file holds the CA,
+// a client that does not trust it is refused, and `a2ad run --nats URL` with
+// no credentials flag finds serve's default file and runs a verified job.
+// The next start without TLS takes the CA out of the file again.
+func TestServeTLS(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	config := t.TempDir()
+	env := []string{"XDG_CONFIG_HOME=" + config, "A2A_SECRET=", "A2A_CREDS="}
+	creds := filepath.Join(config, "a2ad", "serve.env")
+	addr := freeAddr(t)
+	out := startServe(t, env, true, "--listen", addr, "--tls")
+	for _, want := range []string{"control plane ready at tls://" + addr, "export A2A_CREDS=" + creds,
+		"a2ad run --nats tls://" + addr + ")", "TLS with a CA made for this start, in " + creds} {
+		if !strings.Contains(out, want) {
+			t.Errorf("serve does not say %q:\n%s", want, out)
+		}
+	}
+	vars, err := credsfile.Read(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode([]byte(vars["A2A_NATS_TLS_CA"]))
+	if block == nil {
+		t.Fatalf("no CA in the credentials file: %q", vars)
+	}
+	if ca, err := x509.ParseCertificate(block.Bytes); err != nil || !ca.IsCA {
+		t.Fatalf("the file's A2A_NATS_TLS_CA is no CA: %v", err)
+	}
+	nc, err := nats.Connect("nats://"+addr, nats.UserInfo(vars["A2A_NATS_USER"], vars["A2A_NATS_PASSWORD"]), nats.MaxReconnects(0))
+	if err == nil {
+		nc.Close()
+		t.Fatal("a client that does not trust serve's CA connected")
+	}
+	run := a2ad(t, ctx, "run", "-n", "2", "--nats", "nats://"+addr, "--", a2adBin, "demo", "--worker", "--steps", "2")
+	run.Env = append(os.Environ(), env...)
+	if b, err := run.CombinedOutput(); err != nil || !strings.Contains(string(b), "[rank 0] all 2 steps verified on 2 ranks") {
+		t.Fatalf("a2ad run --nats with serve's default file: %v\n%s", err, b)
+	}
+
+	// Without TLS (another serve, on loopback) the CA leaves the file.
+	startServe(t, env, false, "--listen", freeAddr(t))
+	if vars, err := credsfile.Read(creds); err != nil || vars["A2A_NATS_TLS_CA"] != "" || vars["A2A_SECRET"] == "" {
+		t.Errorf("after a start without TLS: %q %v, want the secret and no CA", vars, err)
+	}
+}
+
 // TestServeOwnCertificate: a2ad serve with --tls-cert starts (its own
 // in-process client once hung on the TLS greeting) and lets in a client that
 // trusts the certificate's CA.

@@ -50,7 +50,9 @@ func testbedCmd(t *testing.T, ctx context.Context, args ...string) *exec.Cmd {
 
 // TestTestbed runs the multi-host test bed (2 network namespaces of 2 ranks each,
 // correctness only, the MoE demo's ranks included) and checks that it passed
-// and left nothing behind.
+// and left nothing behind. Its a2ad serve listens beyond loopback, so serves
+// TLS with a CA of its own, which the ranks of both hosts trust through its
+// credentials file.
 func TestTestbed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -75,6 +77,9 @@ func TestTestbed(t *testing.T) {
 	}
 	if okRows != 12 {
 		t.Errorf("%d rows with #wrong 0, want 12:\n%s", okRows, out.String())
+	}
+	if !strings.Contains(out.String(), "TLS with serve's own CA") {
+		t.Errorf("the control plane did not serve TLS with a CA of its own:\n%s", out.String())
 	}
 	if !strings.Contains(out.String(), "4 ranks") {
 		t.Errorf("the job did not span both hosts:\n%s", out.String())

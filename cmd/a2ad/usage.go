@@ -21,7 +21,7 @@ type command struct {
 // the trampoline of --bind core, is not one of them: it is internal.
 func commands() []command {
 	return []command{
-		{"serve", "[--listen HOST:PORT] [--nats URL] [--metrics HOST:PORT] [--creds FILE] [--tls-cert F --tls-key F [--tls-ca F]] [--insecure]",
+		{"serve", "[--listen HOST:PORT] [--nats URL] [--metrics HOST:PORT] [--creds FILE] [--tls | --tls-cert F --tls-key F] [--tls-ca F] [--insecure]",
 			"control plane: embedded NATS, the rendezvous and counts service, /metrics", "", cmdServe},
 		{"run", "-n N [--nats URL [--creds FILE]] [--group G] [--world W --rank-offset R] -- PROG [ARGS...]",
 			"start N local ranks of PROG, as mpirun or torchrun do", "", cmdRun},
