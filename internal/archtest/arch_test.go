@@ -346,7 +346,10 @@ func packageTable(t *testing.T, doc string) map[string]map[string]bool {
 	if !ok {
 		t.Fatal("ARCHITECTURE.md has no \"## Packages and imports\"")
 	}
-	_, rest, _ = strings.Cut(rest, "```\n")
+	// The table is the first fenced block: its opening fence (```text) up to
+	// the end of that line, then the lines up to the closing fence.
+	_, rest, _ = strings.Cut(rest, "```")
+	_, rest, _ = strings.Cut(rest, "\n")
 	block, _, ok := strings.Cut(rest, "```")
 	if !ok {
 		t.Fatal("ARCHITECTURE.md: the package table has no end")
