@@ -8,7 +8,7 @@ RACE_PKGS := ./a2a/... ./internal/... ./cmd/a2acheck ./cmd/delayswitch ./cmd/soa
 PKGS      := ./...
 
 .PHONY: all build demo test deps fmt-check vet unit bench bench-go bench-a2ad compare clean test-hosts test-hosts-if-root
-.PHONY: test-rdma test-rdma-if-root bench-rdma soak soak-short test-link-cut test-link-cut-if-root
+.PHONY: test-docs test-rdma test-rdma-if-root bench-rdma soak soak-short test-link-cut test-link-cut-if-root
 
 all: build
 
@@ -39,6 +39,12 @@ vet:
 unit: build
 	$(GO) test -count=1 -timeout 300s $(PKGS)
 	$(GO) test -count=1 -race -timeout 300s $(RACE_PKGS)
+
+# The documented commands (internal/doctest, docs/TESTING.md): every sh and console block of
+# README.md, docs/*.md and examples/*/README.md, as written, in the repository root, except
+# those a doc-test comment skips (with its reason) or gives to a test of their own.
+test-docs: build
+	$(GO) test -count=1 -timeout 600s -run '^TestDocs$$' ./internal/doctest -args -docs
 
 # Multi-host test bed: H network namespaces joined by a bridge (root; installs iproute2).
 TESTBED := ./scripts/testbed.sh -H 4 -L 2 --bench-sizes 1K,64K --algos pairwise,fullmesh,staged,skew,ll
@@ -102,7 +108,7 @@ test-link-cut-if-root: build
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-link-cut; \
 	else echo "test-link-cut: skipped: needs root for network namespaces"; fi
 
-test: deps fmt-check vet unit test-hosts-if-root test-rdma-if-root soak-short test-link-cut-if-root fuzz-short
+test: deps fmt-check vet unit test-docs test-hosts-if-root test-rdma-if-root soak-short test-link-cut-if-root fuzz-short
 
 # Every go test -fuzz target for 3 s each, one after the other (about a
 # minute): make test runs it. make fuzz runs each for FUZZTIME (default 5m;
