@@ -17,13 +17,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/a2a-moe/a2a/internal/doctest"
 	"github.com/a2a-moe/a2a/internal/natsd"
 )
 
-// The pages whose commands the tests run as they stand.
+// The pages whose commands the tests run as they stand, from the repository
+// root: their blocks marked <!-- doc-test: run by cmd/a2acheck TestXxx -->.
 const (
-	launchersDoc = "../../docs/LAUNCHERS.md"
-	multihostDoc = "../../docs/MULTIHOST.md"
+	launchersDoc = "docs/LAUNCHERS.md"
+	multihostDoc = "docs/MULTIHOST.md"
 )
 
 // docLaunchers are the commands of docs/LAUNCHERS.md that start ranks; every
@@ -35,7 +37,7 @@ var docLaunchers = []string{"mpirun", "mpiexec", "srun", "torchrun"}
 // verified ranks reporting the launcher and group the page's table says.
 // Only what one machine cannot do as written is replaced (docSession).
 func TestLaunchersDoc(t *testing.T) {
-	blocks := shellBlocks(t, launchersDoc)
+	blocks := docBlocks(t, launchersDoc, "TestLaunchersDoc")
 	s := newDocSession(t)
 	serveAt := slices.IndexFunc(blocks, func(b []string) bool { return slices.ContainsFunc(b, isServe) })
 	if serveAt < 0 {
@@ -75,7 +77,7 @@ func TestLaunchersDoc(t *testing.T) {
 // line, then 4 ranks configured by its exports and the A2A_* variables its
 // table names.
 func TestMultihostDoc(t *testing.T) {
-	blocks := shellBlocks(t, multihostDoc)
+	blocks := docBlocks(t, multihostDoc, "TestMultihostDoc")
 	at := slices.IndexFunc(blocks, func(b []string) bool { return slices.ContainsFunc(b, isServe) })
 	if at < 0 {
 		t.Fatalf("%s: no a2ad serve line", multihostDoc)
@@ -102,43 +104,25 @@ exit "$rc"`, group, ranks)
 // isServe reports whether a command starts a2ad serve.
 func isServe(cmd string) bool { return strings.HasPrefix(cmd, "a2ad serve ") }
 
-// shellBlocks returns the commands of the ```sh blocks of the Markdown file
-// at path, block by block: lines continued with a backslash joined, blank
-// and comment lines left out.
-func shellBlocks(t *testing.T, path string) [][]string {
+// docBlocks returns the commands of the blocks of page (from the repository
+// root) whose doc-test comment gives them to test, block by block
+// (doctest.Block.Commands: continued lines joined, comments left out).
+func docBlocks(t *testing.T, page, test string) [][]string {
 	t.Helper()
-	raw, err := os.ReadFile(path)
+	blocks, err := doctest.Parse("../..", page)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var blocks [][]string
-	var block []string
-	in, cont := false, ""
-	for n, line := range strings.Split(string(raw), "\n") {
-		switch {
-		case !in && strings.TrimSpace(line) == "```sh":
-			in, block = true, nil
-		case in && strings.TrimSpace(line) == "```":
-			if cont != "" {
-				t.Fatalf("%s:%d: the block ends in a continued line", path, n+1)
-			}
-			in, blocks = false, append(blocks, block)
-		case in:
-			line = cont + strings.TrimSpace(line)
-			if c, ok := strings.CutSuffix(line, `\`); ok {
-				cont = c
-				continue
-			}
-			cont = ""
-			if line != "" && !strings.HasPrefix(line, "#") {
-				block = append(block, line)
-			}
+	var cmds [][]string
+	for _, b := range blocks {
+		if b.Mark.Kind == doctest.RunBy && b.Mark.Pkg == "cmd/a2acheck" && b.Mark.Test == test {
+			cmds = append(cmds, b.Commands())
 		}
 	}
-	if len(blocks) == 0 {
-		t.Fatalf("%s: no sh blocks", path)
+	if len(cmds) == 0 {
+		t.Fatalf("%s: no block marked <!-- doc-test: run by cmd/a2acheck %s -->", page, test)
 	}
-	return blocks
+	return cmds
 }
 
 // A docSession runs a page's commands on this machine as a user would run
