@@ -17,7 +17,7 @@ var Known = []Broken{
 	{"examples/moe/README.md#1", "go run ./examples/moe -h", "moe prints its help for -h, then exits with status 1 (reported)"},
 	// Across the test bed's namespaces (cmd/a2acheck's TestLaunchersDoc as
 	// root); on one machine they pass.
-	{"docs/LAUNCHERS.md#3", "mpirun -n 4 --host node0:2,node1:2 -x A2A_NATS_URL -x A2A_NATS_USER -x A2A_NATS_PASSWORD -x A2A_SECRET ./prog", acrossHosts},
+	{"docs/LAUNCHERS.md#3", "mpirun -n 4 --host node0:2,node1:2 -x A2A_NATS_URL -x A2A_CREDS ./prog", acrossHosts},
 	{"docs/LAUNCHERS.md#3", `mpiexec -n 4 -hosts node0,node1 -genv A2A_GROUP "job-$(date +%s)-$$" ./prog`, acrossHosts},
 	{"docs/LAUNCHERS.md#3", "torchrun --nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500 --nproc-per-node 2 --no-python ./prog", acrossHosts},
 }
