@@ -105,7 +105,9 @@ exec ip netns exec "$ns" /bin/sh -c "$*"
 
 // argv returns the command line that runs argv on host.
 func (n *testNet) argv(host string, argv ...string) []string {
-	return append([]string{"ip", "netns", "exec", n.ns[host]}, argv...)
+	// A host has its own name too (a2ad serve's certificate names it, as
+	// on a cluster): a UTS namespace per command, named as the host.
+	return append([]string{"ip", "netns", "exec", n.ns[host], "unshare", "--uts", "sh", "-c", `hostname "$0" && exec "$@"`, host}, argv...)
 }
 
 // deleteNet kills what runs in namespace ns, deletes it and its /etc/netns
