@@ -174,6 +174,9 @@ func (c *Comm) join(ctx context.Context) error {
 	if err := c.connectControl(); err != nil {
 		return err
 	}
+	if c.cfg.Listen == "" {
+		c.cfg.Listen = defaultListen(c.nc.ConnectedAddr())
+	}
 	id := c.cfg.identity()
 	dp, err := listen(ctx, c.cfg, transport.Self{Group: c.cfg.Group, Rank: c.cfg.Rank, Size: c.cfg.WorldSize, Host: id.host,
 		Streams: c.cfg.Streams, Secret: id.secret, Logger: c.log})

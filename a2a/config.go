@@ -26,7 +26,7 @@ type Config struct {
 	Streams       int           // A2A_STREAMS    connections (and shm rings) per peer pair (default DefaultStreams)
 	Window        int           // A2A_WINDOW     peers in flight at once for fullmesh (default algo.DefaultWindow, 32)
 	Timeout       time.Duration // A2A_TIMEOUT    per-operation deadline when ctx has none, from when the op first waits (default 60s)
-	Listen        string        // A2A_LISTEN     data-plane listen address (default 127.0.0.1:0)
+	Listen        string        // A2A_LISTEN     data-plane listen address (default: this host's address that reaches the NATS server, port 0)
 	Host          string        // A2A_HOST       host identity; ranks with equal ones share memory (default HostIdentity())
 	Transport     string        // A2A_TRANSPORT  auto (each pair: the first provider that links it) | a provider's name: shm, verbs, tcp
 	Spin          time.Duration // A2A_SPIN       busy-poll time before yielding the core (0: 50us, or none when this host runs more ranks than cores; negative: none)
@@ -182,9 +182,6 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 60 * time.Second
-	}
-	if cfg.Listen == "" {
-		cfg.Listen = "127.0.0.1:0"
 	}
 	if cfg.LLBytes == 0 {
 		cfg.LLBytes = DefaultLLBytes

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"time"
 
@@ -54,6 +55,31 @@ func (c *Comm) connectControl() error {
 	}
 	c.nc = nc
 	return nil
+}
+
+// defaultListen is the data-plane address of a rank whose Config.Listen is
+// empty, given the address of its NATS server: the address of this host that
+// routes to the server, port 0, so that ranks of other hosts, which reach the
+// same server, can reach it too (NCCL picks its interface by the route to
+// its bootstrap root alike). A server on loopback says nothing about other
+// hosts: 127.0.0.1:0, reachable from this host only.
+func defaultListen(server string) string {
+	const local = "127.0.0.1:0"
+	host, _, err := net.SplitHostPort(server)
+	if ip := net.ParseIP(host); err != nil || ip == nil || ip.IsLoopback() {
+		return local
+	}
+	// A datagram socket's connect only picks the route: nothing is sent.
+	c, err := net.Dial("udp", server)
+	if err != nil {
+		return local
+	}
+	defer c.Close()
+	ua, ok := c.LocalAddr().(*net.UDPAddr)
+	if !ok || ua.IP.IsUnspecified() {
+		return local
+	}
+	return net.JoinHostPort(ua.IP.String(), "0")
 }
 
 // rendezvous joins the group on the control plane, announcing this rank's
