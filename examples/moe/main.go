@@ -166,10 +166,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
-	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "moe:", err)
-		}
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		// Asked for: the help is the answer, as with go's own -h.
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "moe:", err)
 		os.Exit(1)
 	}
 }

@@ -14,7 +14,6 @@ type Broken struct {
 // Known lists the documented commands that fail today, with why: each is
 // being fixed elsewhere or has been reported.
 var Known = []Broken{
-	{"examples/moe/README.md#1", "go run ./examples/moe -h", "moe prints its help for -h, then exits with status 1 (reported)"},
 }
 
 // KnownBroken returns the entry of Known for the command cmd of block id.
