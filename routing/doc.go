@@ -17,6 +17,14 @@
 //     forms the gate-weighted sum back in token order ([Plan.Unpack] is the
 //     byte-level inverse of Pack for other element types).
 //
+// A [Placement] puts experts in physical slots, the same number on every rank
+// ([Placement.Slots], [Placement.SlotExpert]). [Contiguous], [FromTable] and
+// [Placement.Shrink] give each expert one slot; [FromSlots] takes any slot
+// table, where an expert may have replicas ([Placement.Replicas]) on other
+// ranks, and [Placement.RankLoad] estimates the load each rank then carries.
+// Plan and Load still send each expert's rows to one rank, its primary
+// replica (Owner).
+//
 // Every count is in rows (one row = one kept (token, slot) assignment); callers
 // multiply by their row size in bytes. Invalid input is reported with errors
 // that match [ErrInvalid] under errors.Is.
