@@ -47,9 +47,10 @@ func (l *Load) Imbalance() float64 { return Imbalance(l.PerRank) }
 
 // Imbalance returns max(counts)/mean(counts): 1 for a perfectly even load, up to
 // len(counts) when one entry carries everything. It returns 0 for an empty or
-// all-zero slice, where the ratio is undefined.
-func Imbalance(counts []int) float64 {
-	total, top := 0, 0
+// all-zero slice, where the ratio is undefined. counts are rows ([Plan]'s
+// RankRows) or estimated loads ([Placement.RankLoad]); they must be >= 0.
+func Imbalance[N int | float64](counts []N) float64 {
+	var total, top N
 	for _, c := range counts {
 		total += c
 		top = max(top, c)

@@ -51,6 +51,14 @@ func TestImbalance(t *testing.T) {
 		if got := Imbalance(tc.counts); got != tc.want {
 			t.Errorf("Imbalance(%v) = %v, want %v", tc.counts, got, tc.want)
 		}
+		// Estimated loads (Placement.RankLoad) give the same ratio.
+		loads := make([]float64, len(tc.counts))
+		for i, c := range tc.counts {
+			loads[i] = float64(c)
+		}
+		if got := Imbalance(loads); got != tc.want {
+			t.Errorf("Imbalance(%v) = %v, want %v", loads, got, tc.want)
+		}
 	}
 }
 
