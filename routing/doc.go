@@ -20,10 +20,12 @@
 // A [Placement] puts experts in physical slots, the same number on every rank
 // ([Placement.Slots], [Placement.SlotExpert]). [Contiguous], [FromTable] and
 // [Placement.Shrink] give each expert one slot; [FromSlots] takes any slot
-// table, where an expert may have replicas ([Placement.Replicas]) on other
-// ranks, and [Placement.RankLoad] estimates the load each rank then carries.
-// Plan and Load still send each expert's rows to one rank, its primary
-// replica (Owner).
+// table, and [Balance] computes one from per-expert loads, EPLB's policy: the
+// heaviest experts get replicas ([Placement.Replicas]) in redundant slots, and
+// the replicas are packed so that every rank carries about the mean load
+// ([Placement.RankLoad] estimates it, [Imbalance] rates it), never two
+// replicas of one expert on one rank. Plan and Load still send each expert's
+// rows to one rank, its primary replica (Owner).
 //
 // Every count is in rows (one row = one kept (token, slot) assignment); callers
 // multiply by their row size in bytes. Invalid input is reported with errors

@@ -65,3 +65,42 @@ func Example() {
 	// tokens sent to rank 0: 0 1 2 6 0 3 5 7
 	// tokens sent to rank 1: 1 4 6 2 7
 }
+
+// Balance re-places 8 experts with skewed loads over 4 ranks on 2 hosts,
+// with one redundant slot per rank. Each host gets four whole experts; within
+// a host the heaviest get a second replica, on the other rank.
+func ExampleBalance() {
+	load := []float64{40, 20, 10, 8, 6, 4, 2, 2} // tokens per expert
+	before, err := routing.Contiguous(len(load), 4)
+	if err != nil {
+		panic(err)
+	}
+	pl, err := routing.Balance(load, 4, 2, 12) // 4 ranks, 2 per host, 12 slots
+	if err != nil {
+		panic(err)
+	}
+	for _, p := range []*routing.Placement{before, pl} {
+		rl, err := p.RankLoad(load)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("rank loads %v max/mean %.2f\n", rl, routing.Imbalance(rl))
+	}
+	for r := range pl.Ranks {
+		spr := pl.SlotsPerRank()
+		fmt.Printf("rank %d slots:", r)
+		for s := r * spr; s < (r+1)*spr; s++ {
+			fmt.Printf(" %d", pl.SlotExpert(s))
+		}
+		fmt.Println()
+	}
+	fmt.Println("replicas of expert 0:", pl.Replicas(0))
+	// Output:
+	// rank loads [60 18 10 4] max/mean 2.61
+	// rank loads [24 24 23 21] max/mean 1.04
+	// rank 0 slots: 0 5 6
+	// rank 1 slots: 0 5 7
+	// rank 2 slots: 1 2 3
+	// rank 3 slots: 1 2 4
+	// replicas of expert 0: [0 3]
+}
