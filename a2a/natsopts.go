@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	neturl "net/url"
 	"os"
 	"strings"
 
@@ -104,8 +106,11 @@ func readable(path string) error {
 }
 
 // connectError types a failed nats.Connect: refused credentials and TLS
-// verification failures are ErrAuth, the rest ErrInvalidArgument (nothing
-// listens there, a bad URL). The URL is named without its user information.
+// verification failures are ErrAuth; a URL that does not parse or names a
+// host that does not exist is ErrInvalidArgument; a server that does not
+// answer (nothing listens there, it refuses, it is down) is ErrTimeout, as
+// the server being away is no fault of the arguments. The URL is named
+// without its user information.
 func connectError(cfg Config, err error) error {
 	url := redactURL(cfg.NATSURL)
 	var unknownCA x509.UnknownAuthorityError
@@ -129,7 +134,15 @@ func connectError(cfg Config, err error) error {
 	case errors.Is(err, nats.ErrSecureConnRequired), errors.Is(err, nats.ErrSecureConnWanted):
 		return fault.Wrap(fault.ErrAuth, -1, err, "control plane %s: the two ends disagree on TLS", url)
 	}
-	return fault.Wrap(fault.ErrInvalidArgument, -1, err, "control plane %s unreachable", url)
+	var badURL *neturl.Error
+	var dns *net.DNSError
+	switch {
+	case errors.As(err, &badURL):
+		return fault.Wrap(fault.ErrInvalidArgument, -1, err, "control plane URL %s does not parse (A2A_NATS_URL)", url)
+	case errors.As(err, &dns) && dns.IsNotFound:
+		return fault.Wrap(fault.ErrInvalidArgument, -1, err, "control plane %s: no such host (A2A_NATS_URL)", url)
+	}
+	return fault.Wrap(fault.ErrTimeout, -1, err, "control plane %s unreachable: no NATS server answered there (is a2ad serve running? A2A_NATS_URL names it)", url)
 }
 
 // refusedHow says why the server refused the login and what to do: which

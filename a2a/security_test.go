@@ -548,3 +548,39 @@ accounts: {
 		t.Errorf("a user of another account saw %d messages of the job", n)
 	}
 }
+
+// TestJoinUnreachable: a control plane that does not answer is ErrTimeout
+// naming the URL, at once; a URL that does not parse or names no host is
+// ErrInvalidArgument. Neither is reported as the other.
+func TestJoinUnreachable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "nats://" + l.Addr().String() // nothing listens once closed
+	l.Close()
+	for _, tc := range []struct {
+		url  string
+		kind error
+		want string
+	}{
+		{closed, ErrTimeout, "control plane " + closed + " unreachable: no NATS server answered there"},
+		{"nats://[::1", ErrInvalidArgument, "does not parse"},
+		{"nats://no-such-host.invalid:4222", ErrInvalidArgument, "no such host"},
+	} {
+		cfg := Config{NATSURL: tc.url, Group: "unreachable", WorldSize: 1, Rank: 0}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		start := time.Now()
+		c, err := Join(ctx, cfg)
+		cancel()
+		if c != nil {
+			c.Close()
+		}
+		if !errors.Is(err, tc.kind) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %v saying %q", tc.url, err, tc.kind, tc.want)
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("%s: Join took %v", tc.url, d)
+		}
+	}
+}
