@@ -13,8 +13,7 @@ type Broken struct {
 
 // Known lists the documented commands that fail today, with why: each is
 // being fixed elsewhere or has been reported.
-var Known = []Broken{
-}
+var Known = []Broken{}
 
 // KnownBroken returns the entry of Known for the command cmd of block id.
 func KnownBroken(id, cmd string) (Broken, bool) {
