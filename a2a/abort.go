@@ -2,15 +2,29 @@ package a2a
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
-// localAbort is an abort of this rank from op sequence from on.
+// localAbort is an abort of this rank from op sequence from on: err is the
+// cause, as the call that failed returned it, and later what the calls after
+// it return, ErrAborted wrapping err, so that every call of an aborted Comm
+// matches ErrAborted whatever the cause's kind.
 type localAbort struct {
-	err  error
-	from uint64
+	err, later error
+	from       uint64
+}
+
+// abortedBy is what calls after this rank's abort from op sequence from
+// return: the cause wrapped in ErrAborted (as it is already when it is an
+// abort or a cancellation), with what to do.
+func abortedBy(rank int, from uint64, cause error) error {
+	if errors.Is(cause, fault.ErrAborted) {
+		return cause
+	}
+	return fault.Wrap(fault.ErrAborted, rank, cause, "an earlier call (op #%d) failed on this rank; Close the Comm, and Join again to go on", from)
 }
 
 // watchControl wakes a parked operation when the control plane reports an
@@ -30,28 +44,35 @@ func (c *Comm) watchControl() {
 // stopped returns why the running collective must stop, or nil.
 func (c *Comm) stopped() error { return c.stoppedAt(c.queue.seq) }
 
-// stoppedAt returns why an operation numbered seq (see Comm) must stop: an
-// abort of this rank or of a peer whose scope covers it, a peer that left
-// before taking part in it, or Close; nil otherwise. It looks at the control
-// plane itself rather than waiting for watchControl, so an operation started
-// right after a remote abort fails instead of consuming frames an aborted
-// peer left behind.
+// stoppedAt returns why an operation numbered seq (see Comm) must stop:
+// Close (ErrClosed, before any abort: a closed Comm answers every call
+// alike), or its cause (causeAt); nil otherwise.
 func (c *Comm) stoppedAt(seq uint64) error {
-	if p := c.life.abort.Load(); p != nil && seq >= p.from {
-		return p.err
-	}
-	if c.member != nil {
-		if err := c.member.FailedAt(seq); err != nil {
-			return err
-		}
-	}
 	if c.life.closed.Load() {
 		return errClosedComm(c.rank)
+	}
+	return c.causeAt(seq)
+}
+
+// causeAt returns why an operation numbered seq must stop, Close aside: an
+// abort of this rank or of a peer whose scope covers it (matching
+// ErrAborted), or a peer that left before taking part in it (ErrPeerLost).
+// It looks at the control plane itself rather than waiting for
+// watchControl, so an operation started right after a remote abort fails
+// instead of consuming frames an aborted peer left behind.
+func (c *Comm) causeAt(seq uint64) error {
+	if p := c.life.abort.Load(); p != nil && seq >= p.from {
+		return p.later
+	}
+	if c.member != nil {
+		return c.member.FailedAt(seq)
 	}
 	return nil
 }
 
-func errClosedComm(rank int) error { return fault.New(fault.ErrClosed, rank, "Close called") }
+func errClosedComm(rank int) error {
+	return fault.New(fault.ErrClosed, rank, "Close called on this Comm; Join for a new one")
+}
 
 // stoppedFor is stoppedAt for a point-to-point request, which also stops
 // when its peer left.
@@ -70,26 +91,39 @@ func (c *Comm) fail(err error) error { return c.failAt(c.queue.seq, err) }
 
 // failAt aborts the communicator from op sequence from on because of err
 // (this rank's failure), tells the other ranks, and returns the error the
-// caller should see: err, or the earlier abort that already covers from.
+// caller should see: err, or, when the Comm had stopped already (an earlier
+// abort covering from, Close), what every call after that sees.
 func (c *Comm) failAt(from uint64, err error) error {
 	if prev := c.stoppedAt(from); prev != nil {
 		return prev // already stopped: the first cause is the story
 	}
+	var now *localAbort
+	widened := false
 	for {
 		p := c.life.abort.Load()
 		if p != nil && p.from <= from {
-			return p.err
+			return p.later
 		}
-		if c.life.abort.CompareAndSwap(p, &localAbort{err: err, from: from}) {
+		// An abort of later operations widens to this one but keeps its
+		// cause: the first failure is what every call reports.
+		now = &localAbort{err: err, from: from}
+		if widened = p != nil; widened {
+			now.err = p.err
+		}
+		now.later = abortedBy(c.rank, from, now.err)
+		if c.life.abort.CompareAndSwap(p, now) {
 			break
 		}
 	}
-	c.log.Log(context.Background(), fault.LogLevel(err), "a2a: aborting communicator", "rank", c.rank, "from", from, "err", err)
+	c.log.Log(context.Background(), fault.LogLevel(now.err), "a2a: aborting communicator", "rank", c.rank, "from", from, "err", now.err)
 	if c.member != nil {
-		c.member.AbortAt(from, err)
+		c.member.AbortAt(from, now.err)
 	}
 	if c.tr != nil {
 		c.tr.Wake()
+	}
+	if widened {
+		return now.later
 	}
 	return err
 }
@@ -99,17 +133,29 @@ func (c *Comm) failAt(from uint64, err error) error {
 // kind, while the collectives this rank completed complete on every rank.
 // Libraries built on a Comm (package dispatch) use it to release the other
 // ranks when they reject a call locally. It returns the error callers of
-// this rank will see.
+// this rank will see: ErrAborted wrapping the first cause (err, unless the
+// Comm had failed before), or ErrClosed after Close.
 func (c *Comm) Abort(err error) error {
 	if err == nil {
 		err = fault.New(fault.ErrAborted, c.rank, "Abort called")
 	}
-	return c.failAt(c.life.okSeq.Load()+1, err)
+	from := c.life.okSeq.Load() + 1
+	c.failAt(from, err)
+	return c.stoppedAt(from)
 }
 
-// Err returns the reason the communicator was aborted (or a peer left, or
-// it was closed), or nil.
-func (c *Comm) Err() error { return c.stoppedAt(^uint64(0)) }
+// Err returns the reason the communicator was aborted (matching
+// ErrAborted, wrapping the first cause), or a peer left, even once it is
+// closed; ErrClosed when it was closed healthy; nil otherwise.
+func (c *Comm) Err() error {
+	if err := c.causeAt(^uint64(0)); err != nil {
+		return err
+	}
+	if c.life.closed.Load() {
+		return errClosedComm(c.rank)
+	}
+	return nil
+}
 
 // doneContext is a context that ends when done is closed (the Comm's
 // closing, the member's end), so context.AfterFunc can cut a wait short.

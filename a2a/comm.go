@@ -261,7 +261,8 @@ func (c *Comm) WaitPolicy() (spin, yield time.Duration) {
 func (c *Comm) Stats() transport.Stats { return c.tr.Stats() }
 
 // Close leaves the group and releases every resource. Operations running
-// concurrently fail with ErrClosed; the peers' waits that need this rank fail
+// concurrently, and every call after it, fail with ErrClosed (an abort's
+// cause stays in Err); the peers' waits that need this rank fail
 // with ErrPeerLost naming it, while the collectives it completed complete on
 // every rank. Close is idempotent.
 func (c *Comm) Close() error {
