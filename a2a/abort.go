@@ -97,6 +97,11 @@ func (c *Comm) failAt(from uint64, err error) error {
 	if prev := c.stoppedAt(from); prev != nil {
 		return prev // already stopped: the first cause is the story
 	}
+	if c.awaitPeerCause(from, err) {
+		if prev := c.stoppedAt(from); errors.Is(prev, fault.ErrAborted) || errors.Is(prev, fault.ErrClosed) {
+			return prev // the peer aborted before it left: its cause is the story
+		}
+	}
 	var now *localAbort
 	widened := false
 	for {
@@ -126,6 +131,49 @@ func (c *Comm) failAt(from uint64, err error) error {
 		return now.later
 	}
 	return err
+}
+
+// peerCauseGrace bounds how long a rank whose data plane lost a peer waits
+// for the control plane's word on that peer (awaitPeerCause). A peer that
+// closes gracefully sends its leave before it closes its transport, so the
+// word comes within a NATS delivery; a peer that died sends none, and its
+// loss is reported this much later than the data plane saw it.
+const peerCauseGrace = 500 * time.Millisecond
+
+// awaitPeerCause waits, when err is the data plane's report that a peer went
+// away (ErrPeerLost naming it), until the control plane has word of that
+// peer: an abort covering from, its leave, or its loss; at most
+// peerCauseGrace (or the peer timeout, if shorter), or until Close. It
+// reports whether it waited. A rank that fails a call and closes at once
+// publishes its abort and then its leave on NATS, flushes them, and only
+// then closes its transport, but the goodbye (a shared-memory flag, a TCP
+// reset) may still reach a peer first; the leave comes after the abort on
+// one subscription, so once the leave is heard the abort is too, and every
+// peer reports the abort's cause instead of a bare "peer lost".
+func (c *Comm) awaitPeerCause(from uint64, err error) bool {
+	var fe *fault.Error
+	if c.member == nil || !errors.As(err, &fe) || fe.Kind != fault.ErrPeerLost || fe.Rank < 0 || fe.Rank == c.rank {
+		return false
+	}
+	grace := peerCauseGrace
+	if t := c.cfg.PeerTimeout; t > 0 { // 0: the control plane's default, longer
+		grace = min(grace, t)
+	}
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	for {
+		changed := c.member.Changed() // before looking: a change after it closes it
+		if c.causeAt(from) != nil || c.member.Departed(fe.Rank) != nil {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return true
+		case <-c.life.closing:
+			return true
+		}
+	}
 }
 
 // Abort aborts the communicator because of err, as a failing collective does:

@@ -35,6 +35,20 @@ func startNATS(t testing.TB) string {
 // loopback sockets) and closes them when the test ends.
 func group(t testing.TB, url string, n int, mod func(*Config)) []*Comm {
 	t.Helper()
+	comms, err := joinGroup(url, n, mod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, c := range comms {
+			c.Close()
+		}
+	})
+	return comms
+}
+
+// joinGroup is group for any goroutine: the caller closes the Comms.
+func joinGroup(url string, n int, mod func(*Config)) ([]*Comm, error) {
 	comms := make([]*Comm, n)
 	errs := make([]error, n)
 	name := fmt.Sprintf("t%d", rand.Uint64())
@@ -56,15 +70,15 @@ func group(t testing.TB, url string, n int, mod func(*Config)) []*Comm {
 	wg.Wait()
 	for r, err := range errs {
 		if err != nil {
-			t.Fatalf("rank %d join: %v", r, err)
+			for _, c := range comms {
+				if c != nil {
+					c.Close()
+				}
+			}
+			return nil, fmt.Errorf("rank %d join: %w", r, err)
 		}
 	}
-	t.Cleanup(func() {
-		for _, c := range comms {
-			c.Close()
-		}
-	})
-	return comms
+	return comms, nil
 }
 
 // onAll runs f on every rank concurrently and returns the errors by rank.
