@@ -22,7 +22,7 @@ import (
 // empty blocks included, so a rank's call returns only after each same-host
 // rank has entered the call (package dispatch relies on that).
 func (c *Comm) AllToAllV(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
-	return c.exchange(ctx, "alltoallv", func(seq uint64) (algo.Algo, []int, []int, error) {
+	return c.exchange(ctx, "alltoallv", "AllToAllV", func(seq uint64) (algo.Algo, []int, []int, error) {
 		a, err := c.alltoallv(ctx, transport.OpAllToAllV, seq, send, sendCounts, recv, recvCounts, nil)
 		return a, sendCounts, recvCounts, err
 	})
@@ -31,9 +31,9 @@ func (c *Comm) AllToAllV(ctx context.Context, send []byte, sendCounts []int, rec
 // exchange runs one AllToAllV-shaped call: it takes the operation lock, runs
 // f, aborts the group if f failed, and reports to the Observer before
 // releasing the lock, so the counts and wait figures it reads are this call's.
-func (c *Comm) exchange(ctx context.Context, name string, f func(seq uint64) (algo.Algo, []int, []int, error)) error {
+func (c *Comm) exchange(ctx context.Context, name, title string, f func(seq uint64) (algo.Algo, []int, []int, error)) error {
 	start := c.clock()
-	seq, err := c.begin(ctx, start, true)
+	seq, err := c.begin(ctx, title, start, true)
 	if err != nil {
 		c.observeRejected(name, start, err)
 		return err
@@ -52,7 +52,7 @@ func (c *Comm) exchange(ctx context.Context, name string, f func(seq uint64) (al
 // rank j, and rank i's block lands in block i of recv. len(send) must be a
 // multiple of Size and len(recv) == len(send).
 func (c *Comm) AllToAll(ctx context.Context, send, recv []byte) error {
-	return c.exchange(ctx, "alltoall", func(seq uint64) (algo.Algo, []int, []int, error) {
+	return c.exchange(ctx, "alltoall", "AllToAll", func(seq uint64) (algo.Algo, []int, []int, error) {
 		if len(send)%c.size != 0 || len(recv) != len(send) {
 			return algo.AlgoAuto, nil, nil, fault.New(fault.ErrInvalidArgument, c.rank, "AllToAll: len(send)=%d must be a multiple of %d ranks and equal len(recv)=%d", len(send), c.size, len(recv))
 		}
@@ -71,7 +71,7 @@ func (c *Comm) AllToAll(ctx context.Context, send, recv []byte) error {
 // (len Size) is filled with what each rank sent; recv must hold their sum, or
 // the call fails with ErrInvalidArgument before any payload moves.
 func (c *Comm) AllToAllVInBand(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
-	return c.exchange(ctx, "alltoallv", func(seq uint64) (algo.Algo, []int, []int, error) {
+	return c.exchange(ctx, "alltoallv", "AllToAllVInBand", func(seq uint64) (algo.Algo, []int, []int, error) {
 		a, err := c.inBand(ctx, seq, send, sendCounts, recv, recvCounts)
 		return a, sendCounts, recvCounts, err
 	})
@@ -121,7 +121,7 @@ func (c *Comm) ExchangeCountsMatrix(ctx context.Context, sendCounts, recvCounts,
 
 func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matrix []int) error {
 	start := c.clock()
-	seq, err := c.begin(ctx, start, false)
+	seq, err := c.begin(ctx, "ExchangeCounts", start, false)
 	if err != nil {
 		if o := c.observer; o != nil {
 			o.CountsExchanged(time.Since(start), err)
@@ -325,7 +325,7 @@ func (c *Comm) gatherMatrix(ctx context.Context, seq uint64, sendCounts []int) (
 // on algorithms that need it: the staged two-level exchange across hosts and
 // the cost model's pick for this very matrix.
 func (c *Comm) AllToAllVMatrix(ctx context.Context, send, recv []byte, matrix []int) error {
-	return c.exchange(ctx, "alltoallv", func(seq uint64) (algo.Algo, []int, []int, error) {
+	return c.exchange(ctx, "alltoallv", "AllToAllVMatrix", func(seq uint64) (algo.Algo, []int, []int, error) {
 		n := c.size
 		if len(matrix) != n*n {
 			return algo.AlgoAuto, nil, nil, fault.New(fault.ErrInvalidArgument, c.rank, "len(matrix)=%d, want %d", len(matrix), n*n)

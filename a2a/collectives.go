@@ -38,7 +38,7 @@ func lenErr(c *Comm, name, what string, got, want int) error {
 // result in recv on every rank (len(recv) == len(send); send and recv may be
 // the same slice). Every rank gets bit-identical results.
 func (c *Comm) AllReduce(ctx context.Context, send, recv []byte, dt DType, op Op) error {
-	k := &coll{name: "allreduce", kind: transport.OpAllReduce, send: send, recv: recv, dt: dt, op: op, reduction: true, bytes: len(send)}
+	k := &coll{name: "allreduce", title: "AllReduce", kind: transport.OpAllReduce, send: send, recv: recv, dt: dt, op: op, reduction: true, bytes: len(send)}
 	return c.collective(ctx, k, func() error {
 		if err := c.checkReduction(k, len(send)); err != nil {
 			return err
@@ -53,7 +53,7 @@ func (c *Comm) AllReduce(ctx context.Context, send, recv []byte, dt DType, op Op
 // ReduceScatter reduces send (Size blocks of len(recv) bytes) across ranks
 // and leaves block r of the result in rank r's recv.
 func (c *Comm) ReduceScatter(ctx context.Context, send, recv []byte, dt DType, op Op) error {
-	k := &coll{name: "reducescatter", kind: transport.OpReduceScatter, send: send, recv: recv, dt: dt, op: op, reduction: true, bytes: len(recv)}
+	k := &coll{name: "reducescatter", title: "ReduceScatter", kind: transport.OpReduceScatter, send: send, recv: recv, dt: dt, op: op, reduction: true, bytes: len(recv)}
 	return c.collective(ctx, k, func() error {
 		if err := c.checkReduction(k, len(recv)); err != nil {
 			return err
@@ -68,7 +68,7 @@ func (c *Comm) ReduceScatter(ctx context.Context, send, recv []byte, dt DType, o
 // AllGather concatenates every rank's send (equal lengths) into recv in rank
 // order on every rank (len(recv) == Size*len(send)).
 func (c *Comm) AllGather(ctx context.Context, send, recv []byte) error {
-	k := &coll{name: "allgather", kind: transport.OpAllGather, send: send, recv: recv, dt: Uint8, bytes: len(send)}
+	k := &coll{name: "allgather", title: "AllGather", kind: transport.OpAllGather, send: send, recv: recv, dt: Uint8, bytes: len(send)}
 	return c.collective(ctx, k, func() error {
 		if len(recv) != len(send)*c.size {
 			return lenErr(c, k.name, "recv", len(recv), len(send)*c.size)
@@ -80,7 +80,7 @@ func (c *Comm) AllGather(ctx context.Context, send, recv []byte) error {
 // AllGatherV concatenates every rank's send into recv, rank i's block being
 // recvCounts[i] bytes at the prefix-sum offset (recvCounts[Rank] == len(send)).
 func (c *Comm) AllGatherV(ctx context.Context, send, recv []byte, recvCounts []int) error {
-	k := &coll{name: "allgatherv", kind: transport.OpAllGather, send: send, recv: recv, counts: recvCounts, dt: Uint8}
+	k := &coll{name: "allgatherv", title: "AllGatherV", kind: transport.OpAllGather, send: send, recv: recv, counts: recvCounts, dt: Uint8}
 	return c.collective(ctx, k, func() error {
 		if err := c.checkCounts("recv", recvCounts, len(recv)); err != nil {
 			return err
@@ -94,14 +94,14 @@ func (c *Comm) AllGatherV(ctx context.Context, send, recv []byte, recvCounts []i
 
 // Broadcast copies root's buf into buf on every rank (equal lengths).
 func (c *Comm) Broadcast(ctx context.Context, buf []byte, root int) error {
-	k := &coll{name: "broadcast", rooted: true, kind: transport.OpBroadcast, recv: buf, root: root, dt: Uint8, bytes: len(buf)}
+	k := &coll{name: "broadcast", title: "Broadcast", rooted: true, kind: transport.OpBroadcast, recv: buf, root: root, dt: Uint8, bytes: len(buf)}
 	return c.collective(ctx, k, func() error { return c.checkRoot(root) })
 }
 
 // Reduce reduces send across ranks into root's recv (len(recv) == len(send)
 // at the root; other ranks' recv is not used and may be nil).
 func (c *Comm) Reduce(ctx context.Context, send, recv []byte, dt DType, op Op, root int) error {
-	k := &coll{name: "reduce", rooted: true, kind: transport.OpReduce, send: send, recv: recv, dt: dt, op: op, root: root, reduction: true, bytes: len(send)}
+	k := &coll{name: "reduce", title: "Reduce", rooted: true, kind: transport.OpReduce, send: send, recv: recv, dt: dt, op: op, root: root, reduction: true, bytes: len(send)}
 	return c.collective(ctx, k, func() error {
 		if err := c.checkRoot(root); err != nil {
 			return err
@@ -122,7 +122,7 @@ func (c *Comm) Reduce(ctx context.Context, send, recv []byte, dt DType, op Op, r
 // Gather concatenates every rank's send (equal lengths) into root's recv in
 // rank order (len(recv) == Size*len(send) at the root).
 func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
-	k := &coll{name: "gather", rooted: true, kind: transport.OpGather, send: send, recv: recv, root: root, dt: Uint8, bytes: len(send)}
+	k := &coll{name: "gather", title: "Gather", rooted: true, kind: transport.OpGather, send: send, recv: recv, root: root, dt: Uint8, bytes: len(send)}
 	return c.collective(ctx, k, func() error {
 		if err := c.checkRoot(root); err != nil {
 			return err
@@ -141,7 +141,7 @@ func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
 // being recvCounts[i] bytes at the prefix-sum offset. recvCounts is read at the
 // root only.
 func (c *Comm) GatherV(ctx context.Context, send, recv []byte, recvCounts []int, root int) error {
-	k := &coll{name: "gatherv", rooted: true, kind: transport.OpGather, send: send, recv: recv, counts: recvCounts, root: root, dt: Uint8}
+	k := &coll{name: "gatherv", title: "GatherV", rooted: true, kind: transport.OpGather, send: send, recv: recv, counts: recvCounts, root: root, dt: Uint8}
 	return c.collective(ctx, k, func() error {
 		if err := c.checkRoot(root); err != nil {
 			return err
@@ -163,7 +163,7 @@ func (c *Comm) GatherV(ctx context.Context, send, recv []byte, recvCounts []int,
 // Scatter sends block i of root's send (Size blocks of len(recv) bytes) to
 // rank i's recv.
 func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
-	k := &coll{name: "scatter", rooted: true, kind: transport.OpScatter, send: send, recv: recv, root: root, dt: Uint8, bytes: len(recv)}
+	k := &coll{name: "scatter", title: "Scatter", rooted: true, kind: transport.OpScatter, send: send, recv: recv, root: root, dt: Uint8, bytes: len(recv)}
 	return c.collective(ctx, k, func() error {
 		if err := c.checkRoot(root); err != nil {
 			return err
@@ -182,7 +182,7 @@ func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
 // (displacements are prefix sums). sendCounts is read at the root only; every
 // rank's len(recv) is what it receives.
 func (c *Comm) ScatterV(ctx context.Context, send []byte, sendCounts []int, recv []byte, root int) error {
-	k := &coll{name: "scatterv", rooted: true, kind: transport.OpScatter, send: send, recv: recv, counts: sendCounts, root: root, dt: Uint8}
+	k := &coll{name: "scatterv", title: "ScatterV", rooted: true, kind: transport.OpScatter, send: send, recv: recv, counts: sendCounts, root: root, dt: Uint8}
 	return c.collective(ctx, k, func() error {
 		if err := c.checkRoot(root); err != nil {
 			return err
@@ -203,7 +203,7 @@ func (c *Comm) ScatterV(ctx context.Context, send []byte, sendCounts []int, recv
 
 // Barrier returns once every rank has entered it.
 func (c *Comm) Barrier(ctx context.Context) error {
-	k := &coll{name: "barrier", kind: transport.OpBarrier, dt: Uint8}
+	k := &coll{name: "barrier", title: "Barrier", kind: transport.OpBarrier, dt: Uint8}
 	return c.collective(ctx, k, func() error { return nil })
 }
 
@@ -219,7 +219,7 @@ func (c *Comm) vCounts(n int) []int {
 // no rank waits for this one), planning, execution, Avg's division, report.
 func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) error {
 	start := c.clock()
-	seq, err := c.begin(ctx, start, true)
+	seq, err := c.begin(ctx, k.title, start, true)
 	if err != nil {
 		c.observeRejected(k.name, start, err)
 		return err

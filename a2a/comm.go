@@ -304,12 +304,13 @@ func (c *Comm) teardown() error {
 	return first
 }
 
-// begin starts a collective that started at start (see clock): it refuses a
+// begin starts the collective title (its API name, for errors) that
+// started at start (see clock): it refuses a
 // collective while another runs, takes the engine (finishing the
 // point-to-point calls posted before, when engine is set), refuses a closed
 // or aborted communicator, and returns the op's sequence number. Every
 // successful begin is paired with end.
-func (c *Comm) begin(ctx context.Context, start time.Time, engine bool) (seq uint64, err error) {
+func (c *Comm) begin(ctx context.Context, title string, start time.Time, engine bool) (seq uint64, err error) {
 	if !c.life.collBusy.CompareAndSwap(false, true) {
 		c.queue.mu.Lock()
 		next := c.queue.seq + 2
@@ -342,7 +343,7 @@ func (c *Comm) begin(ctx context.Context, start time.Time, engine bool) (seq uin
 		c.end(seq, engine, err)
 		return 0, err
 	}
-	c.startOp(ctx, start)
+	c.startOp(ctx, title, seq, start)
 	return seq, nil
 }
 
@@ -368,9 +369,10 @@ func (c *Comm) clock() time.Time {
 	return time.Now()
 }
 
-// startOp readies the engine for an operation (collective or point to
-// point) that started at start, with ctx's deadline if it has one.
-func (c *Comm) startOp(ctx context.Context, start time.Time) {
+// startOp readies the engine for the operation title (its API name, for
+// errors) numbered seq that started at start, with ctx's deadline if it has
+// one.
+func (c *Comm) startOp(ctx context.Context, title string, seq uint64, start time.Time) {
 	deadline, _ := ctx.Deadline()
-	c.eng.StartOp(start, deadline)
+	c.eng.StartOp(title, seq, start, deadline)
 }

@@ -30,5 +30,7 @@ var (
 )
 
 // Error is the concrete type behind the error kinds: Kind is one of the
-// sentinels and Rank the rank concerned (-1 if none).
+// sentinels and Rank the rank concerned (-1 if none); when several are
+// (the ranks a timed-out call was waiting for), Ranks lists them and Rank is
+// the first.
 type Error = fault.Error

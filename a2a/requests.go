@@ -2,6 +2,8 @@ package a2a
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -65,8 +67,9 @@ type Request struct {
 	start  time.Time
 	// deadline: the request's context's, else Config.Timeout after the
 	// driver first waited with it pending.
-	deadline time.Time
-	waited   bool
+	deadline    time.Time
+	ownDeadline bool // deadline is Config.Timeout's, not the context's
+	waited      bool
 
 	sop transport.SendOp
 	rop transport.RecvOp
@@ -191,7 +194,8 @@ func (r *Request) finish(n int, err error) {
 // received message's length for a receive). While it waits it drives every
 // point-to-point request of the Comm, or sleeps while another goroutine
 // does. If ctx ends first it returns ErrTimeout (or ErrAborted when ctx was
-// canceled) and the request stays in flight: Wait may be called again. The
+// canceled) naming the request and its peer, and the request stays in
+// flight: Wait may be called again. The
 // request fails on its own at the deadline of the context it was posted
 // with (else Config.Timeout after it first waited), with the Comm's abort,
 // or when its peer is lost or leaves.
@@ -204,9 +208,30 @@ func (r *Request) Wait(ctx context.Context) (int, error) {
 	err := c.queue.waitFor(ctx, r)
 	c.life.calls.RUnlock()
 	if err != nil {
-		return 0, err
+		return 0, r.waitEnded(err)
 	}
 	return r.result()
+}
+
+// waitEnded names the request in the error of a Wait whose own context
+// ended first (the request stays in flight); other errors pass as they are.
+func (r *Request) waitEnded(err error) error {
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	call, want := r.describe()
+	return fault.Wrap(fault.KindOf(err), r.peer, errors.Unwrap(err), "Wait for %s: its context ended first, and the request is still in flight: Wait again, or %s", call, want)
+}
+
+// describe names the request for errors (the call, its peer, tag and op
+// number) and says what its peer should be doing.
+func (r *Request) describe() (call, want string) {
+	if r.send {
+		return fmt.Sprintf("Send to rank %d (tag %d, op #%d)", r.peer, r.tag, r.order),
+			fmt.Sprintf("check that rank %d calls Recv from this rank with tag %d", r.peer, r.tag)
+	}
+	return fmt.Sprintf("Recv from rank %d (tag %d, op #%d)", r.peer, r.tag, r.order),
+		fmt.Sprintf("check that rank %d calls Send to this rank with tag %d", r.peer, r.tag)
 }
 
 // result reports a done request to the Observer and the traffic reports,
@@ -536,14 +561,14 @@ func (q *progressQueue) checkRequests(now time.Time) bool {
 			continue
 		}
 		if r.deadline.IsZero() {
-			r.deadline = now.Add(q.eng.Timeout())
+			r.deadline, r.ownDeadline = now.Add(q.eng.Timeout()), true
 		}
 		err := r.c.stoppedFor(r)
 		if err == nil {
-			if cerr := r.ctx.Err(); cerr != nil {
+			if cerr := r.ctx.Err(); cerr != nil && !errors.Is(cerr, context.DeadlineExceeded) {
 				err = fault.FromContext(cerr)
-			} else if !now.Before(r.deadline) {
-				err = fault.New(fault.ErrTimeout, r.peer, "%s with rank %d did not complete within its deadline", r.name(), r.peer)
+			} else if cerr != nil || !now.Before(r.deadline) {
+				err = r.timeoutErr(q.eng.Timeout())
 			}
 			if err != nil {
 				// Its peer waits for this message or sent part of one: the
@@ -560,6 +585,19 @@ func (q *progressQueue) checkRequests(now time.Time) bool {
 		q.compact()
 	}
 	return failed
+}
+
+// timeoutErr is the error of a request at its deadline (timeout: the
+// engine's, Config.Timeout): it names the call, its peer and tag, and says
+// what the peer should be doing.
+func (r *Request) timeoutErr(timeout time.Duration) error {
+	within := "by its context's deadline"
+	if r.ownDeadline {
+		within = fmt.Sprintf("within %v (Config.Timeout)", timeout)
+	}
+	call, want := r.describe()
+	return fault.Wrap(fault.ErrTimeout, r.peer, context.DeadlineExceeded, "%s did not complete %s: %s; if it is only slow, give the call a longer deadline",
+		call, within, want)
 }
 
 // failAll fails every request still queued (Close).

@@ -54,7 +54,7 @@ type spanState struct {
 // store blocks contiguously), so ranks of one host still exchange a message
 // per pair.
 func (c *Comm) AllToAllVSpans(ctx context.Context, send []byte, sendSpans [][]Span, recv []byte, recvSpans [][]Span) error {
-	return c.exchange(ctx, "alltoallv", func(seq uint64) (algo.Algo, []int, []int, error) {
+	return c.exchange(ctx, "alltoallv", "AllToAllVSpans", func(seq uint64) (algo.Algo, []int, []int, error) {
 		if c.scratch.spans == nil {
 			c.scratch.spans = &spanState{sendCounts: make([]int, c.size), recvCounts: make([]int, c.size)}
 		}

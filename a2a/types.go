@@ -45,7 +45,8 @@ const (
 
 // coll describes one collective call for validation, planning and reporting.
 type coll struct {
-	name      string
+	name      string // for reports and metrics ("allreduce")
+	title     string // the API's name, for errors ("AllReduce")
 	kind      transport.OpKind
 	send      []byte
 	recv      []byte

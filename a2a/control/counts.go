@@ -106,7 +106,10 @@ func (m *Member) ExchangeCounts(ctx context.Context, seq uint64, sendCounts, rec
 				return err
 			}
 		case <-ctx.Done():
-			return fault.Wrap(fault.ErrTimeout, m.rank, ctx.Err(), "control: counts exchange seq %d", seq)
+			// This rank cannot tell which ranks have not called: only the
+			// coordinator holds the rows.
+			return fault.Wrap(fault.ErrTimeout, -1, ctx.Err(), "ExchangeCounts (op #%d) did not complete: the coordinator still lacks some rank's counts: "+
+				"check that every rank calls ExchangeCounts, in the same order; if some are only slow, give the call a longer deadline", seq)
 		}
 	}
 }

@@ -3,11 +3,17 @@ package engine
 import "time"
 
 // opState is what the engine knows of the running operation (collective or
-// point to point): its figures and its deadline.
+// point to point): its name, its figures and its deadline.
 type opState struct {
+	// name and seq name the operation in errors ("AllToAllV", its op
+	// sequence number).
+	name string
+	seq  uint64
 	// start is when the operation started (the zero Time while nobody
-	// timed it, until it first waits); deadline ends its waiting.
+	// timed it, until it first waits); deadline ends its waiting, and
+	// ownDeadline says the engine set it (Options.Timeout).
 	start, deadline time.Time
+	ownDeadline     bool
 	traffic         Traffic
 	// The peer whose data arrived last after the engine had to wait, and
 	// how long after start.
@@ -16,12 +22,14 @@ type opState struct {
 	sameHost []bool // by peer: shares this rank's host
 }
 
-// StartOp resets the per-operation figures (bytes, wait attribution) for an
-// operation that started at start (the zero Time: nobody reads its waits),
-// whose runs add to them, and sets its deadline: the given one, or, if that
-// is zero, the engine's timeout after the operation first waits.
-func (e *Engine) StartOp(start, deadline time.Time) {
-	e.op.start, e.op.deadline, e.op.traffic = start, deadline, Traffic{}
+// StartOp resets the per-operation figures (bytes, wait attribution) for
+// the operation name (the API's name, for errors) numbered seq that started
+// at start (the zero Time: nobody reads its waits), whose runs add to them,
+// and sets its deadline: the given one, or, if that is zero, the engine's
+// timeout after the operation first waits.
+func (e *Engine) StartOp(name string, seq uint64, start, deadline time.Time) {
+	e.op.name, e.op.seq = name, seq
+	e.op.start, e.op.deadline, e.op.ownDeadline, e.op.traffic = start, deadline, false, Traffic{}
 	e.op.lastPeer, e.op.lastWait = -1, 0
 }
 

@@ -2,7 +2,10 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
@@ -255,16 +258,59 @@ func (e *Engine) copySome() (bool, error) {
 // or deadline. The first call of an operation without a deadline sets it.
 func (e *Engine) checkStop(ctx context.Context, now time.Time) error {
 	if e.op.deadline.IsZero() {
-		e.op.deadline = now.Add(e.timeout)
+		e.op.deadline, e.op.ownDeadline = now.Add(e.timeout), true
 	}
 	if err := e.stopped(); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return e.timeoutErr()
+		}
 		return fault.FromContext(err)
 	}
 	if !now.Before(e.op.deadline) {
-		return fault.Wrap(fault.ErrTimeout, -1, context.DeadlineExceeded, "operation did not complete within its deadline")
+		return e.timeoutErr()
 	}
 	return nil
+}
+
+// timeoutErr is the error of the running operation at its deadline: it
+// names the operation, its op sequence number and the ranks this rank was
+// still waiting for in the round it had reached (Rank is the first of them,
+// Ranks all), and says what to check.
+func (e *Engine) timeoutErr() error {
+	waited := e.pendingPeers()
+	err := &fault.Error{Kind: fault.ErrTimeout, Rank: -1, Err: context.DeadlineExceeded}
+	within := "by its context's deadline"
+	if e.op.ownDeadline {
+		within = fmt.Sprintf("within %v (Config.Timeout)", e.timeout)
+	}
+	err.Detail = fmt.Sprintf("%s (op #%d) did not complete %s", e.op.name, e.op.seq, within)
+	if len(waited) > 0 {
+		err.Rank = waited[0]
+		if len(waited) > 1 {
+			err.Ranks = waited
+		}
+		err.Detail += fmt.Sprintf(", waiting for %s: check that every rank calls %s, in the same order; if some are only slow, give the call a longer deadline",
+			fault.RanksText(waited), e.op.name)
+	}
+	return err
+}
+
+// pendingPeers lists, in order, the peers whose part of the running round
+// has not completed: a message not yet arrived from them, or not yet taken
+// by them.
+func (e *Engine) pendingPeers() []int {
+	var peers []int
+	for i := range e.ll.left {
+		peers = append(peers, e.ll.loads[i].peer)
+	}
+	for i := range e.round.active {
+		if a := &e.round.active[i]; !a.done {
+			peers = append(peers, a.peer)
+		}
+	}
+	slices.Sort(peers)
+	return slices.Compact(peers)
 }

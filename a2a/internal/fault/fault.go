@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 )
 
 // The error kinds. Every error a2a returns for one of these situations matches
@@ -25,10 +26,13 @@ var (
 )
 
 // Error is a typed failure. Kind is one of the sentinels above; Rank is the rank
-// the failure concerns (the lost peer, the rank that aborted), or -1.
+// the failure concerns (the lost peer, the rank that aborted), or -1. When it
+// concerns several ranks (the ranks a timed-out operation was waiting for),
+// Ranks lists them all, in order, and Rank is the first of them.
 type Error struct {
 	Kind   error
 	Rank   int
+	Ranks  []int // set only when the failure concerns several ranks
 	Detail string
 	Err    error // underlying cause, may be nil
 }
@@ -45,7 +49,10 @@ func Wrap(kind error, rank int, cause error, format string, args ...any) *Error 
 
 func (e *Error) Error() string {
 	s := e.Kind.Error()
-	if e.Rank >= 0 {
+	switch {
+	case len(e.Ranks) > 1:
+		s += " (" + RanksText(e.Ranks) + ")"
+	case e.Rank >= 0:
 		s += fmt.Sprintf(" (rank %d)", e.Rank)
 	}
 	if e.Detail != "" {
@@ -55,6 +62,24 @@ func (e *Error) Error() string {
 		s += ": " + e.Err.Error()
 	}
 	return s
+}
+
+// RanksText names ranks for a message: "rank 2", "ranks 2, 5", "no rank".
+func RanksText(ranks []int) string {
+	switch len(ranks) {
+	case 0:
+		return "no rank"
+	case 1:
+		return "rank " + strconv.Itoa(ranks[0])
+	}
+	b := []byte("ranks ")
+	for i, r := range ranks {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = strconv.AppendInt(b, int64(r), 10)
+	}
+	return string(b)
 }
 
 // Is reports whether target is this error's kind.
