@@ -29,5 +29,5 @@
 //
 // Every count is in rows (one row = one kept (token, slot) assignment); callers
 // multiply by their row size in bytes. Invalid input is reported with errors
-// that match [ErrInvalid] under errors.Is.
+// that match [ErrInvalid], and a2a.ErrInvalidArgument, under errors.Is.
 package routing

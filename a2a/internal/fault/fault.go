@@ -15,7 +15,7 @@ import (
 // exactly one kind with errors.Is (an abort caused by a lost peer matches both
 // ErrAborted and ErrPeerLost).
 var (
-	ErrInvalidArgument = errors.New("a2a: invalid argument")
+	ErrInvalidArgument = error(invalidArgument{})
 	ErrMismatch        = errors.New("a2a: collective mismatch")
 	ErrPeerLost        = errors.New("a2a: peer lost")
 	ErrAborted         = errors.New("a2a: communicator aborted")
@@ -24,6 +24,17 @@ var (
 	ErrAuth            = errors.New("a2a: not authorized")
 	ErrResource        = errors.New("a2a: out of resources")
 )
+
+// invalidArgument is ErrInvalidArgument's type. Its InvalidArgument method
+// is how errors of packages that may import nothing of a2a (package
+// routing: the standard library only) match ErrInvalidArgument: their Is
+// method looks for it, so the layering stays one way.
+type invalidArgument struct{}
+
+func (invalidArgument) Error() string { return "a2a: invalid argument" }
+
+// InvalidArgument marks the kind of a call's wrong arguments.
+func (invalidArgument) InvalidArgument() bool { return true }
 
 // Error is a typed failure. Kind is one of the sentinels above; Rank is the rank
 // the failure concerns (the lost peer, the rank that aborted), or -1. When it
