@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -191,7 +192,8 @@ type Dispatcher struct {
 
 // New creates the dispatcher of one MoE layer on c. It is a collective: every
 // rank calls it, and the ranks compare their configurations with one small
-// AllToAll, failing with ErrMismatch if they differ. A bad configuration fails
+// AllToAll, failing with ErrMismatch (an *a2a.Error naming the rank, the
+// field and both values) if they differ. A bad configuration fails
 // with ErrInvalidArgument before anything is exchanged. Close the dispatcher
 // before the Comm.
 func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
@@ -293,37 +295,72 @@ func (cfg Config) placement(ranks int) (*routing.Placement, error) {
 	return pl, nil
 }
 
-// agree checks that every rank configured the same layer: each sends every
-// peer a fingerprint of its configuration and compares what it receives.
-func (d *Dispatcher) agree(ctx context.Context) error {
+// layerFields is how many fields of a Config agree compares.
+const layerFields = 8
+
+// layer returns the fields of the layer every rank must configure alike,
+// as agree exchanges them: Experts, K, Hidden, DType, Counts, Rows,
+// CapacityFactor (<= 0: unlimited, all alike) and a fingerprint of the
+// placement's expert -> rank table.
+func (d *Dispatcher) layer() [layerFields]uint64 {
 	h := fnv.New64a()
 	var b [8]byte
-	put := func(v uint64) {
-		binary.LittleEndian.PutUint64(b[:], v)
+	for _, r := range d.pl.Owner {
+		binary.LittleEndian.PutUint64(b[:], uint64(r))
 		h.Write(b[:])
 	}
-	put(uint64(d.cfg.Experts))
-	put(uint64(d.cfg.K))
-	put(uint64(d.cfg.Hidden))
-	put(uint64(d.cfg.DType))
-	put(uint64(d.cfg.Counts))
-	put(uint64(d.cfg.Rows))
-	put(math.Float64bits(max(d.cfg.CapacityFactor, 0)))
-	for _, r := range d.pl.Owner {
-		put(uint64(r))
+	return [layerFields]uint64{uint64(d.cfg.Experts), uint64(d.cfg.K), uint64(d.cfg.Hidden), uint64(d.cfg.DType),
+		uint64(d.cfg.Counts), uint64(d.cfg.Rows), math.Float64bits(max(d.cfg.CapacityFactor, 0)), h.Sum64()}
+}
+
+// layerField names field i of layer and shows its value v.
+func layerField(i int, v uint64) (name, value string) {
+	switch i {
+	case 0:
+		return "Experts", strconv.FormatUint(v, 10)
+	case 1:
+		return "K", strconv.FormatUint(v, 10)
+	case 2:
+		return "Hidden", strconv.FormatUint(v, 10)
+	case 3:
+		return "DType", reduce.DType(v).String()
+	case 4:
+		return "Counts", CountsMode(v).String()
+	case 5:
+		return "Rows", RowPath(v).String()
+	case 6:
+		return "CapacityFactor", strconv.FormatFloat(math.Float64frombits(v), 'g', -1, 64)
 	}
-	mine := h.Sum64()
-	send, recv := make([]byte, 8*d.size), make([]byte, 8*d.size)
+	return "Placement", fmt.Sprintf("expert -> rank table %#x (fingerprint)", v)
+}
+
+// agree checks that every rank configured the same layer: each sends every
+// peer its layer's fields and compares what it receives. A difference fails
+// with ErrMismatch naming the first rank that differs, the field and both
+// values.
+func (d *Dispatcher) agree(ctx context.Context) error {
+	mine := d.layer()
+	const rec = 8 * layerFields
+	send, recv := make([]byte, rec*d.size), make([]byte, rec*d.size)
 	for j := range d.size {
-		binary.LittleEndian.PutUint64(send[8*j:], mine)
+		for f, v := range mine {
+			binary.LittleEndian.PutUint64(send[j*rec+8*f:], v)
+		}
 	}
 	if err := d.comm.AllToAll(ctx, send, recv); err != nil {
 		return err
 	}
 	for i := range d.size {
-		if got := binary.LittleEndian.Uint64(recv[8*i:]); got != mine {
-			return fmt.Errorf("%w: dispatch: rank %d configured a different MoE layer than rank %d (experts, k, hidden, dtype, capacity, counts mode or placement differ)",
-				a2a.ErrMismatch, i, d.rank)
+		for f, v := range mine {
+			got := binary.LittleEndian.Uint64(recv[i*rec+8*f:])
+			if got == v {
+				continue
+			}
+			name, theirs := layerField(f, got)
+			_, ours := layerField(f, v)
+			return &a2a.Error{Kind: a2a.ErrMismatch, Rank: i, Detail: fmt.Sprintf(
+				"dispatch: rank %d configured another MoE layer: Config.%s is %s there, %s on this rank (rank %d); every rank must pass New the same Config",
+				i, name, theirs, ours, d.rank)}
 		}
 	}
 	return nil

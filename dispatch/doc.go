@@ -176,5 +176,7 @@
 // this rank either retries or closes its Comm (they then see ErrPeerLost or
 // ErrAborted), or until their deadline. Failures of the exchanges are the
 // Comm's errors (see package a2a); ranks whose layer configurations differ
-// fail [New] with [a2a.ErrMismatch].
+// fail [New] with an *[a2a.Error] matching [a2a.ErrMismatch] that names the
+// other rank, the field and both values ("rank 2 configured another MoE
+// layer: Config.Hidden is 16 there, 8 on this rank (rank 0)").
 package dispatch

@@ -74,11 +74,49 @@ func TestNewMismatch(t *testing.T) {
 		return err
 	})
 	for r, err := range errs {
-		if !errors.Is(err, a2a.ErrMismatch) {
-			t.Errorf("rank %d: %v, want ErrMismatch", r, err)
+		var ae *a2a.Error
+		if !errors.Is(err, a2a.ErrMismatch) || !errors.As(err, &ae) {
+			t.Errorf("rank %d: %v, want an *a2a.Error matching ErrMismatch", r, err)
+			continue
+		}
+		other, want := 2, fmt.Sprintf("a2a: collective mismatch (rank 2): dispatch: rank 2 configured another MoE layer: "+
+			"Config.Hidden is 16 there, 8 on this rank (rank %d); every rank must pass New the same Config", r)
+		if r == 2 {
+			other, want = 0, "a2a: collective mismatch (rank 0): dispatch: rank 0 configured another MoE layer: "+
+				"Config.Hidden is 8 there, 16 on this rank (rank 2); every rank must pass New the same Config"
+		}
+		if ae.Rank != other || err.Error() != want {
+			t.Errorf("rank %d: %q (Rank %d), want %q", r, err, ae.Rank, want)
 		}
 	}
 	newDispatchers(t, comms, Config{Experts: 6, K: 2, Hidden: 8, Logger: discard})
+
+	// Every field is named, with both values.
+	for _, tc := range []struct {
+		mod  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.K = 3 }, "Config.K is 3 there, 2 on this rank"},
+		{func(c *Config) { c.DType = reduce.BFloat16 }, "Config.DType is bfloat16 there, float32 on this rank"},
+		{func(c *Config) { c.CapacityFactor = 1.25 }, "Config.CapacityFactor is 1.25 there, 0 on this rank"},
+		{func(c *Config) { c.Counts = CountsNATS }, "Config.Counts is nats there"},
+		{func(c *Config) { c.Placement, _ = routing.FromTable(6, 3, []int{2, 2, 1, 1, 0, 0}) }, "Config.Placement is expert -> rank table"},
+	} {
+		errs := onAll(3, func(r int) error {
+			cfg := Config{Experts: 6, K: 2, Hidden: 8, Logger: discard}
+			if r == 2 {
+				tc.mod(&cfg)
+			}
+			d, err := New(context.Background(), comms[r], cfg)
+			if err == nil {
+				d.Close()
+			}
+			return err
+		})
+		if err := errs[0]; !errors.Is(err, a2a.ErrMismatch) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("rank 0: %v, want it to say %q", err, tc.want)
+		}
+	}
 }
 
 // TestValidation: bad arguments fail with ErrInvalidArgument and a message
