@@ -144,7 +144,9 @@
 // # Steady state
 //
 // Handles come from a per-dispatcher free list ([Handle.Release] returns
-// them) and keep their buffers, which only grow; the worker and its
+// them) and keep their buffers, which only grow. A released handle's
+// accessors return nil (or 0) until it is handed out again, so a stale use
+// shows instead of reading a later step's rows; the worker and its
 // completion channels are created once. Once the buffers have reached the
 // step's size, a step allocates nothing in [CountsInBand] mode (the package's
 // tests check it with runtime.MemStats, as the a2a package does).

@@ -131,9 +131,10 @@ func (h *Handle) Wait() error {
 }
 
 // Release gives the handle and its buffers back to the dispatcher for a later
-// step, waiting first for an operation still in flight. The handle and every
-// slice obtained from it must not be used afterwards. Releasing twice is a
-// no-op until the handle is handed out again.
+// step, waiting first for an operation still in flight. The slices obtained
+// from it must not be used afterwards: a later step reuses them. Until the
+// handle is handed out again its accessors return nil (Recv, Output,
+// Segments, Decision, ExpertLoad) or 0, and releasing it again is a no-op.
 func (h *Handle) Release() {
 	if h == nil || h.state == stateIdle {
 		return
@@ -142,11 +143,25 @@ func (h *Handle) Release() {
 	h.d.recycle(h)
 }
 
-// Tokens is the number of tokens this rank dispatched.
-func (h *Handle) Tokens() int { return h.T }
+// released reports whether the handle is back with its dispatcher: its
+// accessors then return nil (or 0) rather than a step's data that a later
+// step may be overwriting.
+func (h *Handle) released() bool { return h.state == stateIdle }
 
-// Rows is the number of rows received for all local experts.
+// Tokens is the number of tokens this rank dispatched (0 once released).
+func (h *Handle) Tokens() int {
+	if h.released() {
+		return 0
+	}
+	return h.T
+}
+
+// Rows is the number of rows received for all local experts (0 once
+// released).
 func (h *Handle) Rows() int {
+	if h.released() {
+		return 0
+	}
 	n := 0
 	for _, r := range h.expertRows {
 		n += r
@@ -157,13 +172,22 @@ func (h *Handle) Rows() int {
 // Recv is the received buffer: the rows of this rank's own tokens first, then
 // the other ranks' blocks (those the AllToAllV brought, in rank order, then
 // those written through shared memory, in rank order); within a block, rows
-// by local expert, then by token. Segments gives the offsets.
-func (h *Handle) Recv() []byte { return h.recv }
+// by local expert, then by token. Segments gives the offsets. Nil once
+// released.
+func (h *Handle) Recv() []byte {
+	if h.released() {
+		return nil
+	}
+	return h.recv
+}
 
 // Output is a buffer of the length and layout of Recv, owned by the handle,
 // for the expert outputs. Its previous contents are unspecified: write every
-// row of every segment.
+// row of every segment. Nil once released.
 func (h *Handle) Output() []byte {
+	if h.released() {
+		return nil
+	}
 	if h.d.hostPeers {
 		out, err := h.sharedBuffer(&h.outSeg, len(h.recv), 0)
 		if err == nil {
@@ -212,25 +236,50 @@ func (h *Handle) LocalExperts() int { return h.d.nLocal }
 // Expert is the global id of local expert l.
 func (h *Handle) Expert(l int) int { return h.d.pl.PerRank[h.d.rank][l] }
 
-// ExpertRows is the number of rows received for local expert l.
-func (h *Handle) ExpertRows(l int) int { return h.expertRows[l] }
+// ExpertRows is the number of rows received for local expert l (0 once
+// released).
+func (h *Handle) ExpertRows(l int) int {
+	if h.released() {
+		return 0
+	}
+	return h.expertRows[l]
+}
 
 // Segments lists where local expert l's rows are in Recv: one segment per
-// source rank, indexed by rank (empty ones included).
+// source rank, indexed by rank (empty ones included). Nil once released.
 func (h *Handle) Segments(l int) []Segment {
+	if h.released() {
+		return nil
+	}
 	P := h.d.size
 	return h.segs[l*P : (l+1)*P]
 }
 
 // Decision is the routing of this rank's tokens as dispatched: the caller's
 // decision with the assignments dropped over capacity marked routing.Dropped.
-func (h *Handle) Decision() *routing.Decision { return &h.dec }
+// Nil once released.
+func (h *Handle) Decision() *routing.Decision {
+	if h.released() {
+		return nil
+	}
+	return &h.dec
+}
 
 // ExpertLoad is the number of rows this rank sent to each global expert.
-func (h *Handle) ExpertLoad() []int { return h.plan.ExpertRows }
+// Nil once released.
+func (h *Handle) ExpertLoad() []int {
+	if h.released() {
+		return nil
+	}
+	return h.plan.ExpertRows
+}
 
-// Stats returns the step's statistics (CombineTime once combined).
+// Stats returns the step's statistics (CombineTime once combined; the zero
+// Stats once released).
 func (h *Handle) Stats() Stats {
+	if h.released() {
+		return Stats{}
+	}
 	return Stats{
 		Tokens: h.T, Kept: h.plan.Rows, Dropped: h.dropped, Received: h.Rows(),
 		Imbalance:    routing.Imbalance(h.plan.RankRows),

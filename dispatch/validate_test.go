@@ -319,3 +319,45 @@ func TestParseRowPath(t *testing.T) {
 		}
 	}
 }
+
+// TestReleasedHandle: once released, a Handle's accessors return nil or 0
+// instead of the step's data, which a later step reuses.
+func TestReleasedHandle(t *testing.T) {
+	const ranks = 2
+	url := startNATS(t)
+	comms := group(t, url, ranks, nil)
+	l := layer{experts: 4, k: 2, hidden: 4, tokens: 6, dtype: reduce.Float32, seed: 9}
+	ds := newDispatchers(t, comms, Config{Experts: 4, K: 2, Hidden: 4, Logger: discard})
+	hs := make([]*Handle, ranks)
+	mustAll(t, onAll(ranks, func(r int) error {
+		h, err := ds[r].Dispatch(context.Background(), l.tokenRows(r, 0), l.decision(r, 0))
+		hs[r] = h
+		return err
+	}))
+	h := hs[0]
+	if h.Recv() == nil || h.Segments(0) == nil || h.Decision() == nil || h.ExpertLoad() == nil || h.Tokens() == 0 || h.Output() == nil {
+		t.Fatal("a dispatched handle lacks its data")
+	}
+	for _, h := range hs {
+		h.Release()
+	}
+	if got := h.Recv(); got != nil {
+		t.Errorf("Recv after Release: %d bytes, want nil", len(got))
+	}
+	if got := h.Output(); got != nil {
+		t.Errorf("Output after Release: %d bytes, want nil", len(got))
+	}
+	if got := h.Segments(0); got != nil {
+		t.Errorf("Segments after Release: %v, want nil", got)
+	}
+	if got := h.Decision(); got != nil {
+		t.Errorf("Decision after Release: %v, want nil", got)
+	}
+	if got := h.ExpertLoad(); got != nil {
+		t.Errorf("ExpertLoad after Release: %v, want nil", got)
+	}
+	if h.Tokens() != 0 || h.Rows() != 0 || h.ExpertRows(0) != 0 || h.Stats() != (Stats{}) {
+		t.Errorf("counts after Release: tokens %d, rows %d, expert rows %d, stats %+v, want 0", h.Tokens(), h.Rows(), h.ExpertRows(0), h.Stats())
+	}
+	h.Release() // a no-op
+}
