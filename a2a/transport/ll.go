@@ -108,11 +108,11 @@ func (win *SlotWindow) storeError(peer int, slot bool, epoch, tag uint32, n int)
 	case !slot:
 		return win.noSlot(peer)
 	case n > win.Bytes:
-		return fault.New(fault.ErrInvalidArgument, peer, "%s: LL message of %d bytes to rank %d, slots hold %d", win.Name, n, peer, win.Bytes)
+		return fault.New(fault.ErrInvalidArgument, peer, "%s: small message (LL) of %d bytes to rank %d, its mailbox (LL slot) holds %d", win.Name, n, peer, win.Bytes)
 	case epoch < FirstEpoch:
 		return win.badEpoch(peer, epoch)
 	}
-	return fault.New(fault.ErrInvalidArgument, peer, "%s: LL tag %#x wider than %d bits", win.Name, tag, SlotTagBits)
+	return fault.New(fault.ErrInvalidArgument, peer, "%s: small-message (LL) tag %#x wider than %d bits", win.Name, tag, SlotTagBits)
 }
 
 // CheckLoad checks the arguments of a Slots.Load of peer's message into n
@@ -133,18 +133,18 @@ func (win *SlotWindow) loadError(peer int, slot bool, epoch uint32, n int, anyLe
 	case !slot:
 		return win.noSlot(peer)
 	case !anyLen && n > win.Bytes:
-		return fault.New(fault.ErrInvalidArgument, peer, "%s: LL load of %d bytes from rank %d, slots hold %d", win.Name, n, peer, win.Bytes)
+		return fault.New(fault.ErrInvalidArgument, peer, "%s: small message (LL) of %d bytes from rank %d, its mailbox (LL slot) holds %d", win.Name, n, peer, win.Bytes)
 	}
 	return win.badEpoch(peer, epoch)
 }
 
 func (win *SlotWindow) noSlot(peer int) error {
-	return fault.New(fault.ErrInvalidArgument, peer, "%s: rank %d has no LL slot at rank %d", win.Name, win.Rank, peer)
+	return fault.New(fault.ErrInvalidArgument, peer, "%s: rank %d has no small-message mailbox (LL slot) at rank %d", win.Name, win.Rank, peer)
 }
 
 // badEpoch refuses the epochs no LL message uses: zeroed memory carries them.
 func (win *SlotWindow) badEpoch(peer int, epoch uint32) error {
-	return fault.New(fault.ErrInvalidArgument, peer, "%s: LL epoch %d (epochs start at %d)", win.Name, epoch, FirstEpoch)
+	return fault.New(fault.ErrInvalidArgument, peer, "%s: small-message (LL) epoch %d (epochs start at %d)", win.Name, epoch, FirstEpoch)
 }
 
 // Take is one step of a Slots.Load: it copies into dst the words of slot w
@@ -204,13 +204,13 @@ func (win *SlotWindow) checkLen(peer int, lw uint64, tag uint32, dstLen int, any
 	n, got := int(lw&slotLenMask), uint32(lw&lo32)>>SlotLenBits
 	switch {
 	case got != tag:
-		return fault.New(fault.ErrMismatch, peer, "%s: LL from rank %d tagged %#x, this rank expects %#x: the ranks run different operations", win.Name, peer, got, tag)
+		return fault.New(fault.ErrMismatch, peer, "%s: small-message exchange (LL) from rank %d: it runs %v, this rank %v: the ranks call different collectives, or in a different order", win.Name, peer, OpKind(got), OpKind(tag))
 	case n > win.Bytes:
-		return fault.New(fault.ErrMismatch, peer, "%s: LL from rank %d: length word says %d bytes, slots hold %d", win.Name, peer, n, win.Bytes)
+		return fault.New(fault.ErrMismatch, peer, "%s: small-message exchange (LL) from rank %d: its length word says %d bytes, more than its mailbox (LL slot) holds, %d: the message is corrupt", win.Name, peer, n, win.Bytes)
 	case !anyLen && n != dstLen:
-		return fault.New(fault.ErrMismatch, peer, "%s: LL from rank %d: %d bytes, this rank expects %d", win.Name, peer, n, dstLen)
+		return fault.New(fault.ErrMismatch, peer, "%s: small-message exchange (LL) from rank %d: it sends %d bytes, this rank expects %d: recvCounts must equal what the sender passes in sendCounts", win.Name, peer, n, dstLen)
 	case n > dstLen:
-		return fault.New(fault.ErrMismatch, peer, "%s: LL from rank %d: %d bytes, buffer holds %d", win.Name, peer, n, dstLen)
+		return fault.New(fault.ErrMismatch, peer, "%s: small-message exchange (LL) from rank %d: it sends %d bytes, the receive buffer holds %d", win.Name, peer, n, dstLen)
 	}
 	return nil
 }

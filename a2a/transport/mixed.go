@@ -211,7 +211,7 @@ func (m *Mixed) SlotBytes(peer int) int {
 func (m *Mixed) Store(peer int, epoch, tag uint32, data []byte) error {
 	s := m.SlotsOf(peer)
 	if s == nil {
-		return fault.New(fault.ErrInvalidArgument, peer, "no LL slot to rank %d", peer)
+		return fault.New(fault.ErrInvalidArgument, peer, "no small-message mailbox (LL slot) to rank %d", peer)
 	}
 	return s.Store(peer, epoch, tag, data)
 }
@@ -220,7 +220,7 @@ func (m *Mixed) Store(peer int, epoch, tag uint32, data []byte) error {
 func (m *Mixed) Load(peer int, epoch, tag uint32, dst []byte, anyLen bool, st *SlotLoad) (bool, error) {
 	s := m.SlotsOf(peer)
 	if s == nil {
-		return false, fault.New(fault.ErrInvalidArgument, peer, "no LL slot from rank %d", peer)
+		return false, fault.New(fault.ErrInvalidArgument, peer, "no small-message mailbox (LL slot) from rank %d", peer)
 	}
 	return s.Load(peer, epoch, tag, dst, anyLen, st)
 }

@@ -110,13 +110,13 @@ func (h *Header) Encode(b []byte) {
 // the stream lost framing).
 func (h *Header) Decode(b []byte) error {
 	if len(b) < HeaderSize {
-		return fault.New(fault.ErrMismatch, -1, "frame header of %d bytes, want %d", len(b), HeaderSize)
+		return fault.New(fault.ErrMismatch, -1, "data-plane message header (frame header) of %d bytes, want %d: the peer is not an a2a rank of this version", len(b), HeaderSize)
 	}
 	if m := binary.LittleEndian.Uint32(b[0:]); m != Magic {
-		return fault.New(fault.ErrMismatch, -1, "bad frame magic %#x", m)
+		return fault.New(fault.ErrMismatch, -1, "data-plane message header (frame) with magic %#x: the peer is not an a2a rank", m)
 	}
 	if b[4] != Version {
-		return fault.New(fault.ErrMismatch, -1, "frame version %d, want %d", b[4], Version)
+		return fault.New(fault.ErrMismatch, -1, "data-plane protocol version %d, this rank speaks %d: run the same a2a version on every rank", b[4], Version)
 	}
 	h.Kind = OpKind(b[5])
 	h.Algo = b[6]
@@ -154,7 +154,7 @@ func (want *Header) Check(got *Header, anyLen bool) error {
 	case got.Round != want.Round:
 		field, w, g = "round", uint64(want.Round), uint64(got.Round)
 	case got.Flags != want.Flags:
-		return fault.New(fault.ErrMismatch, int(got.Src), "%s op %d: rank %d sends a message of a different length than this rank expects (frame %d)", want.Kind, want.Seq, got.Src, got.Round)
+		return fault.New(fault.ErrMismatch, int(got.Src), "%s op %d: rank %d sends a message of a different length than this rank expects (part %d): recvCounts must equal what the sender passes in sendCounts", want.Kind, want.Seq, got.Src, got.Round)
 	case got.Kind != OpPut && got.Aux != want.Aux:
 		field, w, g = "tag", want.Aux, got.Aux
 	case !anyLen && got.Len != want.Len:

@@ -156,7 +156,7 @@ func (e *Engine) store(id opID, st *algo.Step, bufs *Buffers) error {
 			data = e.ll.sigOut
 		}
 		if len(data) > room {
-			return fault.New(fault.ErrInvalidArgument, st.Peer, "LL block of %d bytes for a %d-byte slot", len(data), room)
+			return fault.New(fault.ErrInvalidArgument, st.Peer, "small message (LL) of %d bytes for rank %d, whose mailbox (LL slot) holds %d", len(data), st.Peer, room)
 		}
 		if err := e.ll.slotOf[st.Peer].Store(st.Peer, e.ll.epoch, e.ll.tag, data); err != nil {
 			return fault.ForPeer(st.Peer, err)

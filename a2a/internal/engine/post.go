@@ -240,7 +240,7 @@ func reduceSpans(bufs *Buffers, st *algo.Step, n int) (into, with []byte, err er
 		return nil, nil, err
 	}
 	if len(into) != n {
-		return nil, nil, fault.New(fault.ErrInvalidArgument, -1, "schedule reduces a %d-byte frame into %d bytes", n, len(into))
+		return nil, nil, fault.New(fault.ErrInvalidArgument, -1, "schedule reduces a received %d-byte message into %d bytes", n, len(into))
 	}
 	if st.With.Len == 0 {
 		return into, nil, nil
@@ -249,7 +249,7 @@ func reduceSpans(bufs *Buffers, st *algo.Step, n int) (into, with []byte, err er
 		return nil, nil, err
 	}
 	if len(with) != n {
-		return nil, nil, fault.New(fault.ErrInvalidArgument, -1, "schedule combines a %d-byte frame with %d bytes", n, len(with))
+		return nil, nil, fault.New(fault.ErrInvalidArgument, -1, "schedule combines a received %d-byte message with %d bytes", n, len(with))
 	}
 	return into, with, nil
 }

@@ -107,7 +107,7 @@ func (e *Engine) pollFrames(waited bool) (moved bool, pending int, err error) {
 		}
 		moved = moved || progressed
 		if a.watchLL && e.frameNotBegun(a) && e.ll.watchOf[a.peer].Stored(a.peer, e.ll.epoch) {
-			return moved, pending, fault.New(fault.ErrMismatch, a.peer, "rank %d sent a block within the LL cutoff, this rank expects a larger one by frames", a.peer)
+			return moved, pending, fault.New(fault.ErrMismatch, a.peer, "rank %d sent its block as a small message (LL: blocks up to the LL cutoff, A2A_LL_BYTES), this rank expects a larger one: recvCounts must equal what the sender passes in sendCounts, and every rank must use the same LL cutoff", a.peer)
 		}
 		pending++
 	}

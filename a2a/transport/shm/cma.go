@@ -85,7 +85,7 @@ func (c *conn) remoteSlices(kind byte, count uint64, plen int) error {
 		return nil
 	}
 	if count == 0 || count > maxRemoteIov || count > uint64(plen) {
-		return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: %d slices for a %d-byte frame", c.stream, c.peer, count, plen)
+		return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: %d slices for a %d-byte message (frame)", c.stream, c.peer, count, plen)
 	}
 	n := int(count)
 	if cap(c.rrv) < n {
@@ -109,12 +109,12 @@ func (c *conn) remoteSlices(kind byte, count uint64, plen int) error {
 	total := 0
 	for _, v := range c.rrv {
 		if v.Len <= 0 || v.Len > plen-total {
-			return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: slices do not add up to the %d-byte frame", c.stream, c.peer, plen)
+			return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: slices do not add up to the %d-byte message (frame)", c.stream, c.peer, plen)
 		}
 		total += v.Len
 	}
 	if total != plen {
-		return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: slices hold %d bytes of a %d-byte frame", c.stream, c.peer, total, plen)
+		return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: slices hold %d bytes of a %d-byte message (frame)", c.stream, c.peer, total, plen)
 	}
 	return nil
 }

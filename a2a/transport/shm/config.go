@@ -216,7 +216,7 @@ func (c *Config) checkRanges() error {
 	case c.RingBytes != 0 && (c.RingBytes < minRingBytes || c.RingBytes > maxRingBytes || c.RingBytes&(c.RingBytes-1) != 0):
 		return configError("ring of %d bytes (want a power of two in [%d, %d])", c.RingBytes, minRingBytes, maxRingBytes)
 	case c.SlotBytes > maxSlotBytes:
-		return configError("LL slot of %d bytes (max %d)", c.SlotBytes, maxSlotBytes)
+		return configError("small-message mailbox (LL slot) of %d bytes (max %d)", c.SlotBytes, maxSlotBytes)
 	}
 	return nil
 }

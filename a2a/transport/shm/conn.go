@@ -312,7 +312,7 @@ func (c *conn) send(op *transport.SendOp) (bool, error) {
 			c.swAck.Store(idle)
 		default:
 			return false, fault.New(fault.ErrMismatch, c.peer,
-				"shm: rank %d rejected frame %d of %s op %d on stream %d", c.peer, op.Hdr.Round, op.Hdr.Kind, op.Hdr.Seq, c.stream)
+				"shm: rank %d rejected part %d of the message of %s op %d on stream %d", c.peer, op.Hdr.Round, op.Hdr.Kind, op.Hdr.Seq, c.stream)
 		}
 	}
 	for op.Progress < total && budget > 0 {

@@ -259,7 +259,7 @@ func (t *Transport) loadStall(p *llPeer, i, peer int, w []uint64, epoch, tag uin
 				return done, err
 			}
 			return false, fault.New(fault.ErrMismatch, peer,
-				"shm: rank %d sent a frame while this rank waits for its LL message (epoch %d): the ranks run different operations", peer, epoch)
+				"shm: rank %d sent a large message (a frame) while this rank waits for a small one (LL, epoch %d): the ranks call different collectives, or disagree on the counts", peer, epoch)
 		}
 	}
 	// Wait returns once the awaited word carries epoch: the length word,

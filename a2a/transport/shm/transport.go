@@ -417,7 +417,7 @@ func (t *Transport) mapPeer(i int) (*segment, error) {
 	case info.ring != uint64(cfg.RingBytes):
 		return nil, mismatch("ring bytes", info.ring, cfg.RingBytes)
 	case info.slot != uint64(cfg.SlotBytes):
-		return nil, mismatch("LL slot bytes", info.slot, cfg.SlotBytes)
+		return nil, mismatch("small-message mailbox (LL slot) bytes", info.slot, cfg.SlotBytes)
 	case info.segSize != uint64(size):
 		return nil, mismatch("size", info.segSize, size)
 	case info.fileSize < int64(size):

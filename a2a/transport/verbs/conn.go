@@ -274,7 +274,7 @@ func (c *conn) recv(op *transport.RecvOp) (bool, error) {
 		b := c.ring[slot*c.chunk() : slot*c.chunk()+c.rlen[slot]]
 		if op.Progress == 0 {
 			if len(b) < hdrSize {
-				return false, fault.New(fault.ErrMismatch, c.peer, "verbs: stream %d from rank %d: a frame starts with a %d-byte chunk", c.stream, c.peer, len(b))
+				return false, fault.New(fault.ErrMismatch, c.peer, "verbs: stream %d from rank %d: a message (frame) starts with a %d-byte chunk", c.stream, c.peer, len(b))
 			}
 			copy(op.Wire[:], b[:hdrSize])
 			if err := op.Got.Decode(op.Wire[:]); err != nil {

@@ -83,9 +83,9 @@ func (p Provider) geometry(self transport.Self) (geometry, error) {
 	case g.ChunkBytes < 4096 || g.ChunkBytes > 1<<30:
 		return g, fault.New(fault.ErrInvalidArgument, -1, "verbs: chunk of %d bytes: want 4 KiB to 1 GiB", g.ChunkBytes)
 	case g.RingSlots < 1 || g.RingSlots > 4096:
-		return g, fault.New(fault.ErrInvalidArgument, -1, "verbs: %d ring slots: want 1 to 4096", g.RingSlots)
+		return g, fault.New(fault.ErrInvalidArgument, -1, "verbs: %d ring slots (messages in flight per stream): want 1 to 4096", g.RingSlots)
 	case g.SlotBytes > 1<<20:
-		return g, fault.New(fault.ErrInvalidArgument, -1, "verbs: LL slot of %d bytes: at most 1 MiB", g.SlotBytes)
+		return g, fault.New(fault.ErrInvalidArgument, -1, "verbs: small-message mailbox (LL slot) of %d bytes: at most 1 MiB", g.SlotBytes)
 	}
 	return g, nil
 }

@@ -216,7 +216,7 @@ func (t *Transport) Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 	}
 	if framed {
 		return false, fault.New(fault.ErrMismatch, peer,
-			"verbs: rank %d sent a frame while this rank waits for its LL message (epoch %d): the ranks run different operations", peer, epoch)
+			"verbs: rank %d sent a large message (a frame) while this rank waits for a small one (LL, epoch %d): the ranks call different collectives, or disagree on the counts", peer, epoch)
 	}
 	return false, nil
 }
