@@ -298,9 +298,13 @@ func TestJoinControlPlaneLost(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		reconnects int
+		after      time.Duration // how long Join has run when the server dies
 	}{
-		{"reconnecting", -1},
-		{"closed", 0},
+		{"reconnecting", -1, 300 * time.Millisecond},
+		{"reconnecting early", -1, 0}, // electing itself, starting its service
+		{"reconnecting soon", -1, 20 * time.Millisecond},
+		{"closed", 0, 300 * time.Millisecond},
+		{"closed early", 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			checkGoroutines(t)
@@ -329,7 +333,7 @@ func TestJoinControlPlaneLost(t *testing.T) {
 				}
 				joined <- err
 			}()
-			time.Sleep(300 * time.Millisecond) // waiting for rank 1
+			time.Sleep(tc.after) // then waiting for rank 1
 			srv.Shutdown()
 			killed := time.Now()
 			select {

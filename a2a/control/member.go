@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	neturl "net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -213,17 +214,17 @@ func Join(ctx context.Context, nc *nats.Conn, cfg JoinConfig) (*Member, error) {
 		counts: countsCalls{waiters: make(map[uint64]*waiter)},
 		exit:   exitState{done: make(chan struct{})},
 	}
-	if err := m.subscribe(); err != nil {
-		m.release()
-		return nil, err
-	}
 	jctx, stopWatch := m.whileConnected(ctx)
-	err := m.rendezvous(jctx)
+	err := m.subscribe(jctx)
+	if err != nil {
+		stopWatch()
+		m.release()
+		return nil, m.joinError(ctx, jctx, err)
+	}
+	err = m.rendezvous(jctx)
 	stopWatch()
 	if err != nil {
-		if cause := context.Cause(jctx); ctx.Err() == nil && errors.Is(cause, fault.ErrAborted) {
-			err = cause // the control plane went away: say so, not what it broke
-		}
+		err = m.joinError(ctx, jctx, err)
 		m.withdraw()
 		m.release()
 		if m.svc != nil {
@@ -280,7 +281,7 @@ func normalize(nc *nats.Conn, cfg *JoinConfig) error {
 	return nil
 }
 
-func (m *Member) subscribe() error {
+func (m *Member) subscribe(ctx context.Context) error {
 	base := m.nc.NewInbox()
 	m.subs.ctlInbox, m.subs.countsInbox = base+".r", base+".c"
 	m.subs.ctlCh = make(chan *nats.Msg, 64)
@@ -312,8 +313,8 @@ func (m *Member) subscribe() error {
 	// A server refuses a subscription its user may not make asynchronously:
 	// a round trip brings the refusal back, so a job given the wrong group's
 	// credentials fails here instead of timing out.
-	if err := m.nc.FlushTimeout(5 * time.Second); err != nil {
-		return wrap(err, "group subjects")
+	if err := flushSubscriptions(ctx, m.nc); err != nil {
+		return err
 	}
 	if err := m.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) {
 		for _, subj := range []string{m.subs.groupSub.Subject, m.subs.ctlInbox, m.subs.countsInbox} {
@@ -441,6 +442,19 @@ func (m *Member) onGroup(msg *nats.Msg) {
 	}
 }
 
+// joinError is what a failed join reports: when the control plane went away
+// under it (the connection closed, or down for PeerTimeout: whileConnected's
+// cause), that, not what its loss broke on the way (a flush, a subscription).
+func (m *Member) joinError(ctx, jctx context.Context, err error) error {
+	if cause := context.Cause(jctx); ctx.Err() == nil && errors.Is(cause, fault.ErrAborted) {
+		return cause
+	}
+	if m.nc.IsClosed() && ctx.Err() == nil {
+		return errConnClosed
+	}
+	return err
+}
+
 // joinCheckEvery is how often a join looks at its NATS connection.
 const joinCheckEvery = 100 * time.Millisecond
 
@@ -451,6 +465,9 @@ const joinCheckEvery = 100 * time.Millisecond
 func (m *Member) whileConnected(ctx context.Context) (jctx context.Context, stop func()) {
 	jctx, cancel := context.WithCancelCause(ctx)
 	url := m.nc.ConnectedUrlRedacted()
+	if u, err := neturl.Parse(m.nc.Opts.Url); url == "" && err == nil {
+		url = u.Redacted() // down already: the URL it was given
+	}
 	done, exited := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(exited)

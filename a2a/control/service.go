@@ -125,14 +125,36 @@ func newService(ctx context.Context, nc *nats.Conn, secret []byte, logger *slog.
 	}
 	// Make the subscriptions effective at the server before anyone is told
 	// this service exists.
-	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := nc.FlushWithContext(fctx); err != nil {
+	if err := flushSubscriptions(ctx, nc); err != nil {
 		s.unsubscribe()
-		return nil, fault.Wrap(fault.ErrTimeout, -1, err, "control: registering service subscriptions")
+		return nil, err
 	}
 	s.log.Debug("service started", "id", s.id, "group", cmp.Or(only, "*"))
 	return s, nil
+}
+
+// flushSubscriptions waits until the server has the connection's
+// subscriptions, at most 5 s or until ctx ends. A disconnect in the middle
+// fails the flush although nats.go re-sends the subscriptions once it is
+// back, so it flushes again then; a connection that closed is the control
+// plane lost.
+func flushSubscriptions(ctx context.Context, nc *nats.Conn) error {
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for {
+		err := nc.FlushWithContext(fctx)
+		switch {
+		case err == nil:
+			return nil
+		case nc.IsClosed():
+			return errConnClosed
+		case fctx.Err() != nil:
+			return fault.Wrap(fault.ErrTimeout, -1, err, "control: registering service subscriptions")
+		}
+		if sleep(fctx, 50*time.Millisecond) != nil {
+			return fault.Wrap(fault.ErrTimeout, -1, err, "control: registering service subscriptions")
+		}
+	}
 }
 
 func (s *Service) unsubscribe() {
