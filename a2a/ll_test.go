@@ -226,7 +226,9 @@ func TestQuietLLMismatchManyRanks(t *testing.T) {
 func testQuietLLMismatchManyRanks(t *testing.T, transport string) {
 	url := startNATS(t)
 	const n = 12 // three fullmesh windows of 4 peers
-	setup := func(c *Config) { c.Transport, c.Window = transport, 4 }
+	// Twelve ranks in one process on a loaded machine may miss a 1 s
+	// heartbeat; this test is about the mismatch, not about loss.
+	setup := func(c *Config) { patient(c); c.Transport, c.Window = transport, 4 }
 	comms := group(t, url, n, setup)
 	for _, tc := range []struct{ sent, exp int }{{10, 9000}, {9000, 10}, {1 << 20, 10}} {
 		start := time.Now()
