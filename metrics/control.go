@@ -76,12 +76,13 @@ func b2f(b bool) float64 {
 // RegisterControlRejects registers a2a_control_rejected_messages_total on
 // reg: the control messages a service (control.Service.Rejects) or a rank
 // (a2a.Comm.ControlRejects) refused to believe, by reason (auth: forged,
-// corrupted or signed with another secret; replay; epoch; sender; malformed),
+// corrupted or signed with another secret; replay; epoch; sender; malformed;
+// rate: dropped over a service's message rate),
 // read from rejects at each scrape. Wrap reg with the group and rank labels
 // for a rank's.
 func RegisterControlRejects(reg prometheus.Registerer, rejects func() control.Rejects) error {
 	return reg.Register(&rejectsCollector{rejects: rejects, desc: prometheus.NewDesc("a2a_control_rejected_messages_total",
-		"Control messages refused: failed authentication, replayed, of another epoch, from a non-member, or malformed.",
+		"Control messages refused: failed authentication, replayed, of another epoch, from a non-member, malformed, or over the service's rate.",
 		[]string{"reason"}, nil)})
 }
 

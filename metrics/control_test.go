@@ -51,16 +51,17 @@ a2a_control_pending_counts_exchanges{group="job2"} 0
 
 func TestControlRejects(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	r := control.Rejects{3, 1, 0, 2, 0}
+	r := control.Rejects{3, 1, 0, 2, 0, 5}
 	if err := RegisterControlRejects(reg, func() control.Rejects { return r }); err != nil {
 		t.Fatal(err)
 	}
 	want := `
-# HELP a2a_control_rejected_messages_total Control messages refused: failed authentication, replayed, of another epoch, from a non-member, or malformed.
+# HELP a2a_control_rejected_messages_total Control messages refused: failed authentication, replayed, of another epoch, from a non-member, malformed, or over the service's rate.
 # TYPE a2a_control_rejected_messages_total counter
 a2a_control_rejected_messages_total{reason="auth"} 3
 a2a_control_rejected_messages_total{reason="epoch"} 0
 a2a_control_rejected_messages_total{reason="malformed"} 0
+a2a_control_rejected_messages_total{reason="rate"} 5
 a2a_control_rejected_messages_total{reason="replay"} 1
 a2a_control_rejected_messages_total{reason="sender"} 2
 `

@@ -76,7 +76,7 @@ func (m *Member) discover(ctx context.Context) error {
 			tries = 4 * pingTries
 			continue
 		}
-		svc, err := newService(ctx, m.nc, m.cfg.Secret, m.log, m.group)
+		svc, err := newService(ctx, m.nc, ServiceConfig{Group: m.group, Secret: m.cfg.Secret, Logger: m.log}, false)
 		release()
 		if err != nil {
 			return err

@@ -15,7 +15,7 @@ import (
 // Traffic reports feed the live view of a2ad serve (/ui/): every rank
 // publishes, at most once per period and only while its figures change, a
 // summary of what it exchanged with each peer on a2a.svc.G.report. Only a
-// daemon-style service (NewService) subscribes, so the subject costs a group
+// daemon-style service (NewService, StartService) subscribes, so the subject costs a group
 // that runs its own coordinator nothing but the server's discarding of the
 // messages. The figures are cumulative since the member joined, so a lost
 // message costs resolution, not correctness.
@@ -341,7 +341,7 @@ func (s *Service) pruneReports() {
 
 // Traffic returns what the ranks of group reported since it formed, or false
 // when the group has no formed membership or no rank reported yet. Ranks
-// report only to a service made by NewService (a2ad serve).
+// report only to a service made by NewService or StartService (a2ad serve).
 func (s *Service) Traffic(group string) (TrafficView, bool) {
 	s.mu.Lock()
 	var epoch uint32

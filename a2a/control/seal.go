@@ -60,12 +60,16 @@ const (
 	RejectSender
 	// RejectMalformed: authentic but undecodable (a bug or a version skew).
 	RejectMalformed
+	// RejectRate: dropped unread, over the service's message rate
+	// (ServiceConfig.MaxRate).
+	RejectRate
 	numReasons
 )
 
-var reasonNames = [numReasons]string{"auth", "replay", "epoch", "sender", "malformed"}
+var reasonNames = [numReasons]string{"auth", "replay", "epoch", "sender", "malformed", "rate"}
 
-// String returns the reason's label: auth, replay, epoch, sender or malformed.
+// String returns the reason's label: auth, replay, epoch, sender, malformed
+// or rate.
 func (r RejectReason) String() string {
 	if r < numReasons {
 		return reasonNames[r]

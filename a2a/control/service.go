@@ -49,6 +49,8 @@ type Service struct {
 
 	cc *codec // owned by the counts handler goroutine
 
+	rate *bucket // nil: no rate limit
+
 	reports reportStore // the ranks' traffic reports (report.go), under its own lock
 }
 
@@ -66,14 +68,43 @@ type outMsg struct {
 // (and counts, see Rejects) every message it cannot verify, so a group that
 // runs with another secret is not served, and hosts its coordinator itself.
 func NewService(nc *nats.Conn, secret []byte, logger *slog.Logger) (*Service, error) {
-	return newService(context.Background(), nc, secret, logger, "")
+	return StartService(context.Background(), nc, ServiceConfig{Secret: secret, Logger: logger})
 }
 
-// newService starts a coordinator for group only, or for every group. ctx
+// ServiceConfig says what a Service coordinates and how much it takes in.
+type ServiceConfig struct {
+	// Group is the one group served; "" serves every group.
+	Group string
+	// Secret is the job secret of the groups served (see NewService).
+	Secret []byte
+	// Logger receives the service's logs; nil discards them.
+	Logger *slog.Logger
+	// MaxRate caps the messages per second the service handles (a burst
+	// of one second's worth passes): beyond it a message is dropped before
+	// its MAC is even checked and counted as RejectRate. A job that floods
+	// its coordinator then costs it one comparison per message, and a
+	// service per job (a2ad serve's tenants, each on a connection of its
+	// own) keeps the flood from the others. 0: no limit.
+	MaxRate float64
+}
+
+// StartService starts a coordinator as cfg says on nc: for every group or
+// one, keeping the live view's traffic reports (Traffic) either way. ctx
 // bounds the flush that makes its subscriptions effective.
-func newService(ctx context.Context, nc *nats.Conn, secret []byte, logger *slog.Logger, only string) (*Service, error) {
+func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Service, error) {
+	return newService(ctx, nc, cfg, true)
+}
+
+// newService starts a coordinator for group only, or for every group, and
+// keeps the ranks' traffic reports when reports is set. ctx bounds the flush
+// that makes its subscriptions effective.
+func newService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig, reports bool) (*Service, error) {
+	secret, logger, only := cfg.Secret, cfg.Logger, cfg.Group
 	if nc == nil {
 		return nil, fault.New(fault.ErrInvalidArgument, -1, "control: nil NATS connection")
+	}
+	if only != "" && !validToken(only) {
+		return nil, fault.New(fault.ErrInvalidArgument, -1, "control: group %q is not one NATS subject token", only)
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -92,6 +123,9 @@ func newService(ctx context.Context, nc *nats.Conn, secret []byte, logger *slog.
 		groups: make(map[string]*group),
 		cc:     getCodec(),
 	}
+	if cfg.MaxRate > 0 {
+		s.rate = newBucket(cfg.MaxRate, time.Now())
+	}
 	tok := "*"
 	if only != "" {
 		tok = only
@@ -106,14 +140,14 @@ func newService(ctx context.Context, nc *nats.Conn, secret []byte, logger *slog.
 		{svcPrefix + tok + "." + opCounts, s.onCounts},
 		{subjPrefix + tok + ".*", s.onGroup},
 	}
-	if only == "" { // only a2ad's service keeps the live view's reports
+	if reports { // only a2ad's services keep the live view's reports
 		handlers = append(handlers, struct {
 			subj string
 			h    nats.MsgHandler
-		}{svcPrefix + "*." + opReport, s.onReport})
+		}{svcPrefix + tok + "." + opReport, s.onReport})
 	}
 	for _, h := range handlers {
-		sub, err := nc.Subscribe(h.subj, h.h)
+		sub, err := nc.Subscribe(h.subj, s.limited(h.h))
 		if err != nil {
 			s.unsubscribe()
 			return nil, fault.Wrap(fault.ErrInvalidArgument, -1, err, "control: subscribe %s", h.subj)
