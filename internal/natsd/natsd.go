@@ -3,7 +3,9 @@
 //
 // StartServer runs one that lets in only the users it is given, over TLS when
 // certificates are given, and refuses to listen beyond loopback without TLS
-// unless told it may. Start runs an open loopback server for tests.
+// unless told it may. StartTenants runs one to which accounts of tenants,
+// each a subject space of its own with limits, are added as it runs, without
+// a reload. Start runs an open loopback server for tests.
 package natsd
 
 import (
@@ -90,6 +92,15 @@ var ErrInsecure = errors.New("natsd: refusing to listen beyond loopback without 
 // StartServer runs an embedded NATS server as cfg says and waits until it
 // accepts clients.
 func StartServer(cfg Config) (*server.Server, error) {
+	opts, err := serverOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return run(opts)
+}
+
+// serverOptions are the options of a server as cfg says.
+func serverOptions(cfg Config) (*server.Options, error) {
 	host, port, err := splitListen(cfg.Listen)
 	if err != nil {
 		return nil, err
@@ -109,13 +120,9 @@ func StartServer(cfg Config) (*server.Server, error) {
 	}
 	opts := baseOptions(host, port)
 	for _, u := range cfg.Users {
-		if u.Name == "" || u.Password == "" {
-			return nil, errors.New("natsd: a user needs a name and a password")
-		}
-		su := &server.User{Username: u.Name, Password: u.Password}
-		if u.Allow != nil {
-			allow := &server.SubjectPermission{Allow: u.Allow}
-			su.Permissions = &server.Permissions{Publish: allow, Subscribe: allow}
+		su, err := u.serverUser(nil)
+		if err != nil {
+			return nil, err
 		}
 		opts.Users = append(opts.Users, su)
 	}
@@ -127,7 +134,21 @@ func StartServer(cfg Config) (*server.Server, error) {
 		opts.TLSConfig, opts.TLS, opts.TLSVerify = tc, true, cfg.TLSCA != ""
 		opts.TLSTimeout = 5
 	}
-	return run(opts)
+	return opts, nil
+}
+
+// serverUser is u as the server takes it, in account acc (nil: the global
+// one).
+func (u User) serverUser(acc *server.Account) (*server.User, error) {
+	if u.Name == "" || u.Password == "" {
+		return nil, errors.New("natsd: a user needs a name and a password")
+	}
+	su := &server.User{Username: u.Name, Password: u.Password, Account: acc}
+	if u.Allow != nil {
+		allow := &server.SubjectPermission{Allow: u.Allow}
+		su.Permissions = &server.Permissions{Publish: allow, Subscribe: allow}
+	}
+	return su, nil
 }
 
 // tlsConfig is the server's TLS configuration: its certificate from files or
