@@ -84,9 +84,10 @@ type Config struct {
 // MASTER_ADDR is the default control-plane host (nats://MASTER_ADDR:4222)
 // when A2A_NATS_URL is unset. A2A_* variables that are set always win.
 //
-// A2A_CREDS names a credentials file, the one `a2ad serve` writes: its NATS
-// login (A2A_NATS_USER, A2A_NATS_PASSWORD or another A2A_NATS_* way), TLS CA
-// (A2A_NATS_TLS_CA) and A2A_SECRET fill what the environment leaves unset,
+// A2A_CREDS names a credentials file, the one `a2ad serve` writes or a job
+// file of `a2ad job new`: its NATS login (A2A_NATS_USER, A2A_NATS_PASSWORD
+// or another A2A_NATS_* way), TLS CA (A2A_NATS_TLS_CA), A2A_SECRET and, in a
+// job file, A2A_GROUP (before a launcher's) fill what the environment leaves unset,
 // so that a launcher passes one variable (mpirun -x A2A_CREDS). A login set
 // in the environment replaces the file's whole.
 func ConfigFromEnv() (Config, error) {
@@ -97,7 +98,7 @@ func ConfigFromEnv() (Config, error) {
 	cfg := Config{
 		CredsFile:     credsFile,
 		NATSURL:       os.Getenv("A2A_NATS_URL"),
-		Group:         os.Getenv("A2A_GROUP"),
+		Group:         getenv("A2A_GROUP"),
 		Rank:          -1,
 		LocalRank:     -1,
 		Secret:        getenv("A2A_SECRET"),

@@ -11,10 +11,12 @@ import (
 var natsLoginVars = []string{"A2A_NATS_CREDS", "A2A_NATS_NKEY", "A2A_NATS_USER", "A2A_NATS_PASSWORD", "A2A_NATS_TOKEN"}
 
 // credsVars are the variables ConfigFromEnv takes from the A2A_CREDS file:
-// the NATS login, the TLS settings and the job secret. Others in the file
-// (a2ad run --creds passes any A2A_* variable) are not credentials and are
-// left to the environment.
-var credsVars = append(slices.Clone(natsLoginVars), "A2A_NATS_TLS_CA", "A2A_NATS_TLS_CERT", "A2A_NATS_TLS_KEY", "A2A_SECRET")
+// the NATS login, the TLS settings, the job secret and the group. The group
+// is there because a job file of a2ad serve (`a2ad job new`) holds a login
+// that reaches that one group: a launcher's group would be refused. Others in
+// the file (a2ad run --creds passes any A2A_* variable) are not credentials
+// and are left to the environment.
+var credsVars = append(slices.Clone(natsLoginVars), "A2A_NATS_TLS_CA", "A2A_NATS_TLS_CERT", "A2A_NATS_TLS_KEY", "A2A_SECRET", "A2A_GROUP")
 
 // withCredsFile returns getenv extended by the credentials file that
 // A2A_CREDS names (package credsfile reads it; a2ad serve writes it), and the

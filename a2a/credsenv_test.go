@@ -30,7 +30,8 @@ func writeCredsFile(t *testing.T, vars ...credsfile.Var) string {
 	return path
 }
 
-// TestConfigFromEnvCreds: A2A_CREDS fills the login, the CA and the secret;
+// TestConfigFromEnvCreds: A2A_CREDS fills the login, the CA, the secret and
+// the group (of a job file), nothing else;
 // a variable set in the environment wins, and a login set there replaces the
 // file's whole; a file that cannot be read is ErrInvalidArgument naming it.
 func TestConfigFromEnvCreds(t *testing.T) {
@@ -38,22 +39,23 @@ func TestConfigFromEnvCreds(t *testing.T) {
 	clearCredsEnv(t)
 	path := writeCredsFile(t, credsfile.Var{Key: "A2A_NATS_USER", Value: "a2a"}, credsfile.Var{Key: "A2A_NATS_PASSWORD", Value: "pw"},
 		credsfile.Var{Key: "A2A_SECRET", Value: "filesecret"}, credsfile.Var{Key: "A2A_NATS_TLS_CA", Value: "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----"},
-		credsfile.Var{Key: "A2A_GROUP", Value: "not-a-credential"})
+		credsfile.Var{Key: "A2A_GROUP", Value: "jobgroup"}, credsfile.Var{Key: "A2A_ALGO", Value: "not-a-credential"})
 	t.Setenv("A2A_CREDS", path)
 	cfg, err := ConfigFromEnv()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.NATSUser != "a2a" || cfg.NATSPassword != "pw" || cfg.Secret != "filesecret" || !strings.HasPrefix(cfg.NATSTLSCA, "-----BEGIN") ||
-		cfg.CredsFile != path || cfg.Group != "" {
+		cfg.CredsFile != path || cfg.Group != "jobgroup" || cfg.Algo != "" {
 		t.Errorf("from the file: %+v", cfg)
 	}
 	t.Setenv("A2A_SECRET", "envsecret")
 	t.Setenv("A2A_NATS_TOKEN", "tok")
+	t.Setenv("A2A_GROUP", "envgroup")
 	if cfg, err = ConfigFromEnv(); err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Secret != "envsecret" || cfg.NATSToken != "tok" || cfg.NATSUser != "" || cfg.NATSPassword != "" || cfg.NATSTLSCA == "" {
+	if cfg.Secret != "envsecret" || cfg.NATSToken != "tok" || cfg.Group != "envgroup" || cfg.NATSUser != "" || cfg.NATSPassword != "" || cfg.NATSTLSCA == "" {
 		t.Errorf("environment over the file: secret %q token %q user %q password %q CA %q", cfg.Secret, cfg.NATSToken, cfg.NATSUser, cfg.NATSPassword, cfg.NATSTLSCA)
 	}
 	t.Setenv("A2A_CREDS", filepath.Join(t.TempDir(), "missing.env"))
