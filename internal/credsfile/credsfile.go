@@ -79,6 +79,29 @@ func Read(path string) (map[string]string, error) {
 // at once (a reader sees the old or the new one, whole). A value that spans
 // lines is written in double quotes, which a shell and Read both take.
 func Write(path string, header []string, vars []Var, replace bool) error {
+	text, err := Format(header, vars)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	if !replace {
+		return create(path, text)
+	}
+	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	if err := create(tmp, text); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return errors.Join(err, os.Remove(tmp))
+	}
+	return nil
+}
+
+// Format is the text of a file of vars after the comment lines of header,
+// as Write writes it.
+func Format(header []string, vars []Var) (string, error) {
 	var b strings.Builder
 	for _, h := range header {
 		b.WriteString("# " + h + "\n")
@@ -86,27 +109,14 @@ func Write(path string, header []string, vars []Var, replace bool) error {
 	for _, v := range vars {
 		switch {
 		case strings.ContainsAny(v.Value, "\"'$`\\"):
-			return fmt.Errorf("credentials file: the value of %s has a quote, $, ` or \\", v.Key)
+			return "", fmt.Errorf("credentials file: the value of %s has a quote, $, ` or \\", v.Key)
 		case strings.Contains(v.Value, "\n"):
 			fmt.Fprintf(&b, "%s=\"%s\"\n", v.Key, strings.TrimSuffix(v.Value, "\n"))
 		default:
 			fmt.Fprintf(&b, "%s=%s\n", v.Key, v.Value)
 		}
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	if !replace {
-		return create(path, b.String())
-	}
-	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
-	if err := create(tmp, b.String()); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return errors.Join(err, os.Remove(tmp))
-	}
-	return nil
+	return b.String(), nil
 }
 
 // create writes a new file: O_EXCL, so that it never writes through a file
