@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/a2a-moe/a2a/internal/credsfile"
 	"github.com/a2a-moe/a2a/internal/natsd"
 )
@@ -148,4 +150,32 @@ func TestJoinWithCredsFile(t *testing.T) {
 			return err
 		}))
 	})
+}
+
+// TestJoinOverConnectionLimit: a rank whose job (its NATS account on a2ad
+// serve) holds all the connections it may fails Join with ErrResource,
+// not as refused credentials.
+func TestJoinOverConnectionLimit(t *testing.T) {
+	clearEnv(t)
+	clearCredsEnv(t)
+	ts, err := natsd.StartTenants(natsd.Config{Users: []natsd.User{natsd.NewUser("admin", nil)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { ts.Shutdown(); ts.WaitForShutdown() }()
+	u := natsd.NewUser("job-1", nil)
+	if err := ts.AddAccount(natsd.Account{Name: "job-1", Users: []natsd.User{u}, Limits: natsd.Limits{Conns: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	held, err := nats.Connect(ts.ClientURL(), u.Options()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = Join(ctx, Config{NATSURL: ts.ClientURL(), NATSUser: u.Name, NATSPassword: u.Password, Group: "g", Rank: 0, WorldSize: 1})
+	if !errors.Is(err, ErrResource) || errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "--job-conns") {
+		t.Fatalf("join over the job's connection limit: %v, want ErrResource naming --job-conns", err)
+	}
 }

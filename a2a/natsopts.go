@@ -106,7 +106,8 @@ func readable(path string) error {
 }
 
 // connectError types a failed nats.Connect: refused credentials and TLS
-// verification failures are ErrAuth; a URL that does not parse or names a
+// verification failures are ErrAuth; a server or account with all its
+// connections taken is ErrResource; a URL that does not parse or names a
 // host that does not exist is ErrInvalidArgument; a server that does not
 // answer (nothing listens there, it refuses, it is down) is ErrTimeout, as
 // the server being away is no fault of the arguments. The URL is named
@@ -133,6 +134,11 @@ func connectError(cfg Config, err error) error {
 		return fault.Wrap(fault.ErrAuth, -1, err, "control plane %s: TLS refused (a client certificate may be required: A2A_NATS_TLS_CERT, A2A_NATS_TLS_KEY)", url)
 	case errors.Is(err, nats.ErrSecureConnRequired), errors.Is(err, nats.ErrSecureConnWanted):
 		return fault.Wrap(fault.ErrAuth, -1, err, "control plane %s: the two ends disagree on TLS", url)
+	case errors.Is(err, nats.ErrMaxAccountConnectionsExceeded), errors.Is(err, nats.ErrMaxConnectionsExceeded):
+		// The credentials are good: the job (its NATS account, a2ad serve
+		// --job-conns) or the server holds all the connections it may.
+		return fault.Wrap(fault.ErrResource, -1, err, "control plane %s: no connection left for this job "+
+			"(a2ad serve gives a job --job-conns connections; more ranks than that, or ranks of an earlier run still connected?)", url)
 	}
 	var badURL *neturl.Error
 	var dns *net.DNSError
