@@ -73,9 +73,11 @@ func TestSlurmScript(t *testing.T) {
 				t.Errorf("rank %d: A2A_SECRET %q: want one fresh 32-byte key for all ranks", i, env["A2A_SECRET"])
 			}
 			secret = env["A2A_SECRET"]
-			if env["A2A_NATS_USER"] == "" || len(env["A2A_NATS_PASSWORD"]) < 16 ||
+			// The job's own user, minted by serve (an account of the
+			// job's), not serve's own: a2ad serve's file names it "a2a".
+			if !strings.HasPrefix(env["A2A_NATS_USER"], "job-") || len(env["A2A_NATS_PASSWORD"]) < 16 ||
 				(user != "" && (env["A2A_NATS_USER"] != user || env["A2A_NATS_PASSWORD"] != password)) {
-				t.Errorf("rank %d: NATS user %q, password of %d bytes: want a2ad serve's one user for all ranks",
+				t.Errorf("rank %d: NATS user %q, password of %d bytes: want the job's one user, minted by serve, for all ranks",
 					i, env["A2A_NATS_USER"], len(env["A2A_NATS_PASSWORD"]))
 			}
 			user, password = env["A2A_NATS_USER"], env["A2A_NATS_PASSWORD"]

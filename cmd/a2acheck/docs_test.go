@@ -57,6 +57,8 @@ func TestLaunchersDoc(t *testing.T) {
 			switch {
 			case name == "go":
 				// go build of a2acheck: TestMain built it from this checkout.
+			case isJobNew(line):
+				s.jobNew(t, setup, line)
 			case slices.Contains(docLaunchers, name):
 				seen[name]++
 				setup := slices.Clone(setup)
@@ -89,6 +91,14 @@ func TestMultihostDoc(t *testing.T) {
 	serve := slices.IndexFunc(block, isServe)
 	s := newDocSession(t, hostsNet(t))
 	s.startServe(t, block[:serve+1])
+	// The job's file is minted once, then every host's ranks read it.
+	perHostSetup := slices.DeleteFunc(slices.Clone(block[serve+1:]), func(line string) bool {
+		if isJobNew(line) {
+			s.jobNew(t, nil, line)
+			return true
+		}
+		return false
+	})
 	group := fmt.Sprintf("multihost-%d", rand.Uint32())
 	perHost := ranks / len(netHosts)
 	outs, errs := make([][]byte, len(netHosts)), make([]error, len(netHosts))
@@ -102,7 +112,7 @@ rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=$?; done
 exit "$rc"`, group, ranks, i*perHost, (i+1)*perHost)
 		go func() {
-			outs[i], errs[i] = s.run(t, host, s.script(append(slices.Clone(block[serve+1:]), startRanks)), nil)
+			outs[i], errs[i] = s.run(t, host, s.script(append(slices.Clone(perHostSetup), startRanks)), nil)
 			done <- true
 		}()
 	}
@@ -131,6 +141,20 @@ func hostsNet(t *testing.T) *testNet {
 
 // isServe reports whether a command starts a2ad serve.
 func isServe(cmd string) bool { return strings.HasPrefix(cmd, "a2ad serve ") }
+
+// isJobNew reports whether a command mints a job's credentials file.
+func isJobNew(cmd string) bool { return strings.HasPrefix(cmd, "a2ad job new") }
+
+// jobNew runs setup then line, an a2ad job new of the page, once on node0,
+// as the operator mints a job's file before launching it: the lines after
+// it are that job's.
+func (s *docSession) jobNew(t *testing.T, setup []string, line string) {
+	t.Helper()
+	script := s.script(append(slices.Clone(setup), line))
+	if out, err := s.run(t, netHosts[0], script, nil); err != nil {
+		t.Fatalf("%s\n%v\n%s", script, err, out)
+	}
+}
 
 // docBlocks returns the blocks of page (from the repository root) whose
 // doc-test comment gives them to test.

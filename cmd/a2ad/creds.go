@@ -82,9 +82,11 @@ func loadOrCreateCreds(path string, needUser bool) (c serveCreds, created bool, 
 
 // credsHeader opens the credentials file: what it is and how a job uses it.
 var credsHeader = []string{
-	"a2ad serve credentials: keep private. A job uses them with",
+	"a2ad serve credentials, the admin's: keep private. A job gets credentials of its own with",
+	"  a2ad job new --nats URL --out job.env   (then export A2A_CREDS=job.env; launchers pass it on)",
+	"  a2ad run --nats URL ...      (reads this file when it is the default one, else give --creds THIS_FILE, and asks serve)",
+	"Ranks may also use this file itself, sharing its secret with every job that does (one job at a time):",
 	"  export A2A_CREDS=THIS_FILE   (launchers pass it on: mpirun -x A2A_CREDS; srun, torchrun inherit it)",
-	"  a2ad run --nats URL ...      (reads this file when it is the default one, else give --creds THIS_FILE)",
 	"  set -a; . THIS_FILE; set +a  (every variable on its own)",
 }
 

@@ -96,18 +96,18 @@ func TestRunFindsServeCredentials(t *testing.T) {
 			t.Errorf("%s: env %q secret %q err %v, want env %q secret %q", name, gotEnv, secret, err, wantEnv, wantSecret)
 		}
 	}
-	e, s, err := runCredentials(log, "", true, env())
-	check("no file yet", e, s, err, nil, "")
-	e, s, err = runCredentials(log, own, true, env())
-	check("--creds", e, s, err, []string{"A2A_NATS_PASSWORD=p", "A2A_NATS_USER=u"}, "ownsecret")
-	e, s, err = runCredentials(log, "", true, env("A2A_CREDS", own))
-	check("A2A_CREDS", e, s, err, []string{"A2A_CREDS=" + own}, "ownsecret")
+	e, v, err := runCredentials(log, "", true, env())
+	check("no file yet", e, v["A2A_SECRET"], err, nil, "")
+	e, v, err = runCredentials(log, own, true, env())
+	check("--creds", e, v["A2A_SECRET"], err, []string{"A2A_NATS_PASSWORD=p", "A2A_NATS_USER=u"}, "ownsecret")
+	e, v, err = runCredentials(log, "", true, env("A2A_CREDS", own))
+	check("A2A_CREDS", e, v["A2A_SECRET"], err, []string{"A2A_CREDS=" + own}, "ownsecret")
 	c, _, def, err := serveCredentials("", true, env())
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, s, err = runCredentials(log, "", true, env())
-	check("serve's default file", e, s, err, []string{"A2A_CREDS=" + def}, c.Secret)
-	e, s, err = runCredentials(log, "", false, env("A2A_CREDS", own))
-	check("embedded control plane", e, s, err, nil, "")
+	e, v, err = runCredentials(log, "", true, env())
+	check("serve's default file", e, v["A2A_SECRET"], err, []string{"A2A_CREDS=" + def}, c.Secret)
+	e, v, err = runCredentials(log, "", false, env("A2A_CREDS", own))
+	check("embedded control plane", e, v["A2A_SECRET"], err, nil, "")
 }

@@ -1,6 +1,7 @@
 // Command a2ad is the a2a daemon and CLI:
 //
 //	a2ad serve  [--listen HOST:PORT] [--nats URL]      control plane: embedded NATS + rendezvous/counts service
+//	a2ad job new [--group G] [--out FILE]              a job's own credentials from a2ad serve, for a launcher
 //	a2ad run    -n N [--nats URL] [--group G] -- PROG [ARGS]   start N local ranks (like mpirun/torchrun)
 //	a2ad bench  --op alltoallv -n N --sizes 8:1M ...   nccl-tests style benchmark
 //	a2ad demo   [-n 4]                               a verified AllToAllV demo on local ranks

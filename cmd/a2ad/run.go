@@ -40,13 +40,6 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 	}
 	explicit := false
 	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "secret" })
-	env, fileSecret, err := runCredentials(log, *creds, *natsURL != "", os.Getenv)
-	if err != nil {
-		return err
-	}
-	if fileSecret != "" && ((*creds != "" && !explicit) || *secret == "") {
-		*secret = fileSecret
-	}
 	if err := checkBind(*bind); err != nil {
 		return err
 	}
@@ -57,6 +50,10 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 	if *natsURL == "" && *world > *n {
 		return usagef("--world %d > -n %d needs --nats pointing at a shared control plane", *world, *n)
 	}
+	env, err := jobCredentials(ctx, log, *creds, *natsURL, group, secret, explicit)
+	if err != nil {
+		return err
+	}
 	return launchRanks(ctx, log, launch.Spec{
 		N: *n, World: *world, RankOffset: *offset, NATSURL: *natsURL,
 		Group: *group, Secret: *secret, Env: env, Prog: prog[0], Args: prog[1:], Prefix: true,
@@ -64,8 +61,53 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 	})
 }
 
+// jobCredentials settles what the ranks of `run` log in with, and may set
+// their group and secret:
+//   - a job file (of a2ad job new, found as runCredentials says): its login,
+//     secret and, when it is pinned to one, group;
+//   - serve's own file: serve mints the job's own credentials, pinned to
+//     its group (mintForRun); the ranks never see serve's; a serve that
+//     mints none is shared;
+//   - the file's secret otherwise, unless --secret or $A2A_SECRET is set
+//     (with --creds, unless --secret is).
+func jobCredentials(ctx context.Context, log *slog.Logger, credsPath, natsURL string, group, secret *string, explicit bool) ([]string, error) {
+	env, vars, err := runCredentials(log, credsPath, natsURL != "", os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	fileSecret := vars["A2A_SECRET"]
+	switch {
+	case vars["A2A_GROUP"] != "": // a job file: its login reaches its group alone
+		if *group != "" && *group != vars["A2A_GROUP"] {
+			return nil, usagef("--group %s: the credentials file is for group %s only", *group, vars["A2A_GROUP"])
+		}
+		*group = vars["A2A_GROUP"]
+	case adminFile(vars):
+		if *group == "" {
+			*group = launch.NewGroup("job") // pinned: every host of the job gets the same
+		}
+		jobEnv, job, minted, err := mintForRun(ctx, log, natsURL, vars, *group)
+		if err != nil {
+			return nil, err
+		}
+		if minted {
+			if explicit {
+				return nil, usagef("--secret: serve mints the secret of a job with credentials of its own " +
+					"(give --creds JOBFILE of a2ad job new to run with yours)")
+			}
+			*group, *secret = job.Group, job.Secret
+			return jobEnv, nil
+		}
+	}
+	if fileSecret != "" && ((credsPath != "" && !explicit) || *secret == "") {
+		*secret = fileSecret
+	}
+	return env, nil
+}
+
 // runCredentials finds the credentials of the a2ad serve that `run --nats`
-// joins, and returns what the ranks get and the job secret the file holds:
+// joins, and returns what the ranks get and the variables of the file (nil
+// without one), its job secret among them:
 //   - --creds FILE: every variable of the file, which wins over the
 //     environment (the secret too, unless --secret is given);
 //   - else $A2A_CREDS, or else serve's default file when it exists: the ranks
@@ -75,7 +117,7 @@ func cmdRun(ctx context.Context, log *slog.Logger, args []string) error {
 //     serve this user started, with no flag.
 //
 // Without --nats (the embedded control plane) there is nothing to find.
-func runCredentials(log *slog.Logger, flagPath string, shared bool, getenv func(string) string) (env []string, secret string, err error) {
+func runCredentials(log *slog.Logger, flagPath string, shared bool, getenv func(string) string) (env []string, vars map[string]string, err error) {
 	path := flagPath
 	if path == "" && shared {
 		path = getenv("A2A_CREDS")
@@ -88,15 +130,15 @@ func runCredentials(log *slog.Logger, flagPath string, shared bool, getenv func(
 		}
 	}
 	if path == "" {
-		return nil, "", nil
+		return nil, nil, nil
 	}
-	vars, err := credsfile.Read(path)
+	vars, err = credsfile.Read(path)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
 	if flagPath == "" {
 		log.Info("a2ad: the ranks log in with the credentials file of a2ad serve (give --creds FILE for another)", "file", path)
-		return []string{"A2A_CREDS=" + path}, vars["A2A_SECRET"], nil
+		return []string{"A2A_CREDS=" + path}, vars, nil
 	}
 	for k, v := range vars {
 		if k != "A2A_SECRET" {
@@ -104,7 +146,7 @@ func runCredentials(log *slog.Logger, flagPath string, shared bool, getenv func(
 		}
 	}
 	slices.Sort(env)
-	return env, vars["A2A_SECRET"], nil
+	return env, vars, nil
 }
 
 // launchRanks fills in a fresh group and secret, embeds a control plane when

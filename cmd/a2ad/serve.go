@@ -31,7 +31,14 @@ type controlPlane struct {
 	srv *server.Server
 	nc  *nats.Conn
 	svc *control.Service
+	// tenants are the jobs with credentials of their own (nil without
+	// tenancy: a2ad run's own control plane, serve --nats).
+	tenants *tenancy
 }
+
+// view is what the control plane's /metrics and /ui/ show: every group of
+// its coordinators.
+func (cp *controlPlane) view() serveView { return serveView{shared: cp.svc, tenants: cp.tenants} }
 
 // cpConfig says how to start a control plane.
 type cpConfig struct {
@@ -47,6 +54,9 @@ type cpConfig struct {
 	// serve generated), instead of TLSCert and TLSKey.
 	Certificate *tls.Certificate
 	Insecure    bool
+	// Jobs, when set, makes the embedded server mint jobs' own
+	// credentials for the admin, each job bounded by these limits.
+	Jobs *jobLimits
 }
 
 // startControlPlane embeds a NATS server (unless c.NATSURL names one) and
@@ -55,10 +65,21 @@ func startControlPlane(log *slog.Logger, c cpConfig) (*controlPlane, error) {
 	cp := &controlPlane{URL: c.NATSURL}
 	connectURL := c.NATSURL
 	var opts []nats.Option
+	var ts *natsd.Tenants
+	var err error
 	if c.NATSURL == "" {
 		svcUser := natsd.NewUser("a2a-service", nil)
-		srv, err := natsd.StartServer(natsd.Config{Listen: c.Listen, Users: append(c.Users[:len(c.Users):len(c.Users)], svcUser),
-			TLSCert: c.TLSCert, TLSKey: c.TLSKey, TLSCA: c.TLSCA, Certificate: c.Certificate, Insecure: c.Insecure})
+		ncfg := natsd.Config{Listen: c.Listen, Users: append(c.Users[:len(c.Users):len(c.Users)], svcUser),
+			TLSCert: c.TLSCert, TLSKey: c.TLSKey, TLSCA: c.TLSCA, Certificate: c.Certificate, Insecure: c.Insecure}
+		var srv *server.Server
+		if c.Jobs != nil {
+			ts, err = natsd.StartTenants(ncfg)
+			if ts != nil {
+				srv = ts.Server
+			}
+		} else {
+			srv, err = natsd.StartServer(ncfg)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -91,6 +112,12 @@ func startControlPlane(log *slog.Logger, c cpConfig) (*controlPlane, error) {
 		return nil, err
 	}
 	cp.svc = svc
+	if ts != nil {
+		if cp.tenants, err = startTenancy(log, ts, connectURL, nc, *c.Jobs); err != nil {
+			cp.Close()
+			return nil, err
+		}
+	}
 	return cp, nil
 }
 
@@ -118,11 +145,13 @@ func printReady(url, credsFrom, credsPath, tlsNote string) {
 		fmt.Printf("a2ad: credentials %s (jobs need the same A2A_SECRET)\n", credsFrom)
 		return
 	}
-	run := "a2ad run --nats " + url
+	run, job := "a2ad run --nats "+url, "a2ad job new --nats "+url
 	if def, err := credsfile.DefaultPath(); err != nil || def != credsPath {
-		run += " --creds " + credsPath // run finds the default file by itself
+		// run and job new find the default file by themselves
+		run, job = run+" --creds "+credsPath, job+" --creds "+credsPath
 	}
-	fmt.Printf("a2ad: credentials %s (ranks: export A2A_CREDS=%s, launchers pass it on; or %s)\n", credsFrom, credsPath, run)
+	fmt.Printf("a2ad: credentials %s (the admin's: %s --out job.env gives a job its own, for export A2A_CREDS=job.env; "+
+		"or %s; ranks sharing this file, one job at a time: export A2A_CREDS=%s)\n", credsFrom, job, run, credsPath)
 	if tlsNote != "" {
 		fmt.Printf("a2ad: %s\n", tlsNote)
 	}
@@ -169,6 +198,9 @@ func serveTLS(cfg *cpConfig, force bool, credsPath string) (note string, err err
 
 // Close stops the service and the embedded server.
 func (cp *controlPlane) Close() {
+	if cp.tenants != nil {
+		cp.tenants.close()
+	}
 	if cp.svc != nil {
 		cp.svc.Close()
 	}
@@ -195,6 +227,11 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	tlsCA := fs.String("tls-ca", "", "require client certificates signed by this CA (PEM), with TLS")
 	tlsOwn := fs.Bool("tls", false, "serve TLS with a CA of its own on loopback too (beyond loopback it does unless --tls-cert or --insecure)")
 	insecure := fs.Bool("insecure", false, "allow listening beyond loopback without TLS (passwords and messages in clear)")
+	var jobs jobLimits
+	fs.IntVar(&jobs.Conns, "job-conns", 1024, "most connections (ranks) of one job with credentials of its own (a2ad job new, a2ad run --nats)")
+	fs.IntVar(&jobs.Subs, "job-subs", 256, "most subscriptions of one connection of such a job")
+	fs.Float64Var(&jobs.Rate, "job-rate", 50000, "most messages per second the coordinator of such a job takes in, the rest dropped (0: no limit); "+
+		"a rank sends 4 heartbeats a second and a counts row per AllToAllV")
 	if err := parseFlags(fs, args); err != nil {
 		return usageError{err}
 	}
@@ -207,8 +244,13 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	var tlsNote string
 	if *natsURL == "" {
 		// Clients of a2ad serve may run any group: the NATS user reaches
-		// the a2a subjects and inboxes, nothing else on this server.
-		cfg.Users = []natsd.User{{Name: creds.User, Password: creds.Password, Allow: []string{"a2a.>", "_INBOX.>"}}}
+		// the a2a subjects and inboxes of serve's global account, and asks
+		// for jobs' own credentials (tenants.go), nothing else.
+		cfg.Users = []natsd.User{{Name: creds.User, Password: creds.Password, Allow: []string{"a2a.>", "_INBOX.>", adminJobNew}}}
+		if jobs.Conns < 1 || jobs.Subs < 1 || jobs.Rate < 0 {
+			return usagef("--job-conns and --job-subs at least 1, --job-rate at least 0")
+		}
+		cfg.Jobs = &jobs
 		if tlsNote, err = serveTLS(&cfg, *tlsOwn, credsPath); err != nil {
 			return err
 		}
@@ -227,18 +269,19 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	if *metricsAddr != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		if err := metrics.RegisterControl(reg, cp.svc.Groups); err != nil {
+		view := cp.view() // every job's coordinator and the shared one
+		if err := metrics.RegisterControl(reg, view.Groups); err != nil {
 			return err
 		}
-		if err := metrics.RegisterControlRejects(reg, cp.svc.Rejects); err != nil {
+		if err := metrics.RegisterControlRejects(reg, view.Rejects); err != nil {
 			return err
 		}
-		if err := metrics.RegisterControlTraffic(reg, cp.svc); err != nil { // what /ui/ draws
+		if err := metrics.RegisterControlTraffic(reg, view); err != nil { // what /ui/ draws
 			return err
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", metrics.Handler(reg))
-		mux.Handle("/ui/", uiHandler(cp.svc))
+		mux.Handle("/ui/", uiHandler(view))
 		addr, err := metrics.ServeHandler(ctx, *metricsAddr, mux)
 		if err != nil {
 			return err
@@ -262,7 +305,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			fmt.Println("a2ad: shutting down")
 			return nil
 		case <-tick:
-			for _, g := range cp.svc.Groups() {
+			for _, g := range cp.view().Groups() {
 				fmt.Printf("group %s epoch %d: %d ranks\n", g.Group, g.Epoch, g.Size)
 			}
 		}

@@ -20,7 +20,8 @@ import (
 
 // startServe starts `a2ad serve args...` with env added to this process's
 // environment, waits for its credentials line and returns what it printed
-// up to there (and the TLS line after it, when tls); the serve stops with the
+// up to there (and the TLS line after it, when tls; the metrics line before
+// it when args turn --metrics on); the serve stops with the
 // test, by SIGTERM, and must exit 0 then.
 func startServe(t *testing.T, env []string, tls bool, args ...string) string {
 	t.Helper()
@@ -51,18 +52,20 @@ func startServe(t *testing.T, env []string, tls bool, args ...string) string {
 		close(lines)
 	}()
 	var out strings.Builder
-	want := 2 // ready, credentials
-	if tls {
-		want++
-	}
 	timeout := time.After(15 * time.Second)
-	for n := 0; n < want; n++ {
+	// Up to the credentials line (after the metrics one, when on), and the
+	// TLS line after it.
+	for n, done := 0, false; !done; {
 		select {
 		case l, ok := <-lines:
 			if !ok {
 				t.Fatalf("serve %v exited:\n%s", args, out.String())
 			}
 			out.WriteString(l + "\n")
+			if strings.HasPrefix(l, "a2ad: credentials") {
+				n++
+			}
+			done = n > 0 && (!tls || strings.HasPrefix(l, "a2ad: TLS"))
 		case <-timeout:
 			t.Fatalf("serve %v not ready after 15s (hung?):\n%s", args, out.String())
 		}
@@ -88,7 +91,8 @@ func TestServeTLS(t *testing.T) {
 	addr := freeAddr(t)
 	out := startServe(t, env, true, "--listen", addr, "--tls")
 	for _, want := range []string{"control plane ready at tls://" + addr, "export A2A_CREDS=" + creds,
-		"a2ad run --nats tls://" + addr + ")", "TLS with a CA made for this start, in " + creds} {
+		"a2ad run --nats tls://" + addr + ";", "a2ad job new --nats tls://" + addr + " --out job.env",
+		"TLS with a CA made for this start, in " + creds} {
 		if !strings.Contains(out, want) {
 			t.Errorf("serve does not say %q:\n%s", want, out)
 		}

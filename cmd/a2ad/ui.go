@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/a2a-moe/a2a/a2a/control"
+	"github.com/a2a-moe/a2a/metrics"
 )
 
 // uiFiles are the live view's static files: a page, a stylesheet and a
@@ -16,9 +17,10 @@ import (
 //go:embed ui
 var uiFiles embed.FS
 
-// uiHandler serves the live view of the groups svc coordinates: the page at
+// uiHandler serves the live view of the groups svc coordinates (serve's
+// coordinators, merged): the page at
 // /ui/ and its data at /ui/api/groups.
-func uiHandler(svc *control.Service) http.Handler {
+func uiHandler(svc metrics.TrafficSource) http.Handler {
 	static, err := fs.Sub(uiFiles, "ui")
 	if err != nil {
 		panic(err) // the embedded tree is fixed at build time
@@ -80,7 +82,7 @@ type uiOp struct {
 }
 
 // uiSnapshot gathers the membership and traffic of every group at now.
-func uiSnapshot(svc *control.Service, now time.Time) uiState {
+func uiSnapshot(svc metrics.TrafficSource, now time.Time) uiState {
 	st := uiState{Time: now, Groups: []uiGroup{}}
 	for _, g := range svc.Groups() {
 		ug := uiGroup{Group: g.Group, Epoch: g.Epoch, Size: g.Size, Forming: g.Forming, Aborted: g.Aborted,

@@ -23,6 +23,8 @@ func commands() []command {
 	return []command{
 		{"serve", "[--listen HOST:PORT] [--nats URL] [--metrics HOST:PORT] [--creds FILE] [--tls | --tls-cert F --tls-key F] [--tls-ca F] [--insecure]",
 			"control plane: embedded NATS, the rendezvous and counts service, /metrics", "", cmdServe},
+		{"job", "new [--nats URL] [--creds FILE] [--group G] [--out FILE]",
+			"a job's own credentials from a2ad serve (asked with serve's file), as a file for its launcher", jobHelp, cmdJob},
 		{"run", "-n N [--nats URL [--creds FILE]] [--group G] [--world W --rank-offset R] -- PROG [ARGS...]",
 			"start N local ranks of PROG, as mpirun or torchrun do", "", cmdRun},
 		{"bench", "[--op OP] [-n N] [-d DTYPE] [-o REDOP] [--algo A] [--sizes MIN:MAX] [--check] [--json]",

@@ -36,7 +36,7 @@ func TestHelp(t *testing.T) {
 		cmd  string
 		want []string
 	}{
-		{"serve", []string{"-listen", "-metrics", "-nats"}},
+		{"serve", []string{"-listen", "-metrics", "-nats", "-job-conns", "-job-subs", "-job-rate"}},
 		{"run", []string{"-bind", "core", "none", "-world", "-rank-offset"}},
 		{"bench", []string{
 			"alltoallv | alltoall | allreduce | reducescatter | allgather | broadcast | reduce | gather | scatter | barrier",
@@ -50,6 +50,7 @@ func TestHelp(t *testing.T) {
 		{"demo", []string{"-steps", "-max"}},
 		{"plan", []string{"pairwise, fullmesh, skew, staged, ll", "uniform | zipf:S", "-streams int", "(default 2)"}},
 		{"tune", []string{"-out", "-nats"}},
+		{"job", []string{"-group", "-out", "-creds"}},
 	} {
 		for _, flag := range []string{"-h", "--help"} {
 			cmd := a2ad(t, ctx, tc.cmd, flag)
