@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 	"regexp"
@@ -20,6 +21,7 @@ import (
 	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/a2a/control"
 	"github.com/a2a-moe/a2a/internal/credsfile"
+	"github.com/a2a-moe/a2a/internal/natsd"
 )
 
 // tenantServe starts a2ad serve on loopback with a credentials file of the
@@ -364,4 +366,52 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestTenancyReap: serve drops a job once no rank has been connected for
+// jobIdle, and its login is refused from then on; a job with a rank
+// connected stays, however long.
+func TestTenancyReap(t *testing.T) {
+	admin := natsd.NewUser("admin", []string{"a2a.>", "_INBOX.>", adminJobNew})
+	cp, err := startControlPlane(slog.New(slog.DiscardHandler), cpConfig{Listen: "127.0.0.1:0", Users: []natsd.User{admin},
+		Jobs: &jobLimits{Conns: 4, Subs: 64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Close()
+	busy, err := cp.tenants.job("busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle, err := cp.tenants.job("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := cp.tenants.job("busy"); err != nil || again != busy {
+		t.Fatalf("job busy asked again: %v, %v", again, err)
+	}
+	if again, err := cp.tenants.job(""); err != nil || again == idle {
+		t.Fatalf("a job of any group asked again: %v (the same one), %v", again, err)
+	}
+	if _, err := cp.tenants.job("a.b"); err == nil {
+		t.Error("a job of group a.b, two subject tokens")
+	}
+	nc, err := nats.Connect(cp.URL, busy.ranks.Options()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	now := time.Now()
+	cp.tenants.reapIdle(now)
+	cp.tenants.reapIdle(now.Add(jobIdle + time.Second))
+	if nc, err := nats.Connect(cp.URL, idle.ranks.Options()...); err == nil {
+		nc.Close()
+		t.Error("the idle job's user logged in after it was dropped")
+	}
+	if n := len(cp.tenants.services()); n != 1 {
+		t.Errorf("%d jobs after reaping, want busy alone", n)
+	}
+	if again, err := cp.tenants.job("busy"); err != nil || again != busy {
+		t.Errorf("the busy job was dropped: %v, %v", again, err)
+	}
 }
