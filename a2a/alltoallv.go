@@ -40,7 +40,7 @@ func (c *Comm) exchange(ctx context.Context, name, title string, f func(seq uint
 	}
 	a, sendCounts, recvCounts, err := f(seq)
 	if err != nil {
-		err = c.fail(err)
+		err = c.failAt(seq, err) // not fail: later calls may be numbered already (icoll.go)
 	}
 	c.observe(name, a, seq, sendCounts, recvCounts, start, err)
 	c.tallyOp(name, a, err)
@@ -145,7 +145,7 @@ func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matri
 		}
 	}
 	if err != nil {
-		err = c.fail(err)
+		err = c.failAt(seq, err)
 	}
 	if o := c.observer; o != nil {
 		o.CountsExchanged(time.Since(start), err)

@@ -230,7 +230,7 @@ func (c *Comm) collective(ctx context.Context, k *coll, validate func() error) e
 		c.setLastAlgo(a)
 	}
 	if err != nil {
-		err = c.fail(err)
+		err = c.failAt(seq, err) // not fail: later calls may be numbered already (icoll.go)
 	}
 	if o := c.observer; o != nil { // under the lock: the engine's figures are this call's
 		ev := OpEvent{Op: k.name, Algo: a.String(), Rank: c.rank, Size: c.size, Seq: seq, Duration: time.Since(start), Err: err}

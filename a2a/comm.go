@@ -38,7 +38,10 @@ import (
 // goroutine) is rejected with ErrInvalidArgument and aborts the
 // communicator from that call on, since the ranks could not agree on the
 // order of the two; the running one completes. Callers that issue
-// collectives from several goroutines must order them themselves.
+// collectives from several goroutines must order them themselves. The
+// nonblocking collectives (IAllToAllV, ...) are the
+// exception: started ones run in the order started, and a blocking
+// collective called after them waits for them.
 //
 // Point-to-point calls (Send, Recv, Isend, Irecv, SendRecv, Group) may come
 // from any number of goroutines at once and progress together (see Send).
@@ -311,7 +314,11 @@ func (c *Comm) teardown() error {
 // or aborted communicator, and returns the op's sequence number. Every
 // successful begin is paired with end.
 func (c *Comm) begin(ctx context.Context, title string, start time.Time, engine bool) (seq uint64, err error) {
-	if !c.life.collBusy.CompareAndSwap(false, true) {
+	turn, err := c.takeTurn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if turn == nil && !c.life.collBusy.CompareAndSwap(false, true) {
 		c.queue.mu.Lock()
 		next := c.queue.seq + 2
 		c.queue.mu.Unlock()
@@ -320,6 +327,9 @@ func (c *Comm) begin(ctx context.Context, title string, start time.Time, engine 
 	}
 	c.life.calls.RLock()
 	takeSeq := func() { c.queue.seq += 2; seq = c.queue.seq }
+	if turn != nil {
+		takeSeq = func() { seq = turn.seq } // numbered when started
+	}
 	var last uint64
 	if engine {
 		last, err = c.queue.acquireForCollective(ctx, takeSeq)
@@ -327,6 +337,9 @@ func (c *Comm) begin(ctx context.Context, title string, start time.Time, engine 
 		c.queue.mu.Lock()
 		takeSeq()
 		c.queue.mu.Unlock()
+	}
+	if turn != nil {
+		last = turn.fence
 	}
 	if err == nil {
 		err = c.stoppedAt(seq)

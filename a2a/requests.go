@@ -41,6 +41,12 @@ type progressQueue struct {
 	wake             chan struct{} // closed when the role is released or a request completes
 	collWant         atomic.Int32  // collectives waiting for the role: the driver hands it over
 	sleepers         atomic.Int32  // goroutines waiting on wake
+	// fence is 1 + the last ticket posted before the oldest collective
+	// started ahead of its run (icoll.go), 0 when none waits: requests
+	// after it must not move before it runs, or they would pass it on the
+	// streams.
+	fence atomic.Uint64
+	colls collQueue
 
 	// Owned by the driver.
 	reqs []*Request // posted requests not yet completed, in ticket order
@@ -50,7 +56,7 @@ type progressQueue struct {
 
 func newProgressQueue(e *engine.Engine, size int) *progressQueue {
 	return &progressQueue{eng: e, wake: make(chan struct{}), mark: make([]uint32, 2*size),
-		sendSeq: make([]uint64, size), recvSeq: make([]uint64, size)}
+		sendSeq: make([]uint64, size), recvSeq: make([]uint64, size), colls: newCollQueue()}
 }
 
 // Request is a point-to-point call in flight (Isend, Irecv, a Group's
@@ -83,6 +89,7 @@ type Request struct {
 	claimed bool // its Conn direction is ours: a failure leaves the stream mid-frame
 	pooled  bool // made by Send/Recv: back to the pool after its Wait
 	posted  bool
+	coll    *collOp // a nonblocking collective's (icoll.go); nil for point to point
 }
 
 var requestPool = sync.Pool{New: func() any { return new(Request) }}
@@ -204,13 +211,26 @@ func (r *Request) Wait(ctx context.Context) (int, error) {
 		return 0, fault.New(fault.ErrInvalidArgument, r.c.rank, "%s: Wait on a request of a Group not posted", r.name())
 	}
 	c := r.c
-	c.life.calls.RLock()
-	err := c.queue.waitFor(ctx, r)
-	c.life.calls.RUnlock()
-	if err != nil {
-		return 0, r.waitEnded(err)
+	if r.coll != nil {
+		return 0, c.waitColl(ctx, r.coll)
 	}
-	return r.result()
+	for {
+		c.life.calls.RLock()
+		err := c.queue.waitFor(ctx, r)
+		c.life.calls.RUnlock()
+		if err == errFenced {
+			// Run the collectives started before r, outside the call lock:
+			// they take it themselves.
+			err = c.runColls(ctx, nil)
+			if err == nil {
+				continue
+			}
+		}
+		if err != nil {
+			return 0, r.waitEnded(err)
+		}
+		return r.result()
+	}
 }
 
 // waitEnded names the request in the error of a Wait whose own context
@@ -268,6 +288,9 @@ func (r *Request) Test() (bool, int, error) {
 	if !r.posted {
 		return false, 0, fault.New(fault.ErrInvalidArgument, r.c.rank, "%s: Test on a request of a Group not posted", r.name())
 	}
+	if r.coll != nil {
+		return r.coll.test()
+	}
 	if !r.done.Load() {
 		c := r.c
 		c.life.calls.RLock()
@@ -299,6 +322,9 @@ func WaitAll(ctx context.Context, reqs ...*Request) error {
 // waitFor waits until r is done, driving while no one else does.
 func (q *progressQueue) waitFor(ctx context.Context, r *Request) error {
 	for !r.done.Load() {
+		if f := q.fence.Load(); f != 0 && r.ticket >= f {
+			return errFenced
+		}
 		if q.take(false) {
 			err := q.drive(ctx, 0, func() bool { return r.done.Load() })
 			q.release()
@@ -480,6 +506,11 @@ func (q *progressQueue) drivePass() { q.drivePass1(0) }
 func (q *progressQueue) drivePass1(last uint64) bool {
 	if q.inboxLen.Load() > 0 {
 		q.pull()
+	}
+	if f := q.fence.Load(); last == 0 && f != 0 {
+		if last = f - 1; last == 0 {
+			return false // nothing was posted before the collective
+		}
 	}
 	q.pass++
 	moved, completed := false, false

@@ -1,0 +1,219 @@
+package a2a
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/a2a-moe/a2a/a2a/internal/fault"
+)
+
+// Nonblocking collectives (IAllToAllV, ...) and persistent ones
+// (persistent.go) are collectives started ahead of their run. Starting one
+// numbers it at once, as a blocking call is numbered when it begins: its op
+// sequence, and the last point-to-point ticket posted before it (its
+// fence). The started collectives then run one at a time, in the order they
+// were started, on whichever goroutine needs them first: a nonblocking
+// call's own goroutine (started with it, so the exchange overlaps the
+// caller's compute), a Wait on it, a blocking collective called after it,
+// or a point-to-point wait for a request posted after it. Point-to-point
+// requests posted after a started collective do not move before it has run
+// (progressQueue.fence), so every stream carries the calls in the order they
+// were made, on every rank.
+
+// collOp is one started collective.
+type collOp struct {
+	// run runs the collective in its turn; its ctx is turnCtx, which
+	// begin recognises.
+	run  func(ctx context.Context) error
+	tctx turnCtx
+	seq  uint64 // op sequence, taken when started
+	// fence is the last point-to-point ticket posted before it was started:
+	// those requests precede it on the streams.
+	fence uint64
+	err   error       // the result, set before done
+	done  atomic.Bool // run and removed from the queue
+}
+
+// test reports a collective's state without blocking, as Request.Test.
+func (op *collOp) test() (bool, int, error) {
+	if !op.done.Load() {
+		return false, 0, nil
+	}
+	return true, 0, op.err
+}
+
+// turnKey is the context key under which a collOp's run finds its turn.
+type turnKey struct{}
+
+// turnCtx is the context a started collective runs with: the caller's, plus
+// the turn. A type of its own (not context.WithValue) so that a persistent
+// request reuses it from Start to Start without allocating.
+type turnCtx struct {
+	context.Context
+	op *collOp
+}
+
+// Value returns the turn for turnKey and defers to the caller's context
+// otherwise.
+func (t *turnCtx) Value(key any) any {
+	if _, ok := key.(turnKey); ok {
+		return t.op
+	}
+	return t.Context.Value(key)
+}
+
+// collQueue is the started collectives not yet run, in the order started.
+// It lives in progressQueue, whose lock guards pending.
+type collQueue struct {
+	pending []*collOp
+	n       atomic.Int32 // len(pending), read without the lock
+	// token is held (capacity 1) by the goroutine running pending
+	// collectives: one at a time, in order.
+	token chan struct{}
+}
+
+func newCollQueue() collQueue { return collQueue{token: make(chan struct{}, 1)} }
+
+// startColl numbers op as the next collective and queues it to run.
+func (q *progressQueue) startColl(op *collOp) {
+	q.mu.Lock()
+	q.seq += 2
+	op.seq, op.fence, op.err = q.seq, q.tickets, nil
+	op.done.Store(false)
+	q.colls.pending = append(q.colls.pending, op)
+	if len(q.colls.pending) == 1 {
+		q.fence.Store(op.fence + 1)
+	}
+	q.colls.n.Store(int32(len(q.colls.pending)))
+	q.mu.Unlock()
+}
+
+// finishColl records op's result and takes it off the queue; the fence
+// moves to the next started collective, and the point-to-point drivers that
+// waited on it look again.
+func (q *progressQueue) finishColl(op *collOp, err error) {
+	q.mu.Lock()
+	op.err = err
+	p := q.colls.pending
+	copy(p, p[1:]) // shift, not reslice: Start allocates nothing
+	p[len(p)-1] = nil
+	q.colls.pending = p[:len(p)-1]
+	if len(q.colls.pending) > 0 {
+		q.fence.Store(q.colls.pending[0].fence + 1)
+	} else {
+		q.fence.Store(0)
+	}
+	q.colls.n.Store(int32(len(q.colls.pending)))
+	op.done.Store(true)
+	q.broadcastLocked()
+	q.mu.Unlock()
+	q.eng.Transport().Wake() // a driver parked behind the fence
+}
+
+// errFenced tells a point-to-point waiter that its request waits for a
+// started collective to run first.
+var errFenced = fault.New(fault.ErrAborted, -1, "behind a started collective")
+
+// runColls runs the started collectives in order until op is done (every
+// collective started so far, for nil). ctx bounds only the wait for the
+// goroutine running them; each runs with the context it was started with.
+func (c *Comm) runColls(ctx context.Context, op *collOp) error {
+	q := c.queue
+	for {
+		if op != nil && op.done.Load() || op == nil && q.colls.n.Load() == 0 {
+			return nil
+		}
+		select {
+		case q.colls.token <- struct{}{}:
+		case <-ctx.Done():
+			return fault.FromContext(ctx.Err())
+		}
+		q.mu.Lock()
+		var next *collOp
+		if len(q.colls.pending) > 0 {
+			next = q.colls.pending[0]
+		}
+		q.mu.Unlock()
+		if next != nil {
+			q.finishColl(next, next.run(&next.tctx))
+		}
+		<-q.colls.token
+	}
+}
+
+// waitColl waits for a started collective and returns its result.
+func (c *Comm) waitColl(ctx context.Context, op *collOp) error {
+	if err := c.runColls(ctx, op); err != nil {
+		return err
+	}
+	return op.err
+}
+
+// takeTurn is begin's first step. A started collective's run (ctx carries
+// its turn) returns the turn, once no collective runs any more: the one
+// running was called before it was started. Any other call first runs the
+// collectives started before it.
+func (c *Comm) takeTurn(ctx context.Context) (*collOp, error) {
+	if c.queue.colls.n.Load() == 0 {
+		return nil, nil // no collective waits: the blocking path as it was
+	}
+	turn, _ := ctx.Value(turnKey{}).(*collOp)
+	if turn == nil {
+		if err := c.runColls(ctx, nil); err != nil {
+			return nil, err
+		}
+		return nil, nil
+	}
+	for wait := time.Microsecond; !c.life.collBusy.CompareAndSwap(false, true); wait = min(2*wait, time.Millisecond) {
+		if err := ctx.Err(); err != nil {
+			return nil, c.failAt(turn.seq, fault.FromContext(err))
+		}
+		time.Sleep(wait)
+	}
+	return turn, nil
+}
+
+// startColl starts a nonblocking collective that run runs, and a goroutine
+// that runs it (and those started before it) while the caller goes on.
+func (c *Comm) startColl(ctx context.Context, run func(ctx context.Context) error) *Request {
+	op := &collOp{run: run}
+	op.tctx = turnCtx{Context: ctx, op: op}
+	c.queue.startColl(op)
+	go c.runColls(context.Background(), op)
+	return &Request{c: c, ctx: ctx, coll: op, posted: true}
+}
+
+// IAllToAllV starts AllToAllV(ctx, send, sendCounts, recv, recvCounts) and
+// returns at once; its buffers and counts belong to the Comm until the
+// request is done. Nonblocking collectives are ordered as MPI's: every rank
+// starts its collectives, blocking and nonblocking, in the same order, and
+// they run in that order. The exchange progresses on a goroutine of its
+// own, so it overlaps the caller's work with no Test calls. Errors,
+// argument errors included, come from Wait or Test. Point-to-point calls
+// made after it start after it on the streams; a blocking collective
+// called after it first waits for it.
+func (c *Comm) IAllToAllV(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) *Request {
+	return c.startColl(ctx, func(ctx context.Context) error { return c.AllToAllV(ctx, send, sendCounts, recv, recvCounts) })
+}
+
+// IAllToAll starts AllToAll(ctx, send, recv); see IAllToAllV.
+func (c *Comm) IAllToAll(ctx context.Context, send, recv []byte) *Request {
+	return c.startColl(ctx, func(ctx context.Context) error { return c.AllToAll(ctx, send, recv) })
+}
+
+// IAllReduce starts AllReduce(ctx, send, recv, dt, op); see IAllToAllV.
+func (c *Comm) IAllReduce(ctx context.Context, send, recv []byte, dt DType, op Op) *Request {
+	return c.startColl(ctx, func(ctx context.Context) error { return c.AllReduce(ctx, send, recv, dt, op) })
+}
+
+// IAllGather starts AllGather(ctx, send, recv); see IAllToAllV.
+func (c *Comm) IAllGather(ctx context.Context, send, recv []byte) *Request {
+	return c.startColl(ctx, func(ctx context.Context) error { return c.AllGather(ctx, send, recv) })
+}
+
+// IBarrier starts Barrier(ctx); its Wait returns once every rank has
+// started it. See IAllToAllV.
+func (c *Comm) IBarrier(ctx context.Context) *Request {
+	return c.startColl(ctx, func(ctx context.Context) error { return c.Barrier(ctx) })
+}

@@ -1,0 +1,183 @@
+package a2a
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+)
+
+// dataPlanes are the data planes the nonblocking, persistent and split
+// tests run over: one host by TCP, one host by shared memory, and two
+// (fake) hosts of two ranks each, shm within and TCP across.
+var dataPlanes = []struct {
+	name string
+	mod  func(c *Config)
+}{
+	{"tcp", func(c *Config) { c.Transport = "tcp" }},
+	{"shm", func(c *Config) { c.Transport = "shm" }},
+	{"mixed", func(c *Config) { c.Host = fmt.Sprintf("host%d", c.Rank/2) }},
+}
+
+// planeGroup joins n ranks over data plane mod, with heartbeats slow
+// enough for a loaded machine.
+func planeGroup(t testing.TB, url string, n int, mod func(*Config)) []*Comm {
+	return group(t, url, n, func(c *Config) {
+		patient(c)
+		mod(c)
+	})
+}
+
+// vCounts4 is what rank src sends rank dst in round k: uneven, some empty.
+func vCount(src, dst, k int) int { return (src*7 + dst*13 + k*5) % 23 * 97 }
+
+// TestNonblockingCollectives starts every nonblocking collective mixed with
+// point-to-point calls and a blocking collective, waits for them out of
+// order, some from another goroutine, and checks every byte.
+func TestNonblockingCollectives(t *testing.T) {
+	url := startNATS(t)
+	const ranks, rounds = 4, 20
+	for _, dp := range dataPlanes {
+		t.Run(dp.name, func(t *testing.T) {
+			comms := planeGroup(t, url, ranks, dp.mod)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			mustAll(t, onAll(comms, func(c *Comm) error {
+				for k := range rounds {
+					if err := nonblockingRound(ctx, c, k); err != nil {
+						return fmt.Errorf("round %d: %w", k, err)
+					}
+				}
+				return nil
+			}))
+		})
+	}
+}
+
+func nonblockingRound(ctx context.Context, c *Comm, k int) error {
+	r, n := c.Rank(), c.Size()
+	next, prev := (r+1)%n, (r+n-1)%n
+	// AllToAllV with uneven counts.
+	sc, rc := make([]int, n), make([]int, n)
+	for j := range n {
+		sc[j], rc[j] = vCount(r, j, k), vCount(j, r, k)
+	}
+	send, recv := make([]byte, sum(sc)), make([]byte, sum(rc))
+	for j, off := 0, 0; j < n; off, j = off+sc[j], j+1 {
+		for b := range sc[j] {
+			send[off+b] = pat(r, j, b+k)
+		}
+	}
+	// Point-to-point calls posted before the collective move before it,
+	// those posted after it after it, on both ranks of a pair.
+	p2pIn, p2pIn2 := make([]byte, 3000), make([]byte, 3000)
+	rr := c.Irecv(ctx, p2pIn, prev, k)
+	sr := c.Isend(ctx, p2pMessage(r, next, k, 3000), next, k)
+	v := c.IAllToAllV(ctx, send, sc, recv, rc)
+	sr2 := c.Isend(ctx, p2pMessage(r, next, k+1, 3000), next, k+1)
+	rr2 := c.Irecv(ctx, p2pIn2, prev, k+1)
+	// AllToAll, AllGather, AllReduce, Barrier.
+	a2aSend, a2aRecv := make([]byte, 8*n), make([]byte, 8*n)
+	for j := range n {
+		binary.LittleEndian.PutUint64(a2aSend[8*j:], uint64(r*1000+j+k))
+	}
+	a := c.IAllToAll(ctx, a2aSend, a2aRecv)
+	gIn, gOut := []byte{byte(r), byte(k)}, make([]byte, 2*n)
+	g := c.IAllGather(ctx, gIn, gOut)
+	red := make([]byte, 8*64)
+	redIn := make([]byte, len(red))
+	for i := range 64 {
+		binary.LittleEndian.PutUint64(redIn[8*i:], math.Float64bits(float64(r+i+k)))
+	}
+	ar := c.IAllReduce(ctx, redIn, red, Float64, Sum)
+	b := c.IBarrier(ctx)
+	// A blocking collective after them runs after them.
+	blocking := make([]byte, 8)
+	if err := c.AllReduce(ctx, []byte{1, 0, 0, 0, 0, 0, 0, 0}, blocking, Int64, Sum); err != nil {
+		return fmt.Errorf("blocking allreduce: %w", err)
+	}
+	if got := binary.LittleEndian.Uint64(blocking); got != uint64(n) {
+		return fmt.Errorf("blocking allreduce: %d", got)
+	}
+	// Waits out of order, the barrier's from another goroutine.
+	var wg sync.WaitGroup
+	var berr error
+	wg.Add(1)
+	go func() { defer wg.Done(); _, berr = b.Wait(ctx) }()
+	for name, q := range map[string]*Request{"allreduce": ar, "allgather": g, "alltoall": a, "alltoallv": v, "send": sr, "send after": sr2} {
+		if _, err := q.Wait(ctx); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	// The receive posted after the collectives is waited for first: it runs
+	// them before it moves.
+	if m, err := rr2.Wait(ctx); err != nil || !bytes.Equal(p2pIn2[:m], p2pMessage(prev, r, k+1, 3000)) {
+		return fmt.Errorf("irecv after: %d bytes, %v", m, err)
+	}
+	if m, err := rr.Wait(ctx); err != nil || !bytes.Equal(p2pIn[:m], p2pMessage(prev, r, k, 3000)) {
+		return fmt.Errorf("irecv: %d bytes, %v", m, err)
+	}
+	wg.Wait()
+	if berr != nil {
+		return fmt.Errorf("barrier: %w", berr)
+	}
+	for j, off := 0, 0; j < n; off, j = off+rc[j], j+1 {
+		for b := range rc[j] {
+			if recv[off+b] != pat(j, r, b+k) {
+				return fmt.Errorf("alltoallv: byte %d from %d", b, j)
+			}
+		}
+	}
+	for j := range n {
+		if got := binary.LittleEndian.Uint64(a2aRecv[8*j:]); got != uint64(j*1000+r+k) {
+			return fmt.Errorf("alltoall from %d: %d", j, got)
+		}
+		if gOut[2*j] != byte(j) || gOut[2*j+1] != byte(k) {
+			return fmt.Errorf("allgather from %d: %v", j, gOut[2*j:2*j+2])
+		}
+	}
+	for i := range 64 {
+		want := float64(n*(i+k) + n*(n-1)/2)
+		if got := math.Float64frombits(binary.LittleEndian.Uint64(red[8*i:])); got != want {
+			return fmt.Errorf("allreduce [%d]: %v, want %v", i, got, want)
+		}
+	}
+	return nil
+}
+
+// TestNonblockingTestAndErrors polls a nonblocking collective with Test and
+// gets a bad argument from Wait as ErrInvalidArgument.
+func TestNonblockingTestAndErrors(t *testing.T) {
+	url := startNATS(t)
+	comms := planeGroup(t, url, 2, dataPlanes[1].mod)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	mustAll(t, onAll(comms, func(c *Comm) error {
+		out := make([]byte, 8)
+		q := c.IAllReduce(ctx, []byte{2, 0, 0, 0, 0, 0, 0, 0}, out, Int64, Sum)
+		for {
+			done, _, err := q.Test()
+			if err != nil {
+				return err
+			}
+			if done {
+				break
+			}
+			runtime.Gosched()
+		}
+		if out[0] != 4 {
+			return fmt.Errorf("allreduce: %v", out)
+		}
+		_, err := c.IAllToAll(ctx, make([]byte, 3), make([]byte, 3)).Wait(ctx)
+		if !errors.Is(err, ErrInvalidArgument) {
+			return fmt.Errorf("IAllToAll of 3 bytes on 2 ranks: %v, want ErrInvalidArgument", err)
+		}
+		return nil
+	}))
+}
