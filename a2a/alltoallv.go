@@ -258,6 +258,15 @@ func (c *Comm) planFlat(op string, a algo.Algo, sendCounts, recvCounts []int, ll
 	if planned {
 		return sched, entry.allLL, nil // a steady loop of calls ends here
 	}
+	if entry.allLL, err = c.planFlatInto(sched, a, sendCounts, recvCounts, ll); err != nil {
+		entry.forget()
+		return nil, false, err
+	}
+	return sched, entry.allLL, nil
+}
+
+// planFlatInto plans a flat AllToAllV by algorithm a into sched (see planFlat).
+func (c *Comm) planFlatInto(sched *algo.Schedule, a algo.Algo, sendCounts, recvCounts []int, ll bool) (allLL bool, err error) {
 	args := algo.AllToAllVArgs{Rank: c.rank, World: c.size, SendCounts: sendCounts, RecvCounts: recvCounts,
 		Streams: c.cfg.Streams, Window: c.cfg.Window}
 	if ll {
@@ -272,11 +281,9 @@ func (c *Comm) planFlat(op string, a algo.Algo, sendCounts, recvCounts []int, ll
 		err = algo.PlanLL(sched, args)
 	}
 	if err != nil {
-		entry.forget()
-		return nil, false, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", a)
+		return false, fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "planning %s", a)
 	}
-	entry.allLL = args.AllLL()
-	return sched, entry.allLL, nil
+	return args.AllLL(), nil
 }
 
 // chooseForMatrix picks an algorithm from the global matrix; every rank holds

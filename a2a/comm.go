@@ -39,7 +39,7 @@ import (
 // communicator from that call on, since the ranks could not agree on the
 // order of the two; the running one completes. Callers that issue
 // collectives from several goroutines must order them themselves. The
-// nonblocking collectives (IAllToAllV, ...) are the
+// nonblocking collectives (IAllToAllV, ...) and persistent ones are the
 // exception: started ones run in the order started, and a blocking
 // collective called after them waits for them.
 //

@@ -56,7 +56,7 @@ type progressQueue struct {
 
 func newProgressQueue(e *engine.Engine, size int) *progressQueue {
 	return &progressQueue{eng: e, wake: make(chan struct{}), mark: make([]uint32, 2*size),
-		sendSeq: make([]uint64, size), recvSeq: make([]uint64, size), colls: newCollQueue()}
+		sendSeq: make([]uint64, size), recvSeq: make([]uint64, size)}
 }
 
 // Request is a point-to-point call in flight (Isend, Irecv, a Group's

@@ -221,7 +221,29 @@ func (b *bench) point(ctx context.Context, size int, d dist) (benchRow, error) {
 		row.Type = "none"
 	}
 	row.Size, row.Count = op.size, op.algBytes/es
+	if b.f.persistent {
+		p, err := b.persistent()
+		if err != nil {
+			return row, err
+		}
+		defer p.Close()
+		op.call = func(ctx context.Context) error {
+			if err := p.Start(ctx); err != nil {
+				return err
+			}
+			return p.Wait(ctx)
+		}
+	}
 	return b.measure(ctx, row, op)
+}
+
+// persistent plans the persistent form of the op over the buffers point
+// set up (--persistent).
+func (b *bench) persistent() (*a2a.Persistent, error) {
+	if b.f.op == "allreduce" {
+		return b.c.AllReduceInit(b.send, b.recv, b.dtype, b.redop)
+	}
+	return b.c.AllToAllVInit(b.send, b.sendC, b.recv, b.recvC)
 }
 
 // setupAllToAll lays out the send and receive buffers of the counts matrix,

@@ -37,6 +37,9 @@ type benchFlags struct {
 	timing  string
 	cpuprof string
 	alloc   string
+	// persistent measures the persistent form (AllToAllVInit,
+	// AllReduceInit: a Start and a Wait per call).
+	persistent bool
 }
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
@@ -66,6 +69,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.timing, "timing", "barrier", "barrier: per-rank time after a barrier, slowest rank (as the MPI harness) | span: last rank's start to last rank's end (ranks must share a clock: one machine, e.g. the test bed), which leaves out the barrier's exit skew")
 	fs.StringVar(&f.alloc, "alloc", "huge", "send and receive buffers: huge (a2a.AllocBuffer: 2 MiB aligned, transparent huge pages) | heap (make)")
 	fs.StringVar(&f.cpuprof, "cpuprofile", "", "write each rank's CPU profile to FILE.rankN (go tool pprof)")
+	fs.BoolVar(&f.persistent, "persistent", false, "alltoallv (--counts known) and allreduce: the persistent form, planned once (AllToAllVInit, AllReduceInit), a Start and a Wait per call")
 	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (unless oversubscribed) | none")
 }
 
@@ -122,6 +126,9 @@ func (f *benchFlags) validateChoices() error {
 	}
 	if f.algo == "all" && f.op != "alltoallv" && f.op != "alltoall" {
 		return usagef("--algo all: the algorithms are alltoallv's and alltoall's, not %s's", f.op)
+	}
+	if f.persistent && !(f.op == "alltoallv" && f.counts == "known" || f.op == "allreduce") {
+		return usagef("--persistent: alltoallv with --counts known, or allreduce, not %s", f.op)
 	}
 	if f.trans != "" && !slices.Contains(benchTransports, f.trans) {
 		return usagef("--transport %q: %s", f.trans, strings.Join(benchTransports, ", "))
