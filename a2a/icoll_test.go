@@ -181,3 +181,36 @@ func TestNonblockingTestAndErrors(t *testing.T) {
 		return nil
 	}))
 }
+
+// TestNonblockingClose: Close ends nonblocking collectives still waiting
+// for a peer, and those queued behind them, with an error from Wait; a
+// persistent use started before Close fails the same way.
+func TestNonblockingClose(t *testing.T) {
+	url := startNATS(t)
+	comms := planeGroup(t, url, 2, dataPlanes[0].mod)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := comms[0] // rank 1 never joins the calls
+	out := make([]byte, 8)
+	first := c.IAllReduce(ctx, make([]byte, 8), out, Int64, Sum)
+	queued := c.IBarrier(ctx)
+	p, err := c.AllToAllVInit(make([]byte, 2), []int{1, 1}, make([]byte, 2), []int{1, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // let the first one wait for its peer
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for name, q := range map[string]*Request{"running": first, "queued": queued} {
+		if _, err := q.Wait(ctx); !errors.Is(err, ErrClosed) {
+			t.Errorf("%s: %v, want ErrClosed", name, err)
+		}
+	}
+	if err := p.Wait(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("persistent: %v, want ErrClosed", err)
+	}
+}
