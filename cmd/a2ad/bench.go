@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime/pprof"
+	"time"
 
 	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/a2a/reduce"
@@ -192,6 +193,12 @@ func (b *bench) call(ctx context.Context) error {
 		return b.c.AllToAllVInBand(ctx, b.send, b.sendC, b.recv, b.learned)
 	case "matrix":
 		return b.c.AllToAllVMatrix(ctx, b.send, b.recv, b.known)
+	}
+	if b.f.overlap > 0 {
+		q := b.c.IAllToAllV(ctx, b.send, b.sendC, b.recv, b.recvC)
+		time.Sleep(b.f.overlap)
+		_, err := q.Wait(ctx)
+		return err
 	}
 	return b.c.AllToAllV(ctx, b.send, b.sendC, b.recv, b.recvC)
 }

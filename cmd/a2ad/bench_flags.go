@@ -40,6 +40,9 @@ type benchFlags struct {
 	// persistent measures the persistent form (AllToAllVInit,
 	// AllReduceInit: a Start and a Wait per call).
 	persistent bool
+	// overlap is the off-CPU work (a device kernel's time) each
+	// nonblocking call overlaps (--overlap).
+	overlap time.Duration
 }
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
@@ -70,6 +73,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.alloc, "alloc", "huge", "send and receive buffers: huge (a2a.AllocBuffer: 2 MiB aligned, transparent huge pages) | heap (make)")
 	fs.StringVar(&f.cpuprof, "cpuprofile", "", "write each rank's CPU profile to FILE.rankN (go tool pprof)")
 	fs.BoolVar(&f.persistent, "persistent", false, "alltoallv (--counts known) and allreduce: the persistent form, planned once (AllToAllVInit, AllReduceInit), a Start and a Wait per call")
+	fs.DurationVar(&f.overlap, "overlap", 0, "alltoallv (--counts known): IAllToAllV, then this long off the CPU (as while a device kernel runs: a sleep), then Wait; compare with the time of each alone")
 	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (unless oversubscribed) | none")
 }
 
@@ -97,6 +101,9 @@ func parseBench(args []string) (benchFlags, []int, dist, error) {
 		return f, nil, dist{}, usageError{err}
 	}
 	if err := f.validateChoices(); err != nil {
+		return f, nil, dist{}, err
+	}
+	if err := f.validateCallForm(); err != nil {
 		return f, nil, dist{}, err
 	}
 	set := map[string]bool{}
@@ -127,11 +134,20 @@ func (f *benchFlags) validateChoices() error {
 	if f.algo == "all" && f.op != "alltoallv" && f.op != "alltoall" {
 		return usagef("--algo all: the algorithms are alltoallv's and alltoall's, not %s's", f.op)
 	}
+	if f.trans != "" && !slices.Contains(benchTransports, f.trans) {
+		return usagef("--transport %q: %s", f.trans, strings.Join(benchTransports, ", "))
+	}
+	return nil
+}
+
+// validateCallForm checks the flags that change how each call is made:
+// --persistent and --overlap.
+func (f *benchFlags) validateCallForm() error {
 	if f.persistent && !(f.op == "alltoallv" && f.counts == "known" || f.op == "allreduce") {
 		return usagef("--persistent: alltoallv with --counts known, or allreduce, not %s", f.op)
 	}
-	if f.trans != "" && !slices.Contains(benchTransports, f.trans) {
-		return usagef("--transport %q: %s", f.trans, strings.Join(benchTransports, ", "))
+	if f.overlap != 0 && (f.op != "alltoallv" || f.counts != "known" || f.persistent || f.overlap < 0) {
+		return usagef("--overlap %v: a positive duration, for alltoallv with --counts known, not with --persistent", f.overlap)
 	}
 	return nil
 }
