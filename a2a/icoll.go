@@ -68,6 +68,9 @@ func (t *turnCtx) Value(key any) any {
 type collQueue struct {
 	pending []*collOp
 	n       atomic.Int32 // len(pending), read without the lock
+	// head is pending[0] (nil when empty), read without the lock by the
+	// goroutine that holds running: a lock less per run.
+	head atomic.Pointer[collOp]
 	// running is held by the goroutine running pending collectives: one
 	// at a time, in order. An atomic, not a channel: a persistent
 	// Start-Wait of 8 bytes costs ~0.5 us, and every operation shows.
@@ -83,6 +86,7 @@ func (q *progressQueue) startColl(op *collOp) {
 	q.colls.pending = append(q.colls.pending, op)
 	if len(q.colls.pending) == 1 {
 		q.fence.Store(op.fence + 1)
+		q.colls.head.Store(op)
 	}
 	q.colls.n.Store(int32(len(q.colls.pending)))
 	q.mu.Unlock()
@@ -100,8 +104,10 @@ func (q *progressQueue) finishColl(op *collOp, err error) {
 	q.colls.pending = p[:len(p)-1]
 	if len(q.colls.pending) > 0 {
 		q.fence.Store(q.colls.pending[0].fence + 1)
+		q.colls.head.Store(q.colls.pending[0])
 	} else {
 		q.fence.Store(0)
+		q.colls.head.Store(nil)
 	}
 	q.colls.n.Store(int32(len(q.colls.pending)))
 	op.done.Store(true)
@@ -133,15 +139,14 @@ func (c *Comm) runColls(ctx context.Context, op *collOp) error {
 			}
 			continue
 		}
-		q.mu.Lock()
-		if len(q.colls.pending) == 0 {
+		next := q.colls.head.Load()
+		if next == nil {
+			q.mu.Lock()
 			q.colls.running.Store(false)
 			q.broadcastLocked()
 			q.mu.Unlock()
 			continue
 		}
-		next := q.colls.pending[0]
-		q.mu.Unlock()
 		q.finishColl(next, next.run(&next.tctx)) // and gives running up
 	}
 }

@@ -160,3 +160,53 @@ func compute(d time.Duration) {
 	for t0 := time.Now(); time.Since(t0) < d; {
 	}
 }
+
+// BenchmarkPersistentCallOverhead is BenchmarkCallOverhead for the
+// persistent forms and a nonblocking call: the fixed cost of a Start and a
+// Wait on a single-rank group, steadier than a two-rank figure on a loaded
+// machine.
+func BenchmarkPersistentCallOverhead(b *testing.B) {
+	url := startNATS(b)
+	comms := group(b, url, 1, nil)
+	c, ctx := comms[0], context.Background()
+	send, recv := make([]byte, 8), make([]byte, 8)
+	counts := []int{8}
+	pv, err := c.AllToAllVInit(send, counts, recv, counts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pr, err := c.AllReduceInit(send, recv, Float32, Sum)
+	if err != nil {
+		b.Fatal(err)
+	}
+	startWait := func(p *Persistent) func() error {
+		return func() error {
+			if err := p.Start(ctx); err != nil {
+				return err
+			}
+			return p.Wait(ctx)
+		}
+	}
+	for _, op := range []struct {
+		name string
+		call func() error
+	}{
+		{"alltoallv", func() error { return c.AllToAllV(ctx, send, counts, recv, counts) }},
+		{"alltoallv-persistent", startWait(pv)},
+		{"alltoallv-nonblocking", func() error {
+			_, err := c.IAllToAllV(ctx, send, counts, recv, counts).Wait(ctx)
+			return err
+		}},
+		{"allreduce", func() error { return c.AllReduce(ctx, send, recv, Float32, Sum) }},
+		{"allreduce-persistent", startWait(pr)},
+	} {
+		b.Run(op.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := op.call(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
