@@ -342,6 +342,9 @@ func (c *Comm) begin(ctx context.Context, title string, start time.Time, engine 
 		last = turn.fence
 	}
 	if err == nil {
+		c.queue.cur.Store(seq)
+	}
+	if err == nil {
 		err = c.stoppedAt(seq)
 	}
 	if err == nil && ctx.Err() != nil {

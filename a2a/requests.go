@@ -41,6 +41,10 @@ type progressQueue struct {
 	wake             chan struct{} // closed when the role is released or a request completes
 	collWant         atomic.Int32  // collectives waiting for the role: the driver hands it over
 	sleepers         atomic.Int32  // goroutines waiting on wake
+	// cur is the op sequence of the collective running (or last run): what
+	// the engine's stop check covers. Not seq, which started collectives
+	// (icoll.go) move ahead while one runs.
+	cur atomic.Uint64
 	// fence is 1 + the last ticket posted before the oldest collective
 	// started ahead of its run (icoll.go), 0 when none waits: requests
 	// after it must not move before it runs, or they would pass it on the
