@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"runtime"
 	"sync"
 	"testing"
@@ -213,4 +214,156 @@ func TestNonblockingClose(t *testing.T) {
 	if err := p.Wait(ctx); !errors.Is(err, ErrClosed) {
 		t.Errorf("persistent: %v, want ErrClosed", err)
 	}
+}
+
+// TestNonblockingRandomMix runs one seeded random sequence of nonblocking
+// collectives, blocking collectives and point-to-point rings on every rank,
+// waits for the requests in a random order (some from other goroutines),
+// and checks every result.
+func TestNonblockingRandomMix(t *testing.T) {
+	url := startNATS(t)
+	const ranks, steps = 3, 300
+	for _, dp := range dataPlanes {
+		t.Run(dp.name, func(t *testing.T) {
+			comms := planeGroup(t, url, ranks, dp.mod)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			mustAll(t, onAll(comms, func(c *Comm) error { return randomMix(ctx, c, steps) }))
+		})
+	}
+}
+
+// pendingCheck is a request and the check of its result.
+type pendingCheck struct {
+	what  string
+	req   *Request
+	check func(n int) error
+}
+
+func randomMix(ctx context.Context, c *Comm, steps int) error {
+	rng := rand.New(rand.NewPCG(7, 7)) // the same sequence on every rank
+	r, n := c.Rank(), c.Size()
+	next, prev := (r+1)%n, (r+n-1)%n
+	var pending []pendingCheck
+	var async sync.WaitGroup
+	asyncErr := make(chan error, steps)
+	wait := func(p pendingCheck, k int) error {
+		m, err := p.req.Wait(ctx)
+		if err == nil {
+			err = p.check(m)
+		}
+		if err != nil {
+			return fmt.Errorf("step %d %s: %w", k, p.what, err)
+		}
+		return nil
+	}
+	for k := range steps {
+		switch op := rng.IntN(8); op {
+		case 0, 1, 2:
+			pending = append(pending, startRandomColl(ctx, c, rng.IntN(5), k))
+		case 3:
+			out := make([]byte, 8)
+			if err := c.AllReduce(ctx, []byte{byte(k), 0, 0, 0, 0, 0, 0, 0}, out, Int64, Sum); err != nil || out[0] != byte(n*k) {
+				return fmt.Errorf("step %d allreduce: %v %v", k, out[0], err)
+			}
+		case 4, 5:
+			in := make([]byte, 600)
+			pending = append(pending,
+				pendingCheck{"isend", c.Isend(ctx, p2pMessage(r, next, k, 500), next, k), func(int) error { return nil }},
+				pendingCheck{"irecv", c.Irecv(ctx, in, prev, k), func(m int) error {
+					if !bytes.Equal(in[:m], p2pMessage(prev, r, k, 500)) {
+						return fmt.Errorf("wrong %d bytes", m)
+					}
+					return nil
+				}})
+		default:
+			if len(pending) == 0 {
+				continue
+			}
+			i := rng.IntN(len(pending))
+			p := pending[i]
+			pending = append(pending[:i], pending[i+1:]...)
+			if op == 7 { // from another goroutine
+				async.Add(1)
+				go func() {
+					defer async.Done()
+					if err := wait(p, k); err != nil {
+						asyncErr <- err
+					}
+				}()
+				continue
+			}
+			if err := wait(p, k); err != nil {
+				return err
+			}
+		}
+	}
+	for _, p := range pending {
+		if err := wait(p, steps); err != nil {
+			return err
+		}
+	}
+	async.Wait()
+	close(asyncErr)
+	return <-asyncErr
+}
+
+// startRandomColl starts nonblocking collective kind (0-4) of step k.
+func startRandomColl(ctx context.Context, c *Comm, kind, k int) pendingCheck {
+	r, n := c.Rank(), c.Size()
+	switch kind {
+	case 0:
+		sc, rc := make([]int, n), make([]int, n)
+		for j := range n {
+			sc[j], rc[j] = vCount(r, j, k), vCount(j, r, k)
+		}
+		send, recv := make([]byte, sum(sc)), make([]byte, sum(rc))
+		for j, off := 0, 0; j < n; off, j = off+sc[j], j+1 {
+			for b := range sc[j] {
+				send[off+b] = pat(r, j, b+k)
+			}
+		}
+		return pendingCheck{"ialltoallv", c.IAllToAllV(ctx, send, sc, recv, rc), func(int) error {
+			for j, off := 0, 0; j < n; off, j = off+rc[j], j+1 {
+				for b := range rc[j] {
+					if recv[off+b] != pat(j, r, b+k) {
+						return fmt.Errorf("byte %d from %d", b, j)
+					}
+				}
+			}
+			return nil
+		}}
+	case 1:
+		send, recv := make([]byte, n), make([]byte, n)
+		for j := range n {
+			send[j] = byte(r*16 + j + k)
+		}
+		return pendingCheck{"ialltoall", c.IAllToAll(ctx, send, recv), func(int) error {
+			for j := range n {
+				if recv[j] != byte(j*16+r+k) {
+					return fmt.Errorf("from %d: %d", j, recv[j])
+				}
+			}
+			return nil
+		}}
+	case 2:
+		out := make([]byte, 8)
+		return pendingCheck{"iallreduce", c.IAllReduce(ctx, []byte{byte(r + k), 0, 0, 0, 0, 0, 0, 0}, out, Int64, Sum), func(int) error {
+			if want := byte(n*k + n*(n-1)/2); out[0] != want {
+				return fmt.Errorf("%d, want %d", out[0], want)
+			}
+			return nil
+		}}
+	case 3:
+		out := make([]byte, n)
+		return pendingCheck{"iallgather", c.IAllGather(ctx, []byte{byte(r + k)}, out), func(int) error {
+			for j := range n {
+				if out[j] != byte(j+k) {
+					return fmt.Errorf("from %d: %d", j, out[j])
+				}
+			}
+			return nil
+		}}
+	}
+	return pendingCheck{"ibarrier", c.IBarrier(ctx), func(int) error { return nil }}
 }

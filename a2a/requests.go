@@ -64,8 +64,9 @@ func newProgressQueue(e *engine.Engine, size int) *progressQueue {
 }
 
 // Request is a point-to-point call in flight (Isend, Irecv, a Group's
-// calls). Wait or Test it for the result; until it is done its buffer
-// belongs to the Comm.
+// calls) or a nonblocking collective (IAllToAllV, ...). Wait or Test it for
+// the result; until it is done its buffers belong to the Comm. A
+// collective's Wait and Test report 0 bytes.
 type Request struct {
 	c      *Comm
 	ctx    context.Context
@@ -591,18 +592,21 @@ func (q *progressQueue) compact() {
 // departed peer, their context or deadline) and reports whether any did.
 func (q *progressQueue) checkRequests(now time.Time) bool {
 	failed := false
+	fence := q.fence.Load()
 	for _, r := range q.reqs {
 		if r.over {
 			continue
 		}
-		if r.deadline.IsZero() {
+		// Behind a started collective, Config.Timeout starts after it; the
+		// request's context bounds it all along.
+		if r.deadline.IsZero() && (fence == 0 || r.ticket < fence) {
 			r.deadline, r.ownDeadline = now.Add(q.eng.Timeout()), true
 		}
 		err := r.c.stoppedFor(r)
 		if err == nil {
 			if cerr := r.ctx.Err(); cerr != nil && !errors.Is(cerr, context.DeadlineExceeded) {
 				err = fault.FromContext(cerr)
-			} else if cerr != nil || !now.Before(r.deadline) {
+			} else if cerr != nil || (!r.deadline.IsZero() && !now.Before(r.deadline)) {
 				err = r.timeoutErr(q.eng.Timeout())
 			}
 			if err != nil {
