@@ -15,8 +15,9 @@ import (
 // fence). The started collectives then run one at a time, in the order they
 // were started, on whichever goroutine needs them first: a nonblocking
 // call's own goroutine (started with it, so the exchange overlaps the
-// caller's compute), a Wait on it, a blocking collective called after it,
-// or a point-to-point wait for a request posted after it. Point-to-point
+// caller's compute), a persistent request's Wait, a blocking collective
+// called after them, or a point-to-point wait for a request posted after
+// them. Point-to-point
 // requests posted after a started collective do not move before it has run
 // (progressQueue.fence), so every stream carries the calls in the order they
 // were made, on every rank.
@@ -151,12 +152,26 @@ func (c *Comm) runColls(ctx context.Context, op *collOp) error {
 	}
 }
 
-// waitColl waits for a started collective and returns its result.
+// waitColl waits for a nonblocking collective and returns its result. It
+// leaves the running to the goroutine the call started: run here, the
+// collective would hold this Wait past ctx, since it runs under the
+// context it was started with.
 func (c *Comm) waitColl(ctx context.Context, op *collOp) error {
-	if err := c.runColls(ctx, op); err != nil {
+	if err := c.queue.sleepUntil(ctx, op.done.Load); err != nil {
 		return err
 	}
 	return op.err
+}
+
+// sleepUntil sleeps until done reports true (checked under the lock, and
+// at every broadcast) or ctx ends.
+func (q *progressQueue) sleepUntil(ctx context.Context, done func() bool) error {
+	for !done() {
+		if err := q.sleep(ctx, done); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // takeTurn is begin's first step. A started collective's run (ctx carries

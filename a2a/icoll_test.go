@@ -367,3 +367,37 @@ func startRandomColl(ctx context.Context, c *Comm, kind, k int) pendingCheck {
 	}
 	return pendingCheck{"ibarrier", c.IBarrier(ctx), func(int) error { return nil }}
 }
+
+// TestNonblockingWaitTimeout: a Wait whose context ends first returns
+// ErrTimeout and leaves the collective running; a later Wait gets its
+// result.
+func TestNonblockingWaitTimeout(t *testing.T) {
+	url := startNATS(t)
+	comms := planeGroup(t, url, 2, dataPlanes[0].mod)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	firstWaited := make(chan struct{})
+	mustAll(t, onAll(comms, func(c *Comm) error {
+		out := make([]byte, 8)
+		if c.Rank() == 1 {
+			<-firstWaited // rank 0's collective cannot complete before this
+		}
+		q := c.IAllReduce(ctx, []byte{5, 0, 0, 0, 0, 0, 0, 0}, out, Int64, Sum)
+		if c.Rank() == 0 {
+			short, stop := context.WithTimeout(ctx, 10*time.Millisecond)
+			_, err := q.Wait(short)
+			stop()
+			close(firstWaited)
+			if !errors.Is(err, ErrTimeout) {
+				return fmt.Errorf("short Wait: %v, want ErrTimeout", err)
+			}
+		}
+		if _, err := q.Wait(ctx); err != nil {
+			return err
+		}
+		if out[0] != 10 {
+			return fmt.Errorf("allreduce: %d", out[0])
+		}
+		return nil
+	}))
+}

@@ -145,9 +145,10 @@ func (p *Persistent) Start(ctx context.Context) error {
 
 // Wait waits for the use Start started, running it (and the collectives
 // started before it) on this goroutine unless another runs them, and
-// returns its error. If ctx ends first Wait returns ErrTimeout (or
-// ErrAborted for a cancel) and the use stays started: Wait may be called
-// again. Without a started use Wait returns nil.
+// returns its error. A use Wait runs is bounded by the context given to
+// Start; if ctx ends while Wait waits for another goroutine, Wait returns
+// ErrTimeout (or ErrAborted for a cancel) and the use stays started: Wait
+// may be called again. Without a started use Wait returns nil.
 func (p *Persistent) Wait(ctx context.Context) error {
 	if !p.started {
 		return nil
