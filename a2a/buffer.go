@@ -3,8 +3,6 @@ package a2a
 import (
 	"unsafe"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/a2a/transport"
 )
@@ -14,57 +12,38 @@ import (
 const hugePage = 2 << 20
 
 // AllocBuffer returns n zeroed bytes for collective buffers, as MPI_Alloc_mem
-// or ncclMemAlloc do: an anonymous mapping aligned to and rounded up to
-// 2 MiB and advised to use transparent huge pages (MADV_HUGEPAGE; the
-// kernel's default on most distributions backs only advised memory with
-// them). Large transfers gain: shared memory copies between processes with
-// process_vm_readv, which pins every page it reads, and 4 KiB pages make that
-// dominate (2 ranks, 1 MiB AllToAll: 170-177 us from AllocBuffer against
-// 203-228 us from the Go heap; Open MPI 191 us), and the verbs transport
-// sends from it without copying (it registers the mapping with the device
-// once; Go heap memory it must copy). Free it with FreeBuffer;
-// the garbage collector does not. Errors wrap ErrInvalidArgument.
+// or ncclMemAlloc do: a shared memory file (memfd) of n bytes rounded up to
+// 2 MiB, sealed against resizing, mapped at a 2 MiB aligned address and
+// advised to use huge pages. The buffer is registered from birth:
+//
+//   - It is shareable: a process of this host that may read this one's
+//     memory can map it.
+//   - The verbs transport sends from it without copying (it registers the
+//     mapping with the device once; Go heap memory it must copy).
+//
+// Free it with FreeBuffer; the garbage collector does not. A forked child
+// shares its pages instead of copying them. Errors wrap ErrInvalidArgument,
+// or ErrResource when memory or file descriptors run out.
 func AllocBuffer(n int) ([]byte, error) {
 	if n <= 0 || n > 1<<46 {
 		return nil, fault.New(fault.ErrInvalidArgument, -1, "AllocBuffer(%d): need 1 <= n <= 2^46", n)
 	}
-	size := (n + hugePage - 1) &^ (hugePage - 1)
-	p, err := unix.MmapPtr(-1, 0, nil, uintptr(size+hugePage), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		return nil, fault.Wrap(fault.ErrInvalidArgument, -1, err, "AllocBuffer(%d)", n)
-	}
-	// Keep the aligned middle; return the unaligned head and the tail.
-	head := (hugePage - uintptr(p)%hugePage) % hugePage
-	if head > 0 {
-		unix.MunmapPtr(p, head)
-	}
-	start := unsafe.Add(p, head)
-	unix.MunmapPtr(unsafe.Add(start, size), hugePage-head) // head < hugePage: never empty
-	b := unsafe.Slice((*byte)(start), size)
-	// Only advice: without THP the buffer still works with base pages.
-	_ = unix.Madvise(b, unix.MADV_HUGEPAGE)
-	// RDMA may send from it without copying: the verbs transport registers
-	// it on first use.
-	transport.AddBuffer(b)
-	return b[:n:size], nil
+	return transport.AllocShared(n, hugePage)
 }
 
 // FreeBuffer releases a buffer from AllocBuffer (any reslicing that keeps
 // its start and capacity), deregistering it from every RDMA device that
-// registered it. Using the buffer afterwards faults. A slice that
-// AllocBuffer did not return fails with ErrInvalidArgument.
+// registered it. Using the buffer afterwards faults. It fails with
+// ErrInvalidArgument, and frees nothing, for a slice AllocBuffer did not
+// return and for a buffer an operation in flight still sends from (a peer
+// may be reading it).
 func FreeBuffer(b []byte) error {
 	if cap(b) == 0 {
 		return fault.New(fault.ErrInvalidArgument, -1, "FreeBuffer: empty slice")
 	}
-	all := unsafe.Slice(unsafe.SliceData(b), cap(b))
-	if uintptr(unsafe.Pointer(&all[0]))%hugePage != 0 || cap(b)%hugePage != 0 {
-		return fault.New(fault.ErrInvalidArgument, -1, "FreeBuffer: %d-byte slice at %p is not from AllocBuffer", cap(b), &all[0])
+	if p := uintptr(unsafe.Pointer(unsafe.SliceData(b))); p%hugePage != 0 || cap(b)%hugePage != 0 {
+		return fault.New(fault.ErrInvalidArgument, -1, "FreeBuffer: %d-byte slice at %#x is not from AllocBuffer", cap(b), p)
 	}
 	// Transports deregister it from their devices before it goes.
-	transport.RemoveBuffer(all)
-	if err := unix.MunmapPtr(unsafe.Pointer(&all[0]), uintptr(len(all))); err != nil {
-		return fault.Wrap(fault.ErrInvalidArgument, -1, err, "FreeBuffer")
-	}
-	return nil
+	return transport.FreeShared(b)
 }

@@ -3,6 +3,7 @@ package transport
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -16,16 +17,29 @@ import (
 // is process-wide because AllocBuffer and FreeBuffer are; it is the one piece
 // of global state the transports share, as MPI libraries hook their memory
 // allocation for the same reason.
+//
+// Mappings from AllocShared are also shareable: a memfd backs them, so a
+// process on this host may map the same pages (shm's mapped copies). Their
+// registry entry keeps the memfd open and counts what holds them: user
+// registrations (Pin) and sends a peer may be reading (AcquireShared), either
+// of which makes FreeShared refuse, so a peer never reads freed memory.
 var buffers struct {
 	sync.RWMutex
-	spans    []bufferSpan // sorted by base, disjoint
+	spans    []*bufferSpan // sorted by base, disjoint
 	watchers map[int]func(base uintptr, size int)
+	freed    map[int]func(gen uint64)
 	nextID   int
+	nextGen  uint64 // generations of shareable mappings, from 1
 }
 
 type bufferSpan struct {
 	base uintptr
 	size int
+	fd   int    // the memfd behind a shareable mapping, else -1
+	gen  uint64 // unique among this process's shareable mappings, 0 for others
+	pins int    // registrations (Pin) not yet released
+	// inflight counts sends whose receiver may be reading the mapping.
+	inflight atomic.Int64
 }
 
 // AddBuffer records mem, a mapping from a2a.AllocBuffer (its whole
@@ -34,12 +48,18 @@ func AddBuffer(mem []byte) {
 	if cap(mem) == 0 {
 		return
 	}
-	s := bufferSpan{uintptr(unsafe.Pointer(unsafe.SliceData(mem))), cap(mem)}
 	buffers.Lock()
 	defer buffers.Unlock()
-	i, _ := slices.BinarySearchFunc(buffers.spans, s.base, func(e bufferSpan, b uintptr) int { return cmpPtr(e.base, b) })
+	addSpan(&bufferSpan{base: uintptr(unsafe.Pointer(unsafe.SliceData(mem))), size: cap(mem), fd: -1})
+}
+
+// addSpan inserts s; the caller holds the lock.
+func addSpan(s *bufferSpan) {
+	i, _ := slices.BinarySearchFunc(buffers.spans, s.base, cmpSpan)
 	buffers.spans = slices.Insert(buffers.spans, i, s)
 }
+
+func cmpSpan(e *bufferSpan, b uintptr) int { return cmpPtr(e.base, b) }
 
 // RemoveBuffer forgets mem (as passed to AddBuffer, any reslicing that keeps
 // its start and capacity) and, before returning, has every watcher release
@@ -50,21 +70,55 @@ func RemoveBuffer(mem []byte) {
 	}
 	base := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
 	buffers.Lock()
-	i, ok := slices.BinarySearchFunc(buffers.spans, base, func(e bufferSpan, b uintptr) int { return cmpPtr(e.base, b) })
+	i, ok := slices.BinarySearchFunc(buffers.spans, base, cmpSpan)
 	if !ok {
 		buffers.Unlock()
 		return
 	}
 	s := buffers.spans[i]
 	buffers.spans = slices.Delete(buffers.spans, i, i+1)
+	buffers.Unlock()
+	notifyRemoved(s)
+}
+
+// notifyRemoved has every watcher release s, and tells those of freed
+// shareable mappings.
+func notifyRemoved(s *bufferSpan) {
+	buffers.RLock()
 	watchers := make([]func(uintptr, int), 0, len(buffers.watchers))
 	for _, w := range buffers.watchers {
 		watchers = append(watchers, w)
 	}
-	buffers.Unlock()
+	var freed []func(uint64)
+	if s.gen != 0 {
+		for _, w := range buffers.freed {
+			freed = append(freed, w)
+		}
+	}
+	buffers.RUnlock()
 	for _, w := range watchers {
 		w(s.base, s.size)
 	}
+	for _, w := range freed {
+		w(s.gen)
+	}
+}
+
+// find returns the span holding the n bytes at p whole; the caller holds
+// the lock.
+func find(p uintptr, n int) *bufferSpan {
+	i, found := slices.BinarySearchFunc(buffers.spans, p, cmpSpan)
+	if !found {
+		i--
+	}
+	if i < 0 {
+		return nil
+	}
+	s := buffers.spans[i]
+	if p < s.base || p-s.base+uintptr(n) > uintptr(s.size) {
+		return nil
+	}
+	return s
 }
 
 // FindBuffer returns the AllocBuffer mapping that holds the n bytes at p
@@ -73,18 +127,10 @@ func RemoveBuffer(mem []byte) {
 func FindBuffer(p uintptr, n int) (base uintptr, size int, ok bool) {
 	buffers.RLock()
 	defer buffers.RUnlock()
-	i, found := slices.BinarySearchFunc(buffers.spans, p, func(e bufferSpan, b uintptr) int { return cmpPtr(e.base, b) })
-	if !found {
-		i--
+	if s := find(p, n); s != nil {
+		return s.base, s.size, true
 	}
-	if i < 0 {
-		return 0, 0, false
-	}
-	s := buffers.spans[i]
-	if p < s.base || p-s.base+uintptr(n) > uintptr(s.size) {
-		return 0, 0, false
-	}
-	return s.base, s.size, true
+	return 0, 0, false
 }
 
 // WatchBuffers calls release(base, size) whenever RemoveBuffer removes a
@@ -92,17 +138,30 @@ func FindBuffer(p uintptr, n int) (base uintptr, size int, ok bool) {
 // registry. A call that RemoveBuffer began before stop may still run after
 // it, so release must cope with its owner being closed.
 func WatchBuffers(release func(base uintptr, size int)) (stop func()) {
+	return watch(&buffers.watchers, release)
+}
+
+// WatchFreed calls freed(gen) whenever FreeShared frees the shareable
+// mapping of generation gen, until stop is called, so that a transport
+// tells the peers that mapped it to let go of it; freed must not call back
+// into this registry and must cope with its owner being closed.
+func WatchFreed(freed func(gen uint64)) (stop func()) {
+	return watch(&buffers.freed, freed)
+}
+
+// watch adds f to the watchers in *m until stop.
+func watch[F any](m *map[int]F, f F) (stop func()) {
 	buffers.Lock()
 	defer buffers.Unlock()
-	if buffers.watchers == nil {
-		buffers.watchers = map[int]func(uintptr, int){}
+	if *m == nil {
+		*m = map[int]F{}
 	}
 	id := buffers.nextID
 	buffers.nextID++
-	buffers.watchers[id] = release
+	(*m)[id] = f
 	return func() {
 		buffers.Lock()
-		delete(buffers.watchers, id)
+		delete(*m, id)
 		buffers.Unlock()
 	}
 }

@@ -70,7 +70,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.counts, "counts", "known", "alltoallv receive counts: known (given) | matrix (AllToAllVMatrix with the global matrix: staged/skew-aware choice) | nats (ExchangeCountsMatrix each call) | inband (AllToAllVInBand)")
 	fs.StringVar(&f.trans, "transport", "", "data plane: auto (shm on one host, verbs to others where both have an RDMA port, else tcp) | shm | verbs | tcp (default: A2A_TRANSPORT or auto)")
 	fs.StringVar(&f.timing, "timing", "barrier", "barrier: per-rank time after a barrier, slowest rank (as the MPI harness) | span: last rank's start to last rank's end (ranks must share a clock: one machine, e.g. the test bed), which leaves out the barrier's exit skew")
-	fs.StringVar(&f.alloc, "alloc", "huge", "send and receive buffers: huge (a2a.AllocBuffer: 2 MiB aligned, transparent huge pages) | heap (make)")
+	fs.StringVar(&f.alloc, "alloc", "huge", "send and receive buffers: huge (a2a.AllocBuffer: registered, shareable memfd, 2 MiB aligned; shm peers map it) | heap (make: unregistered)")
 	fs.StringVar(&f.cpuprof, "cpuprofile", "", "write each rank's CPU profile to FILE.rankN (go tool pprof)")
 	fs.BoolVar(&f.persistent, "persistent", false, "alltoallv (--counts known) and allreduce: the persistent form, planned once (AllToAllVInit, AllReduceInit), a Start and a Wait per call")
 	fs.DurationVar(&f.overlap, "overlap", 0, "alltoallv (--counts known): IAllToAllV, then this long off the CPU (as while a device kernel runs: a sleep), then Wait; compare with the time of each alone")
