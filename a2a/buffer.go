@@ -16,8 +16,10 @@ const hugePage = 2 << 20
 // 2 MiB, sealed against resizing, mapped at a 2 MiB aligned address and
 // advised to use huge pages. The buffer is registered from birth:
 //
-//   - It is shareable: a process of this host that may read this one's
-//     memory can map it.
+//   - Ranks of this host map it once and copy from it with plain loads
+//     instead of process_vm_readv, which pins every page it reads on every
+//     call (the shm transport's mapped copies). Peers map it read-only, and
+//     read it only while an operation that sends from it is in flight.
 //   - The verbs transport sends from it without copying (it registers the
 //     mapping with the device once; Go heap memory it must copy).
 //

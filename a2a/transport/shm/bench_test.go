@@ -155,12 +155,46 @@ func BenchmarkExchangeProcs(b *testing.B) {
 	}
 }
 
-func benchExchangeProcs(b *testing.B, size, zcopy, ring int) {
+// BenchmarkMappedExchangeProcs is BenchmarkExchangeProcs by CMA from Go
+// heap buffers against the same from shareable buffers (a2a.AllocBuffer),
+// which the receiver maps once and copies from. BenchmarkMemcpy is the
+// ceiling.
+func BenchmarkMappedExchangeProcs(b *testing.B) {
+	for _, size := range []int{64 << 10, 256 << 10, 1 << 20, 4 << 20} {
+		b.Run(fmt.Sprintf("cma/%dKiB", size>>10), func(b *testing.B) { benchExchangeProcs(b, size, cmaAll, DefaultRingBytes) })
+		b.Run(fmt.Sprintf("mapped/%dKiB", size>>10), func(b *testing.B) {
+			benchExchangeProcs(b, size, cmaAll, DefaultRingBytes, helperMap+"=1")
+		})
+	}
+}
+
+// BenchmarkMemcpy is one thread's copy between two buffers (Go's copy, as
+// the mapped receive does): the ceiling of a mapped exchange, in which both
+// ranks copy at once, each on its core.
+func BenchmarkMemcpy(b *testing.B) {
+	for _, size := range []int{64 << 10, 256 << 10, 1 << 20, 4 << 20} {
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			src, dst := pattern(1, size), make([]byte, size)
+			b.SetBytes(int64(size))
+			for b.Loop() {
+				copy(dst, src)
+			}
+		})
+	}
+}
+
+// benchExchangeProcs times exchanges of size bytes each way with a helper
+// process; env with helperMap makes both ranks send from shareable buffers.
+func benchExchangeProcs(b *testing.B, size, zcopy, ring int, env ...string) {
 	group := testGroup(b)
-	h := startHelper(b, "bench", group, DefaultDir, zcopy, false, false, fmt.Sprintf("%s=%d:%d:%d", helperBench, size, b.N, ring))
+	env = append(env, fmt.Sprintf("%s=%d:%d:%d", helperBench, size, b.N, ring))
+	h := startHelper(b, "bench", group, DefaultDir, zcopy, false, false, env...)
 	tr := openRank0(b, group, DefaultDir, zcopy, func(c *Config) { c.RingBytes = ring })
 	c := tr.Conn(1, 0)
 	out, in := pattern(1, size), make([]byte, size)
+	if len(env) > 1 {
+		out = sharedBuf(b, size, 1)
+	}
 	var s transport.SendOp
 	var r transport.RecvOp
 	lat := make([]time.Duration, b.N)

@@ -23,6 +23,8 @@ func descBytes(kind byte) int {
 		return descSize
 	case recCMAVec:
 		return descVecSize
+	case recMap:
+		return descMapSize
 	}
 	return 0
 }
@@ -35,16 +37,28 @@ func (c *conn) recvDesc(op *transport.RecvOp, kind byte, avail int) (more, done 
 	if avail != hdrSize+ds {
 		return false, false, fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: CMA record of %d bytes", c.stream, c.peer, avail)
 	}
-	var d [descVecSize]byte
+	var d [descMapSize]byte
 	c.rx.get(c.rhead, d[:ds])
 	c.raddr = binary.LittleEndian.Uint64(d[0:])
 	c.rid = binary.LittleEndian.Uint64(d[ds-8:])
 	c.rhead += uint64(ds)
 	c.release()
 	plen := int(op.Got.Len)
-	if plen == 0 && kind == recCMA {
+	if plen == 0 && kind != recCMAVec {
 		c.ack(ackDone)
 		return false, true, nil
+	}
+	if kind == recMap {
+		src, err := c.mapSource(d[:ds], plen)
+		if err != nil {
+			c.ack(ackRejected)
+			return false, false, err
+		}
+		if src != nil {
+			c.rsrc, c.rmap = src, true
+			return true, false, nil
+		}
+		kind = recCMA // not mapped: the same bytes by CMA, from the address
 	}
 	c.rcma = true
 	if kind == recCMAVec || op.DstVec != nil {
@@ -65,7 +79,7 @@ func (c *conn) rejectDesc(op *transport.RecvOp, avail int) {
 	if ds == 0 || op.Wire[kindByte+1] != 0 || avail != hdrSize+ds {
 		return
 	}
-	var d [descVecSize]byte
+	var d [descMapSize]byte
 	c.rx.get(c.rhead+hdrSize, d[:ds])
 	c.rhead += hdrSize + uint64(ds)
 	c.release()
@@ -205,6 +219,7 @@ func (c *conn) cmaRecvVec(op *transport.RecvOp) (bool, error) {
 	if got < plen {
 		return false, nil
 	}
+	c.rcmas++
 	return c.cmaDone(op, got)
 }
 
@@ -235,6 +250,7 @@ func (c *conn) cmaRecv(op *transport.RecvOp) (bool, error) {
 	if got < len(c.rdst) {
 		return false, nil
 	}
+	c.rcmas++
 	return c.cmaDone(op, got)
 }
 
@@ -247,7 +263,6 @@ func (c *conn) cmaDone(op *transport.RecvOp, got int) (bool, error) {
 		return false, c.t.goneErr(c.peerIdx, c.stream)
 	}
 	c.ack(ackDone)
-	c.rcmas++
 	c.recvd.Add(uint64(got))
 	op.N = got
 	return true, nil

@@ -41,6 +41,16 @@
 // fault.ErrPeerLost instead of delivering the bytes. In-process ranks (tests)
 // use CMA on their own process, which works the same way.
 //
+// Mapped copies (mapped.go): a large message from a shareable buffer
+// (a2a.AllocBuffer memory, a sealed memfd) travels as a recMap descriptor,
+// which adds the memfd's number, generation and size and the offset of the
+// bytes to the CMA descriptor. The receiver takes the memfd once with
+// pidfd_getfd(2), under the same ptrace check as process_vm_readv, checks
+// its name, size and seals, maps it read-only, and copies from the mapping
+// with Go's copy until the sender frees the buffer or Config.MapCache
+// mappings push it out; the acknowledgment is CMA's. When the kernel refuses
+// pidfd_getfd, the receiver reads the same bytes by CMA.
+//
 // LL window (transport.Slots): after the rings, a segment holds two slots
 // (epoch parities 0 and 1) per local source, each a length word and
 // ceil(SlotBytes/4) data words of 8 bytes, starting on a cache-line pair. Like
@@ -64,7 +74,9 @@
 // than CPUs, every rank publishes the CPU it polls on in its segment, and
 // Rebalance moves a rank off a CPU that holds two more ranks than another.
 //
-// Cleanup: segment files never outlive Open. Every rank marks itself attached
+// Cleanup: segment files never outlive Open. Mappings of peers' buffers go
+// when the peer frees the buffer (it lists the generation in its segment),
+// when the peer is lost, and at Close; a memfd is never a file in Dir. Every rank marks itself attached
 // in each peer's segment once it mapped it, and a rank unlinks its own file as
 // soon as all local peers are attached, before Open returns; the mappings stay
 // valid, so a rank killed afterwards leaves nothing in Config.Dir. A rank
@@ -74,7 +86,8 @@
 // stale file, and Sweep removes every stale a2a segment of a directory.
 //
 // All local ranks must run under one user (segments are mode 0600) and in one
-// pid namespace (headers name processes by pid, and CMA needs it too).
+// pid namespace (headers name processes by pid, and CMA and pidfd_getfd need
+// it too). A rank maps no memory of a peer it could not read by CMA.
 //
 // Peer loss: a peer that closes its transport sets a flag in its segment and
 // wakes its peers; one that dies is noticed through a pidfd, polled by Wait
@@ -126,12 +139,16 @@ const (
 	// store, and across cores 8-byte stores wait on line ownership (a copy
 	// moves 32 bytes per store): from the crossover at ~512 B on, frames win.
 	DefaultSlotBytes = 512
+	// DefaultMapCache is the default MapCache: a collective sends from a
+	// send buffer and a few scratch buffers, and an MoE layer's buffers
+	// are a handful per stream, so 16 mappings keep them all mapped.
+	DefaultMapCache = 16
 )
 
 // Limits.
 const (
 	maxStreams   = math.MaxUint16 + 1 // the frame header's stream field is a u16
-	maxLocal     = 512                // attached flags fit the header page
+	maxLocal     = 512                // attached flags fit the header page, before offFreed
 	minRingBytes = pageSize
 	maxRingBytes = 1 << 30
 	maxSegBytes  = 1 << 40
@@ -171,6 +188,13 @@ type Config struct {
 	// (SendOp.Vec) that travels by CMA; shorter slices go through the ring,
 	// copied straight from them. 0 means DefaultZCopyVecSlice.
 	ZCopyVecSlice int
+	// MapCache is how many mappings of a peer's shareable buffers
+	// (a2a.AllocBuffer memory) each stream keeps, for messages that go by
+	// CMA: those from such a buffer are copied from a mapping of it
+	// instead of by process_vm_readv. 0 means DefaultMapCache; a negative
+	// value sends no mapped descriptors (messages from shareable buffers
+	// go by CMA like others).
+	MapCache int
 	// Logger receives setup and peer events; nil discards them.
 	Logger *slog.Logger
 
@@ -267,6 +291,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ZCopyThreshold == 0 {
 		c.ZCopyThreshold = DefaultZCopyThreshold
+	}
+	if c.MapCache == 0 {
+		c.MapCache = DefaultMapCache
 	}
 	if c.ZCopyVecSlice <= 0 {
 		c.ZCopyVecSlice = DefaultZCopyVecSlice

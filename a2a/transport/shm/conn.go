@@ -23,11 +23,16 @@ const hdrSize = transport.HeaderSize
 // the address and count of an array of remote iovecs (address, length) in
 // the sender's memory, then the id. The receiver reads that array with one
 // process_vm_readv and then the payload with iovec lists on both sides.
+//
+// A send from a shareable buffer sends a recMap descriptor: a recCMA
+// descriptor's address, then where the bytes are in the buffer's memfd,
+// which the receiver maps once and copies from (mapped.go).
 const (
 	kindByte     = 10
 	recInline    = 0
 	recCMA       = 1
 	recCMAVec    = 2
+	recMap       = 3
 	descSize     = 16
 	descVecSize  = 24
 	maxCMAIov    = 1024    // IOV_MAX: iovecs per process_vm_readv side
@@ -126,6 +131,7 @@ type conn struct {
 	sidle    uint32
 	scur     transport.VecCursor // next payload byte of a gather-send
 	svec     []unix.RemoteIovec  // a gather-send's slices, for a recCMAVec descriptor
+	sshare   transport.Shared    // the shareable buffer a recMap send is from
 	swHead   atomic.Uint64       // head a stalled send waits to move, or idle
 	swAck    atomic.Uint64       // ack a stalled CMA send waits to change, or idle
 
@@ -140,6 +146,10 @@ type conn struct {
 	ridle    uint32
 	rw       atomic.Uint64 // stamp slot a stalled receive waits on, or idle
 	rcmas    uint64        // messages received by CMA
+	rmap     bool          // the payload comes from a mapping of the sender's buffer
+	rsrc     []byte        // that payload in the mapping
+	rmapped  uint64        // messages received from mappings
+	rmaps    mapCache
 	liov     unix.Iovec
 	riov     unix.RemoteIovec
 	// Vectored CMA receives (a recCMAVec descriptor, or RecvOp.DstVec): the
@@ -218,8 +228,15 @@ func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
 		z := c.t.zthresh
 		n := op.PayloadLen()
 		c.scma = z > 0 && n >= z && c.tx.cmaOK.Load() != 0 && (op.Vec == nil || n >= c.t.zvec*len(op.Vec))
+		c.sshare.Release() // of an op abandoned in flight
 		if c.scma {
 			op.Wire[kindByte] = recCMA
+			if op.Vec == nil && c.t.mapMax > 0 {
+				if sh, ok := transport.AcquireShared(addrOf(op.Data), n); ok {
+					c.sshare = sh
+					op.Wire[kindByte] = recMap
+				}
+			}
 			if op.Vec != nil {
 				op.Wire[kindByte] = recCMAVec
 				c.svec = c.svec[:0]
@@ -234,6 +251,7 @@ func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
 	}
 	done, err := c.send(op)
 	if c.sendSide.Finish(done, err) {
+		c.sshare.Release()
 		if c.swHead.Load() != idle {
 			c.swHead.Store(idle)
 		}
@@ -255,6 +273,8 @@ func (c *conn) send(op *transport.SendOp) (bool, error) {
 		switch {
 		case vec:
 			rec += descVecSize
+		case c.sshare.Held():
+			rec += descMapSize
 		case c.scma:
 			rec += descSize
 		}
@@ -273,6 +293,16 @@ func (c *conn) send(op *transport.SendOp) (bool, error) {
 			binary.LittleEndian.PutUint64(d[0:], uint64(uintptr(unsafe.Pointer(&c.svec[0]))))
 			binary.LittleEndian.PutUint64(d[8:], uint64(len(c.svec)))
 			binary.LittleEndian.PutUint64(d[16:], c.sid)
+			c.tx.put(c.stail+8+hdrSize, d[:])
+			c.publish(rec)
+			op.Progress = hdrSize
+			c.sent.Add(hdrSize)
+			return false, nil
+		}
+		if c.sshare.Held() {
+			c.sid++
+			var d [descMapSize]byte
+			putMapDesc(d[:], uint64(addrOf(op.Data)), &c.sshare, c.sid)
 			c.tx.put(c.stail+8+hdrSize, d[:])
 			c.publish(rec)
 			op.Progress = hdrSize
@@ -417,11 +447,13 @@ func (c *conn) TryRecv(op *transport.RecvOp) (bool, error) {
 		c.rdst = nil
 		c.rcma = false
 		c.rvec = false
+		c.rmap = false
 		c.rcur.Reset()
 	}
 	done, err := c.recv(op)
 	if c.recvSide.Finish(done, err) {
 		c.rdst = nil
+		c.rsrc = nil
 		if c.rw.Load() != idle {
 			c.rw.Store(idle)
 		}
@@ -435,6 +467,9 @@ func (c *conn) recv(op *transport.RecvOp) (bool, error) {
 		if more, done, err := c.recvHeader(op); !more {
 			return done, err
 		}
+	}
+	if c.rmap {
+		return c.mapRecv(op)
 	}
 	if c.rcma {
 		var done bool
@@ -560,6 +595,7 @@ func (c *conn) recvStall() (bool, error) {
 		if c.rx.stamp(slot).Load() > slot+8 {
 			return false, nil
 		}
+		c.rmaps.drop() // its buffers: nothing more will come from them
 		return false, err
 	}
 	if c.ridle++; c.ridle%pollEvery == 0 {
@@ -578,7 +614,7 @@ func (c *conn) header(op *transport.RecvOp) error {
 	if err := got.Decode(op.Wire[:]); err != nil {
 		return fault.Wrap(fault.ErrMismatch, c.peer, err, "shm: stream %d from rank %d", c.stream, c.peer)
 	}
-	if k := op.Wire[kindByte]; k > recCMAVec || op.Wire[kindByte+1] != 0 {
+	if k := op.Wire[kindByte]; k > recMap || op.Wire[kindByte+1] != 0 {
 		return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: unknown record kind %d.%d", c.stream, c.peer, k, op.Wire[kindByte+1])
 	}
 	dst, err := op.Land(c.peer)

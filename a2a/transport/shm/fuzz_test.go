@@ -11,11 +11,11 @@ import (
 // FuzzRecordHeader feeds the shm receiver's record-header check (the frame
 // header plus the record kind in its reserved bytes) arbitrary bytes as what
 // a peer published in the ring. Nothing may panic; a refusal is ErrMismatch;
-// an accepted record is inline, CMA or vectored CMA and its payload lands inside the
-// destination or window.
+// an accepted record is inline, CMA, vectored CMA or mapped and its payload
+// lands inside the destination or window.
 func FuzzRecordHeader(f *testing.F) {
 	want := transport.Header{Kind: transport.OpAllToAllV, Algo: 1, Flags: transport.FlagLast, Epoch: 5, Src: 1, Seq: 9, Len: 32}
-	for _, kind := range []byte{recInline, recCMA, recCMAVec, recCMAVec + 1} {
+	for _, kind := range []byte{recInline, recCMA, recCMAVec, recMap, recMap + 1} {
 		var b [hdrSize]byte
 		want.Encode(b[:])
 		b[kindByte] = kind
@@ -40,7 +40,7 @@ func FuzzRecordHeader(f *testing.F) {
 			}
 			return
 		}
-		if k := op.Wire[kindByte]; k > recCMAVec || op.Wire[kindByte+1] != 0 {
+		if k := op.Wire[kindByte]; k > recMap || op.Wire[kindByte+1] != 0 {
 			t.Fatalf("record kind %d.%d accepted", k, op.Wire[kindByte+1])
 		}
 		if uint64(len(c.rdst)) != op.Got.Len {

@@ -9,8 +9,9 @@ import (
 	"github.com/a2a-moe/a2a/a2a/transport/transporttest"
 )
 
-// TestMain fails the run if goroutines, descriptors, mappings or segment
-// files of this process outlive the tests.
+// TestMain fails the run if goroutines, descriptors, mappings (of segments
+// and of shareable buffers, own or peers') or segment files of this process
+// outlive the tests.
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(helperMain())
@@ -25,6 +26,10 @@ func TestMain(m *testing.M) {
 	if code == 0 {
 		if n := segmentMappings(); n > 0 {
 			fmt.Fprintf(os.Stderr, "leak: %d segment mappings left\n", n)
+			code = 1
+		}
+		if n := sharedMappings(); n > 0 {
+			fmt.Fprintf(os.Stderr, "leak: %d mappings of shareable buffers left\n", n)
 			code = 1
 		}
 		if files := ownFiles(DefaultDir); len(files) > 0 {

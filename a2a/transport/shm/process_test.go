@@ -35,6 +35,7 @@ const (
 	helperProbe = "A2A_SHM_NOPROBE"
 	helperBench = "A2A_SHM_BENCH" // size:iterations:ring
 	helperSlot  = "A2A_SHM_SLOT"  // Config.SlotBytes
+	helperMap   = "A2A_SHM_MAP"   // bench: send from a shareable buffer
 )
 
 // helperSize is the message the helpers stall in the middle of: far more
@@ -117,11 +118,45 @@ func helperMain() int {
 			}
 		}
 		return stall()
+	case "mapped-send-stall":
+		// Send a message from a shareable buffer whole, then start a large
+		// one from it and stop: rank 0 has the buffer mapped.
+		buf, err := transport.AllocShared(helperSize, pageSize)
+		if err != nil {
+			return fail(err)
+		}
+		copy(buf, pattern(4, helperSize))
+		if err := drive(tr, []job{sendJob(c, hdr(1, 0, 0, 1), buf[:1<<20])}, 10*time.Second); err != nil {
+			return fail(err)
+		}
+		s := sendJob(c, hdr(1, 0, 1, 1), buf)
+		if _, err := c.TrySend(s.Send); err != nil {
+			return fail(err)
+		}
+		return stall()
+	case "mapped-recv-stall":
+		// Take part of a large message from rank 0's mapped buffer, then stop.
+		r := recvJob(c, hdr(0, 0, 0, 1), make([]byte, helperSize))
+		for r.Recv.Progress < hdrSize+1 {
+			if _, err := c.TryRecv(r.Recv); err != nil {
+				return fail(err)
+			}
+		}
+		fmt.Printf("mapped=%d\n", tr.conns[0].rmaps.maps)
+		return stall()
 	case "bench":
 		// Rank 1 of benchExchangeProcs.
 		var s transport.SendOp
 		var r transport.RecvOp
 		out, in := pattern(2, size), make([]byte, size)
+		if os.Getenv(helperMap) != "" {
+			shared, err := transport.AllocShared(size, pageSize)
+			if err != nil {
+				return fail(err)
+			}
+			copy(shared, out)
+			out = shared
+		}
 		for i := range iters {
 			s.Reset(hdr(1, 0, 0, uint64(i)), out)
 			r.Reset(hdr(0, 0, 0, uint64(i)), in, false)
@@ -180,6 +215,7 @@ func helperMain() int {
 			}
 		}
 		fmt.Printf("cmaoff=%v\n", tr.cmaOff.Load())
+		fmt.Printf("mapoff=%v\n", tr.mapOff.Load())
 		fmt.Printf("cmarecv=%d\n", tr.conns[0].rcmas)
 		fmt.Println("done")
 		// Rank 0 may still be reading the last echo from this process's
@@ -413,15 +449,22 @@ func (l *lockedBuffer) String() string {
 // it process_vm_readv on rank 0 (EPERM), and checks that large messages
 // still arrive: through the ring from the start when the probe at Open
 // catches it, or after the first descriptor is refused when it does not.
-// Rank 0 may read rank 1's memory, so the echoes come back by CMA.
+// From a shareable buffer, rank 1 is refused pidfd_getfd first (mapping
+// off), then process_vm_readv. Rank 0 may read rank 1's memory, so the
+// echoes come back by CMA.
 func TestCMAFallback(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		noProbe bool
+		shared  bool   // rank 0 sends from a shareable buffer
 		cmaOff  string // what rank 1 reports
+		mapOff  string
 	}{
-		{"refused at open", false, "false"},
-		{"refused at first use", true, "true"},
+		{"refused at open", false, false, "false", "false"},
+		{"refused at first use", true, false, "true", "false"},
+		{"refused at open/shared", false, true, "false", "false"},
+		// pidfd_getfd fails first, then CMA.
+		{"refused at first use/shared", true, true, "true", "true"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			group := testGroup(t)
@@ -430,6 +473,9 @@ func TestCMAFallback(t *testing.T) {
 			c := tr.Conn(1, 0)
 			for k, size := range echoSizes {
 				msg := pattern(uint64(k+20), size)
+				if tc.shared {
+					msg = sharedBuf(t, size, uint64(k+20))
+				}
 				back := make([]byte, size)
 				jobs := []job{sendJob(c, hdr(0, 0, k, 1), msg), recvJob(c, hdr(1, 0, k, 1), back)}
 				if err := drive(tr, jobs, 10*time.Second); err != nil {
@@ -444,7 +490,7 @@ func TestCMAFallback(t *testing.T) {
 			if err := h.cmd.Wait(); err != nil {
 				t.Fatalf("helper: %v (%q)", err, report)
 			}
-			want := []string{"cmaoff=" + tc.cmaOff, "cmarecv=0"}
+			want := []string{"cmaoff=" + tc.cmaOff, "mapoff=" + tc.mapOff, "cmarecv=0"}
 			if strings.Join(report, ",") != strings.Join(want, ",") {
 				t.Errorf("rank 1 reports %q, want %q", report, want)
 			}

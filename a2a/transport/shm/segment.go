@@ -30,7 +30,7 @@ const (
 	lineSize = 128
 
 	segMagic   = 0x31304d4853413241 // "A2ASHM01"
-	segVersion = 3
+	segVersion = 4                  // 4: recMap records
 
 	// Header fields written once by the owner before it publishes offMagic.
 	offMagic   = 0  // u64, stored last
@@ -54,6 +54,8 @@ const (
 	offCPU      = offSleeping + 4 // u32: CPU + 1 the owner last polled on (Rebalance), 0: unknown
 	offBell     = 3 * lineSize    // u32: the doorbell futex word
 	offAttached = 4 * lineSize    // u32 per local index: that rank mapped this segment
+	offFreed    = 24 * lineSize   // u64: shareable buffers this process freed (mapped.go)
+	offFreedGen = 25 * lineSize   // u64 per slot: their generations, the last freedSlots of them
 
 	// Ring control page.
 	ctlHead  = 0            // u64 bytes ever consumed (receiver)
@@ -147,6 +149,7 @@ type segment struct {
 	addr  uint64      // the mapping's address in the owner's process (CMA probe)
 
 	closed   *atomic.Uint32
+	freed    *atomic.Uint64
 	sleeping *atomic.Uint32
 	bell     *atomic.Uint32
 	cpu      *atomic.Uint32
@@ -162,6 +165,7 @@ func newSegment(mem []byte, rank, pid int) *segment {
 		pid:      pid,
 		pidfd:    -1,
 		closed:   u32at(mem, offClosed),
+		freed:    u64at(mem, offFreed),
 		sleeping: u32at(mem, offSleeping),
 		bell:     u32at(mem, offBell),
 		cpu:      u32at(mem, offCPU),

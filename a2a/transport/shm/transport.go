@@ -35,6 +35,7 @@ type Transport struct {
 	localIdx []int // by world rank: index in cfg.Local, or -1
 	zthresh  int   // messages of at least this many bytes go by CMA; <= 0 never
 	zvec     int   // gather-sends go by CMA when their slices average this many bytes
+	mapMax   int   // mappings of a peer's buffers a stream keeps; <= 0: no mapped copies
 
 	path   string // own segment file
 	linked bool   // path still names the segment
@@ -53,6 +54,9 @@ type Transport struct {
 
 	cmaRecv  bool        // this process may read peers' memory with process_vm_readv
 	cmaOff   atomic.Bool // CMA failed at run time: off for good
+	mapOff   atomic.Bool // the kernel refused to share a peer's buffer: off for good
+	freeMu   sync.Mutex  // serializes publishFreed
+	unwatch  func()      // stops publishFreed
 	seenBell atomic.Uint32
 	guard    transport.Guard // protects the mappings for Wait and Wake
 	log      *slog.Logger
@@ -120,6 +124,7 @@ func Open(ctx context.Context, cfg Config) (*Transport, error) {
 		localIdx:  make([]int, cfg.Size),
 		zthresh:   cfg.ZCopyThreshold,
 		zvec:      cfg.ZCopyVecSlice,
+		mapMax:    cfg.MapCache,
 		segs:      make([]*segment, len(cfg.Local)),
 		dead:      make([]atomic.Bool, len(cfg.Local)),
 		conns:     make([]*conn, cfg.Size*cfg.Streams),
@@ -145,10 +150,11 @@ func Open(ctx context.Context, cfg Config) (*Transport, error) {
 		return nil, err
 	}
 	t.initConns()
+	t.unwatch = transport.WatchFreed(t.publishFreed)
 	t.initSlots()
 	t.initPlacement()
 	t.log.Debug("shm: open", "rank", t.rank, "local", cfg.Local, "streams", t.streams,
-		"ring", cfg.RingBytes, "slot", cfg.SlotBytes, "cma", t.cmaRecv, "zcopy", t.zthresh)
+		"ring", cfg.RingBytes, "slot", cfg.SlotBytes, "cma", t.cmaRecv, "zcopy", t.zthresh, "mapcache", t.mapMax)
 	return t, nil
 }
 
@@ -705,6 +711,9 @@ func (t *Transport) Stats() transport.Stats {
 // afterwards.
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
+		if t.unwatch != nil {
+			t.unwatch()
+		}
 		if t.own != nil {
 			t.own.closed.Store(1)
 			for _, seg := range t.segs {
@@ -717,6 +726,9 @@ func (t *Transport) Close() error {
 		for _, c := range t.list {
 			c.guard.Shut()
 			c.guard.Drain(nil)
+			// No call is in progress on c: its mappings and holds go.
+			c.rmaps.drop()
+			c.sshare.Release()
 		}
 		if t.guard.Shut() {
 			t.guard.Drain(func() {
