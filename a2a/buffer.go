@@ -23,7 +23,8 @@ const hugePage = 2 << 20
 //   - The verbs transport sends from it without copying (it registers the
 //     mapping with the device once; Go heap memory it must copy).
 //
-// Free it with FreeBuffer; the garbage collector does not. A forked child
+// Comm.Register pins it against FreeBuffer. Free it with FreeBuffer; the
+// garbage collector does not. A forked child
 // shares its pages instead of copying them. Errors wrap ErrInvalidArgument,
 // or ErrResource when memory or file descriptors run out.
 func AllocBuffer(n int) ([]byte, error) {
@@ -37,8 +38,9 @@ func AllocBuffer(n int) ([]byte, error) {
 // its start and capacity), deregistering it from every RDMA device that
 // registered it. Using the buffer afterwards faults. It fails with
 // ErrInvalidArgument, and frees nothing, for a slice AllocBuffer did not
-// return and for a buffer an operation in flight still sends from (a peer
-// may be reading it).
+// return, a buffer a Comm.Register registration holds (Deregister first),
+// and a buffer an operation in flight still sends from (a peer may be
+// reading it).
 func FreeBuffer(b []byte) error {
 	if cap(b) == 0 {
 		return fault.New(fault.ErrInvalidArgument, -1, "FreeBuffer: empty slice")
