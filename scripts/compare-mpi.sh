@@ -12,9 +12,11 @@
 # For every transport and rank count it runs, round after round, scripts/peers/run_mpi.sh
 # (Open MPI: ompi-shm or ompi-tcp; on shm also MPICH, whose default device uses shared
 # memory on one host; it installs both on first use) and then bin/a2ad bench with the same
-# sizes, so the three alternate and share the machine's moods. It prints one line per case:
-# the medians over the rounds of the p50 latencies (slowest rank after a barrier, us),
-# a2a's algorithm, and the ratios Open MPI / a2a and MPICH / a2a (above 1: a2a is faster).
+# sizes, in both forms: registered buffers (--alloc huge, the default: AllocBuffer memory,
+# which shm peers map) and unregistered ones (--alloc heap), so they alternate and share the
+# machine's moods. It prints one line per case: the medians over the rounds of the p50
+# latencies (slowest rank after a barrier, us), a2a's algorithm, and the ratios Open MPI /
+# a2a, MPICH / a2a and unregistered / registered a2a (above 1: registered a2a is faster).
 # Needs make build. Both sides are bimodal at small sizes on shared machines: trust a
 # ratio of medians over rounds, not one round.
 set -euo pipefail
@@ -32,7 +34,7 @@ while getopts "qr:n:w:t:s:o:b:" opt; do
 	s) SIZES=$OPTARG ;;
 	o) OPS=$OPTARG ;;
 	b) BUDGET=$OPTARG ;;
-	*) sed -n '2,19p' "$0"; exit 2 ;;
+	*) sed -n '2,21p' "$0"; exit 2 ;;
 	esac
 done
 PEERS=scripts/peers/run_mpi.sh
@@ -55,12 +57,12 @@ peer() {
 		awk -v ops=" $5 " 'index(ops, " " $4 " ")' >>"$out"
 }
 
-# ours TRANSPORT RANKS OPS: a2a's rows, "tr n a2a op bytes us algo".
+# ours TRANSPORT RANKS OPS ALLOC WHO: a2a's rows, "tr n WHO op bytes us algo".
 ours() {
 	for op in $3; do
 		# One JSON object per row; pick size, p50_us and algo by key.
-		bin/a2ad bench --op "$op" -n "$2" --transport "$1" --sizes "$SIZES" --budget "${BUDGET}s" --json 2>&1 |
-			awk -v k="$1 $2 a2a $op" '
+		bin/a2ad bench --op "$op" -n "$2" --transport "$1" --sizes "$SIZES" --budget "${BUDGET}s" --alloc "$4" --json 2>&1 |
+			awk -v k="$1 $2 $5 $op" '
 				function val(key,   v) {
 					if (!match($0, "\"" key "\": *(\"[^\"]*\"|[^,}]*)")) return ""
 					v = substr($0, RSTART, RLENGTH); sub(/^"[^"]*": */, "", v); gsub(/"/, "", v)
@@ -78,7 +80,8 @@ for tr in $TRANSPORTS; do
 			echo "compare-mpi: $tr, $n ranks, round $round of $ROUNDS" >&2
 			peer "$tr" "$n" ompi "ompi-$tr" "$ops"
 			[ "$tr" = shm ] && peer "$tr" "$n" mpich mpich "$ops"
-			ours "$tr" "$n" "$ops"
+			ours "$tr" "$n" "$ops" huge a2a
+			ours "$tr" "$n" "$ops" heap a2a-heap
 		done
 	done
 done
@@ -98,11 +101,11 @@ awk -v rounds="$ROUNDS" '
 	function lat(k, who) { return has(k, who) ? sprintf("%.2f", med(k, who)) : "-" }
 	END {
 		printf "# medians of %d rounds of p50 latencies (us); ratio above 1: a2a is faster\n", rounds
-		printf "%-4s %-5s %-10s %9s %11s %11s %11s  %-16s %9s %10s\n", "tr", "ranks", "op", "bytes", "ompi_us", "mpich_us", "a2a_us", "a2a_algo", "ompi/a2a", "mpich/a2a"
+		printf "%-4s %-5s %-10s %9s %11s %11s %11s %11s  %-16s %9s %10s %9s\n", "tr", "ranks", "op", "bytes", "ompi_us", "mpich_us", "a2a_us", "heap_us", "a2a_algo", "ompi/a2a", "mpich/a2a", "heap/a2a"
 		for (i = 0; i < n; i++) {
 			k = order[i]
 			if (!has(k, "a2a") || (!has(k, "ompi") && !has(k, "mpich"))) continue
 			split(k, f, " ")
-			printf "%-4s %-5s %-10s %9s %11s %11s %11.2f  %-16s %9s %10s\n", f[1], f[2], f[3], f[4], lat(k, "ompi"), lat(k, "mpich"), med(k, "a2a"), algos[k], ratio(k, "ompi"), ratio(k, "mpich")
+			printf "%-4s %-5s %-10s %9s %11s %11s %11.2f %11s  %-16s %9s %10s %9s\n", f[1], f[2], f[3], f[4], lat(k, "ompi"), lat(k, "mpich"), med(k, "a2a"), lat(k, "a2a-heap"), algos[k], ratio(k, "ompi"), ratio(k, "mpich"), ratio(k, "a2a-heap")
 		}
 	}' "$out"
