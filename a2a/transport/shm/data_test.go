@@ -198,15 +198,20 @@ func TestDeliveredBeforeClose(t *testing.T) {
 }
 
 // TestZeroAllocs checks that a warmed-up send+receive round trip allocates
-// nothing: a small message, one larger than the ring, and one by CMA.
+// nothing: a small message, one larger than the ring, one by CMA, and one
+// from a shareable buffer copied from a mapping.
 func TestZeroAllocs(t *testing.T) {
 	for _, tc := range []struct {
 		zcopy, size int
-	}{{ringOnly, 8}, {ringOnly, 4 * testRing}, {cmaAll, 8}, {cmaAll, 4 * testRing}} {
-		t.Run(fmt.Sprintf("%s_%d", modeName(tc.zcopy), tc.size), func(t *testing.T) {
+		mapped      bool // from shareable buffers, copied from mappings
+	}{{ringOnly, 8, false}, {ringOnly, 4 * testRing, false}, {cmaAll, 8, false}, {cmaAll, 4 * testRing, false}, {cmaAll, 4 * testRing, true}} {
+		t.Run(fmt.Sprintf("%s_%d_mapped%v", modeName(tc.zcopy), tc.size, tc.mapped), func(t *testing.T) {
 			ts := newCluster(t, 2, 1, tc.zcopy)
 			a, b := ts[0].Conn(1, 0), ts[1].Conn(0, 0)
 			out, back, ret := pattern(1, tc.size), make([]byte, tc.size), make([]byte, tc.size)
+			if tc.mapped {
+				out, back = sharedBuf(t, tc.size, 1), sharedBuf(t, tc.size, 0)
+			}
 			var s0, s1 transport.SendOp
 			var r0, r1 transport.RecvOp
 			h0, h1 := hdr(0, 0, 0, 1), hdr(1, 0, 0, 1)
@@ -227,6 +232,9 @@ func TestZeroAllocs(t *testing.T) {
 			}
 			if !bytes.Equal(back, out) || !bytes.Equal(ret, out) {
 				t.Fatal("payload corrupted")
+			}
+			if msgs, _ := mappedCount(ts[1]); tc.mapped != (msgs > 0) {
+				t.Fatalf("%d messages from mappings", msgs)
 			}
 		})
 	}
