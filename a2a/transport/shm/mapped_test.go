@@ -372,3 +372,84 @@ func TestMappedFreed(t *testing.T) {
 		t.Fatalf("after %d frees: %d mappings, %d made; want keep's, mapped again", freedSlots+1, len(c.rmaps.ents), c.rmaps.maps)
 	}
 }
+
+// TestMappedSoak allocates and frees shareable buffers at random between
+// messages from them, both ways, with a small cache: every byte arrives,
+// no stream ever holds more than MapCache mappings, and a freed buffer's
+// mapping is gone by the next message (TestMain then checks that none is
+// left at all).
+func TestMappedSoak(t *testing.T) {
+	const cache = 3
+	ts := newCluster(t, 2, 1, cmaAll, func(c *Config) { c.MapCache = cache })
+	rng := rand.New(rand.NewPCG(25, 2026))
+	live := [2][][]byte{}
+	defer func() {
+		for _, bufs := range live {
+			for _, b := range bufs {
+				transport.FreeShared(b)
+			}
+		}
+	}()
+	var freed [2][]uint64 // generations each rank freed, not yet checked
+	for round := range 300 {
+		var jobs [2][]job
+		var wants, gots [][]byte
+		var sent [2]bool
+		for r := range 2 {
+			switch {
+			case len(live[r]) == 0 || (len(live[r]) < 6 && rng.IntN(3) == 0):
+				b, err := transport.AllocShared(8<<10+rng.IntN(300<<10), pageSize)
+				if err != nil {
+					t.Fatal(err)
+				}
+				copy(b, pattern(uint64(round), len(b)))
+				live[r] = append(live[r], b)
+			case rng.IntN(4) == 0:
+				i := rng.IntN(len(live[r]))
+				sh, _ := transport.AcquireShared(addrOf(live[r][i]), 1)
+				sh.Release()
+				freed[r] = append(freed[r], sh.Gen)
+				if err := transport.FreeShared(live[r][i]); err != nil {
+					t.Fatal(err)
+				}
+				live[r] = append(live[r][:i], live[r][i+1:]...)
+				continue
+			}
+			b := live[r][rng.IntN(len(live[r]))]
+			off := rng.IntN(len(b) - 8<<10)
+			msg := b[off : off+8<<10+rng.IntN(len(b)-off-8<<10+1)]
+			h := hdr(r, 0, round, 1)
+			got := make([]byte, len(msg))
+			jobs[r] = append(jobs[r], sendJob(ts[r].Conn(1-r, 0), h, msg))
+			jobs[1-r] = append(jobs[1-r], recvJob(ts[1-r].Conn(r, 0), h, got))
+			wants, gots = append(wants, msg), append(gots, got)
+			sent[r] = true
+		}
+		if err := firstErr(driveAll(ts, jobs[:], 10*time.Second)); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for i := range wants {
+			if !bytes.Equal(gots[i], wants[i]) {
+				t.Fatalf("round %d: message %d differs", round, i)
+			}
+		}
+		for r, tr := range ts {
+			m := &tr.conns[1-r].rmaps
+			if n := len(m.ents); n > cache {
+				t.Fatalf("round %d: rank %d holds %d mappings, cache %d", round, r, n, cache)
+			}
+			if !sent[1-r] {
+				continue
+			}
+			// A mapped message from the peer came after its frees.
+			for _, gen := range freed[1-r] {
+				for _, e := range m.ents {
+					if e.gen == gen {
+						t.Fatalf("round %d: rank %d still maps rank %d's freed buffer %d", round, r, 1-r, gen)
+					}
+				}
+			}
+			freed[1-r] = freed[1-r][:0]
+		}
+	}
+}
