@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"unsafe"
 
 	"github.com/a2a-moe/a2a/a2a/transport"
 )
@@ -219,8 +220,9 @@ func checkSum(got []byte, send [][]byte, off int) error {
 }
 
 // TestRegister: Register takes AllocBuffer memory only, pins it against
-// FreeBuffer until every registration is released, and a released or zero
-// registration cannot be released again.
+// FreeBuffer until every registration is released, Deregister refuses while
+// a send from the buffer is in flight, and a released or zero registration
+// cannot be released again.
 func TestRegister(t *testing.T) {
 	url := startNATS(t)
 	c := group(t, url, 1, nil)[0]
@@ -247,6 +249,16 @@ func TestRegister(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A send in flight from the buffer (the hold the shm transport takes
+	// until the receiver acknowledges): neither Deregister nor FreeBuffer.
+	sh, ok := transport.AcquireShared(uintptr(unsafe.Pointer(&buf[0])), 1)
+	if !ok {
+		t.Fatal("AllocBuffer memory is not shareable")
+	}
+	if err := c.Deregister(r1); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("Deregister while a send is in flight: %v, want ErrInvalidArgument", err)
+	}
+	sh.Release()
 	for _, r := range []Registration{r0, r1, r2} {
 		if err := FreeBuffer(buf); !errors.Is(err, ErrInvalidArgument) {
 			t.Fatalf("FreeBuffer of a registered buffer: %v, want ErrInvalidArgument", err)
