@@ -79,7 +79,7 @@ func (h *Handle) expertRow(i int) []byte { return h.slotRow(h.offs[i]) }
 func (h *Handle) slotRow(a int) []byte {
 	rb, off := h.d.rowBytes, h.slotOff[a]
 	if off >= 0 {
-		j := h.d.pl.Owner[h.dec.Expert[a]]
+		j := h.d.rt.slots.Owner[h.slotDec.Expert[a]]
 		off -= h.rowDelta[j]
 		return h.rowSrc[j][off : off+rb]
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"math"
 	"strconv"
@@ -145,7 +144,12 @@ type Config struct {
 	// Rows selects how rows travel (default RowsAuto: through shared memory
 	// between ranks of one host).
 	Rows RowPath
-	// Observer, if set, is told about every dispatch and combine.
+	// Rebalance, when its Every is set, re-places the experts from the
+	// load estimate inside Dispatch (see Dispatcher.Replace). Off by default.
+	Rebalance Rebalance
+	// Observer, if set, is told about every dispatch and combine (and
+	// re-placements and the load estimate, if it implements
+	// ReplaceObserver or LoadObserver).
 	Observer Observer
 	// Logger receives debug messages (nil: slog.Default()).
 	Logger *slog.Logger
@@ -164,10 +168,12 @@ type Dispatcher struct {
 	rank     int
 	size     int
 	rowBytes int
-	nLocal   int   // experts hosted here
-	maxLocal int   // most experts any rank hosts
+	nLocal   int   // filled slots (local experts, replicas included) here
+	maxLocal int   // most filled slots any rank has
 	hdr      []int // CountsNATS: header bytes of the block for rank j (0 in-band)
 	hdrSelf  int   // header bytes of the blocks this rank receives
+	rt       *route
+	replicas replicaState // replace.go, load.go
 
 	// Shared memory (shared.go), chosen at New by every rank alike:
 	// sharedWith[j] says that rows to and from rank j travel through it;
@@ -214,16 +220,11 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 		capacity: routing.Capacity{Factor: cfg.CapacityFactor},
 		rank:     rank, size: size,
 		rowBytes: cfg.Hidden * cfg.DType.Size(),
-		nLocal:   len(pl.PerRank[rank]),
-		hdr:      make([]int, size),
 	}
-	for r, es := range pl.PerRank {
-		d.maxLocal = max(d.maxLocal, len(es))
-		if cfg.Counts == CountsNATS {
-			d.hdr[r] = alignUp(4*len(es), HeaderAlign)
-		}
+	if err := d.checkRebalance(); err != nil {
+		return nil, err
 	}
-	d.hdrSelf = d.hdr[rank]
+	d.setRoute(newRoute(pl, rank, c.Host, cfg.Counts))
 	if err := d.agree(ctx); err != nil {
 		return nil, err
 	}
@@ -296,21 +297,19 @@ func (cfg Config) placement(ranks int) (*routing.Placement, error) {
 }
 
 // layerFields is how many fields of a Config agree compares.
-const layerFields = 8
+const layerFields = 11
 
 // layer returns the fields of the layer every rank must configure alike,
 // as agree exchanges them: Experts, K, Hidden, DType, Counts, Rows,
-// CapacityFactor (<= 0: unlimited, all alike) and a fingerprint of the
-// placement's expert -> rank table.
+// CapacityFactor (<= 0: unlimited, all alike), the Rebalance settings (not
+// its Mover) and a fingerprint of the placement's slot table, replicas
+// included: placements with the same primaries but other replicas route
+// rows differently.
 func (d *Dispatcher) layer() [layerFields]uint64 {
-	h := fnv.New64a()
-	var b [8]byte
-	for _, r := range d.pl.Owner {
-		binary.LittleEndian.PutUint64(b[:], uint64(r))
-		h.Write(b[:])
-	}
+	rb := d.cfg.Rebalance
 	return [layerFields]uint64{uint64(d.cfg.Experts), uint64(d.cfg.K), uint64(d.cfg.Hidden), uint64(d.cfg.DType),
-		uint64(d.cfg.Counts), uint64(d.cfg.Rows), math.Float64bits(max(d.cfg.CapacityFactor, 0)), h.Sum64()}
+		uint64(d.cfg.Counts), uint64(d.cfg.Rows), math.Float64bits(max(d.cfg.CapacityFactor, 0)),
+		uint64(rb.Every), math.Float64bits(rb.Threshold), uint64(rb.Redundant), placementHash(d.pl)}
 }
 
 // layerField names field i of layer and shows its value v.
@@ -330,8 +329,14 @@ func layerField(i int, v uint64) (name, value string) {
 		return "Rows", RowPath(v).String()
 	case 6:
 		return "CapacityFactor", strconv.FormatFloat(math.Float64frombits(v), 'g', -1, 64)
+	case 7:
+		return "Rebalance.Every", strconv.FormatUint(v, 10)
+	case 8:
+		return "Rebalance.Threshold", strconv.FormatFloat(math.Float64frombits(v), 'g', -1, 64)
+	case 9:
+		return "Rebalance.Redundant", strconv.FormatUint(v, 10)
 	}
-	return "Placement", fmt.Sprintf("expert -> rank table %#x (fingerprint)", v)
+	return "Placement", fmt.Sprintf("slot table %#x (fingerprint of every slot's expert, replicas included)", v)
 }
 
 // agree checks that every rank configured the same layer: each sends every
@@ -414,7 +419,7 @@ func (d *Dispatcher) RowBytes() int { return d.rowBytes }
 
 // LocalExperts lists the global ids of the experts this rank hosts, ascending
 // (local index l is position l). Treat it as read-only.
-func (d *Dispatcher) LocalExperts() []int { return d.pl.PerRank[d.rank] }
+func (d *Dispatcher) LocalExperts() []int { return d.rt.locals }
 
 // Dispatch sends every kept (token, expert) assignment of decision to the rank
 // hosting the expert, and returns once this rank has received the rows for its
@@ -424,6 +429,9 @@ func (d *Dispatcher) LocalExperts() []int { return d.pl.PerRank[d.rank] }
 // owns the returned handle until it calls Release; on failure there is no
 // handle.
 func (d *Dispatcher) Dispatch(ctx context.Context, tokens []byte, decision *routing.Decision) (*Handle, error) {
+	if err := d.autoReplace(ctx); err != nil {
+		return nil, err
+	}
 	h, err := d.prepare(ctx, tokens, decision)
 	if err != nil {
 		return nil, err
@@ -441,6 +449,9 @@ func (d *Dispatcher) Dispatch(ctx context.Context, tokens []byte, decision *rout
 // may be reused at once). Argument errors are returned here, exchange errors
 // by Wait.
 func (d *Dispatcher) DispatchAsync(ctx context.Context, tokens []byte, decision *routing.Decision) (*Handle, error) {
+	if err := d.autoReplace(ctx); err != nil {
+		return nil, err
+	}
 	h, err := d.prepare(ctx, tokens, decision)
 	if err != nil {
 		return nil, err
@@ -463,7 +474,9 @@ func (d *Dispatcher) Combine(ctx context.Context, h *Handle, expertOutputs, out 
 	if err := d.prepareCombine(ctx, h, expertOutputs, out); err != nil {
 		return err
 	}
-	return d.submit(h, true)
+	err := d.submit(h, true)
+	h.settleIfDone()
+	return err
 }
 
 // CombineAsync is Combine that returns once the arguments are checked: the
@@ -537,8 +550,10 @@ func (d *Dispatcher) handle() *Handle {
 		rowsFrom:   make([]int, P*d.nLocal),
 		expertRows: make([]int, d.nLocal),
 		segs:       make([]Segment, P*d.nLocal),
-		hdrOut:     make([]byte, 4*d.maxLocal*P),
-		hdrIn:      make([]byte, 4*d.maxLocal*P),
+		hdrOut:     make([]byte, 4*countsBlock(d.maxLocal)*P),
+		hdrIn:      make([]byte, 4*countsBlock(d.maxLocal)*P),
+		expertLoad: make([]int, d.cfg.Experts),
+		gen:        d.replicas.gen,
 		offs:       make([]int, d.cfg.K),
 		ws:         make([]float32, d.cfg.K),
 		rowSrc:     make([][]byte, P),
@@ -557,11 +572,15 @@ func (d *Dispatcher) handle() *Handle {
 func (d *Dispatcher) recycle(h *Handle) {
 	h.ctx, h.tokens, h.expertOut, h.out = nil, nil, nil, nil
 	h.state = stateIdle
+	d.settled(h)
 	d.mu.Lock()
-	if d.closed && !h.pending {
+	stale := h.gen != d.replicas.gen // sized for a placement replaced since
+	if (d.closed || stale) && !h.pending {
 		h.freeSegments() // released after Close: nobody will hand it out again
 	}
-	d.free = append(d.free, h)
+	if !stale {
+		d.free = append(d.free, h)
+	}
 	d.mu.Unlock()
 }
 
@@ -614,14 +633,17 @@ func (d *Dispatcher) prepare(ctx context.Context, tokens []byte, dec *routing.De
 	}
 	dropped, err := d.capacity.Apply(&h.dec, d.cfg.Experts, &h.capScratch)
 	if err == nil {
-		err = h.plan.Build(&h.dec, d.pl)
+		d.rt.assign(&h.dec, &h.slotDec, d.rank)
+		err = h.plan.Build(&h.slotDec, d.rt.slots)
 	}
 	if err != nil {
 		d.recycle(h)
 		return nil, wrapInvalid(err, "routing")
 	}
+	d.rt.expertRows(h.plan.ExpertRows, h.expertLoad)
 	h.ctx, h.tokens, h.T, h.dropped = ctx, tokens, T, dropped
 	h.state = stateDispatching
+	d.opened(h)
 	return h, nil
 }
 

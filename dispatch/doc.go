@@ -118,6 +118,39 @@
 // renormalised after drops). The expert outputs must be laid out like
 // [Handle.Recv]; computing them in place into Recv is allowed.
 //
+// # Replicas, load and re-placement
+//
+// A [routing.Placement] may give an expert several physical slots, its
+// replicas ([routing.Balance] computes such placements). Each kept (token,
+// expert) assignment goes to exactly one replica, chosen by the sender alone,
+// deterministically: the replica on this rank if there is one, else those on
+// this rank's host, else all of them, spread evenly by token index (token t
+// of rank r takes replica (t+r) mod n of those n). Internally every filled
+// slot is a destination of its own, so the permutation, the counts and
+// Combine work on slots as they do on experts, and Combine takes each
+// assignment's output from the replica that computed it. A rank's local
+// slot l is its l-th filled slot (slot r*SlotsPerRank()+l for the
+// placements routing builds) and [Handle.Expert](l) is its logical expert:
+// the expert code does not change. A placement without replicas behaves as
+// before.
+//
+// [Dispatcher.Load] estimates each logical expert's rows per dispatch over
+// the group, a moving average that is the same on every rank. It costs no
+// collective: the in-band counts block (or the CountsNATS block header) also
+// carries the sender's rows of its previous dispatch for each of its slots,
+// so the estimate trails by one dispatch.
+//
+// [Dispatcher.Replace] is a collective between steps that switches the layer
+// to a new placement and moves the parameters of every changed slot's expert
+// over the data plane (one AllToAllV), through the caller's [ExpertMover]:
+// a fingerprint exchange first refuses a placement the ranks disagree on
+// ([a2a.ErrMismatch]), and a vote after the moves makes every rank switch or
+// none (a failed import, or a rank lost before its vote, leaves every rank
+// on the old placement with a typed error). [Dispatcher.LastReplace] reports
+// the bytes and the time. [Config.Rebalance] runs it inside Dispatch every
+// Every dispatches when the estimated max/mean rank load exceeds Threshold,
+// placing with routing.Balance over Experts+Redundant slots.
+//
 // # Asynchronous steps
 //
 // A Comm runs one collective at a time, so overlap comes from the caller:

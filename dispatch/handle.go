@@ -75,6 +75,10 @@ type Handle struct {
 	T, dropped int
 	selfBytes  int // bytes of the rows this rank keeps for its own experts, at the front of recv
 	dec        routing.Decision
+	slotDec    routing.Decision // dec with destination slots for experts (replicas.go)
+	expertLoad []int            // rows per logical expert
+	gen        uint64           // the placement generation the buffers are sized for
+	open       bool             // counted in the dispatcher's open steps (replace.go)
 	capScratch routing.CapacityScratch
 	plan       routing.Plan
 
@@ -127,6 +131,7 @@ func (h *Handle) Wait() error {
 		h.err = <-h.done
 		h.pending = false
 	}
+	h.settleIfDone()
 	return h.err
 }
 
@@ -234,7 +239,7 @@ func (h *Handle) growRecv(n, keep int) error {
 func (h *Handle) LocalExperts() int { return h.d.nLocal }
 
 // Expert is the global id of local expert l.
-func (h *Handle) Expert(l int) int { return h.d.pl.PerRank[h.d.rank][l] }
+func (h *Handle) Expert(l int) int { return h.d.rt.local(h.d.rank, l) }
 
 // ExpertRows is the number of rows received for local expert l (0 once
 // released).
@@ -271,7 +276,7 @@ func (h *Handle) ExpertLoad() []int {
 	if h.released() {
 		return nil
 	}
-	return h.plan.ExpertRows
+	return h.expertLoad
 }
 
 // Stats returns the step's statistics (CombineTime once combined; the zero
@@ -357,10 +362,11 @@ func (h *Handle) runDispatch() error {
 		return err
 	}
 	h.indexSegments()
+	h.foldLoads()
 	h.dispatchTime = time.Since(start)
 	h.combineTime = 0
 	if o := d.cfg.Observer; o != nil {
-		o.ObserveDispatch(h.dispatchTime, h.plan.ExpertRows, h.dropped, routing.Imbalance(h.plan.RankRows))
+		o.ObserveDispatch(h.dispatchTime, h.expertLoad, h.dropped, routing.Imbalance(h.plan.RankRows))
 	}
 	return nil
 }
@@ -414,7 +420,7 @@ func (h *Handle) layoutSend() int {
 func (h *Handle) exchangeCounts() error {
 	d, p := h.d, &h.plan
 	P, me, nLocal := d.size, d.rank, d.nLocal
-	for l, e := range d.pl.PerRank[me] {
+	for l, e := range d.rt.slots.PerRank[me] {
 		h.rowsFrom[me*nLocal+l] = p.ExpertRows[e]
 	}
 	if d.cfg.Counts == CountsInBand {
@@ -430,10 +436,12 @@ func (h *Handle) exchangeCounts() error {
 func (h *Handle) exchangeCountsInBand() error {
 	d := h.d
 	P, rb, me, nLocal, maxLocal := d.size, d.rowBytes, d.rank, d.nLocal, d.maxLocal
+	blk := countsBlock(maxLocal)
 	clear(h.hdrOut)
-	for j, experts := range d.pl.PerRank {
+	for j, experts := range d.rt.slots.PerRank {
 		if j != me {
-			putRowCounts(h.hdrOut[4*j*maxLocal:], experts, h.plan.ExpertRows)
+			putRowCounts(h.hdrOut[4*j*blk:], experts, h.plan.ExpertRows)
+			d.putLoads(h.hdrOut[4*(j*blk+maxLocal):])
 		}
 	}
 	if err := d.comm.AllToAll(h.ctx, h.hdrOut, h.hdrIn); err != nil {
@@ -444,7 +452,7 @@ func (h *Handle) exchangeCountsInBand() error {
 		if i == me {
 			continue
 		}
-		counts := h.hdrIn[4*i*maxLocal : 4*(i+1)*maxLocal]
+		counts := h.hdrIn[4*i*blk : 4*(i*blk+maxLocal)]
 		total := getRowCounts(h.rowsFrom[i*nLocal:(i+1)*nLocal], counts)
 		for l := nLocal; l < maxLocal; l++ {
 			if n := binary.LittleEndian.Uint32(counts[4*l:]); n != 0 {
@@ -606,13 +614,14 @@ func (h *Handle) pack() {
 		if hb := d.hdr[j]; hb > 0 {
 			hdr := h.rowSrc[j][pos-h.rowDelta[j]:][:hb]
 			clear(hdr)
-			putRowCounts(hdr, d.pl.PerRank[j], p.ExpertRows)
+			putRowCounts(hdr, d.rt.slots.PerRank[j], p.ExpertRows)
+			d.putLoads(hdr[4*len(d.rt.slots.PerRank[j]):])
 		}
 		h.rowBase[j] = pos + d.hdr[j] - p.RankStart[j]*rb
 	}
 	h.slotOff = growInts(h.slotOff, len(p.Row))
 	stream := p.Rows*rb >= streamBytes
-	K, owner := p.K, d.pl.Owner
+	K, owner := p.K, d.rt.slots.Owner
 	for a, r := range p.Row {
 		if r < 0 {
 			h.slotOff[a] = -1
@@ -620,7 +629,7 @@ func (h *Handle) pack() {
 		}
 		t := a / K
 		src := h.tokens[t*rb : (t+1)*rb]
-		j := owner[h.dec.Expert[a]]
+		j := owner[h.slotDec.Expert[a]]
 		pos := h.rowBase[j] + int(r)*rb
 		var dst []byte
 		switch {

@@ -52,10 +52,20 @@ func mustAll(t testing.TB, errs []error) {
 // closes them when the test ends.
 func newDispatchers(t testing.TB, comms []*a2a.Comm, cfg Config) []*Dispatcher {
 	t.Helper()
+	cfgs := make([]Config, len(comms))
+	for r := range cfgs {
+		cfgs[r] = cfg
+	}
+	return newDispatchersOf(t, comms, cfgs)
+}
+
+// newDispatchersOf is newDispatchers with each rank's own configuration.
+func newDispatchersOf(t testing.TB, comms []*a2a.Comm, cfgs []Config) []*Dispatcher {
+	t.Helper()
 	ds := make([]*Dispatcher, len(comms))
 	mustAll(t, onAll(len(comms), func(r int) error {
 		var err error
-		ds[r], err = New(context.Background(), comms[r], cfg)
+		ds[r], err = New(context.Background(), comms[r], cfgs[r])
 		return err
 	}))
 	t.Cleanup(func() {

@@ -100,7 +100,8 @@ func TestNewMismatch(t *testing.T) {
 		{func(c *Config) { c.DType = reduce.BFloat16 }, "Config.DType is bfloat16 there, float32 on this rank"},
 		{func(c *Config) { c.CapacityFactor = 1.25 }, "Config.CapacityFactor is 1.25 there, 0 on this rank"},
 		{func(c *Config) { c.Counts = CountsNATS }, "Config.Counts is nats there"},
-		{func(c *Config) { c.Placement, _ = routing.FromTable(6, 3, []int{2, 2, 1, 1, 0, 0}) }, "Config.Placement is expert -> rank table"},
+		{func(c *Config) { c.Placement, _ = routing.FromTable(6, 3, []int{2, 2, 1, 1, 0, 0}) }, "Config.Placement is slot table"},
+		{func(c *Config) { c.Rebalance = Rebalance{Every: 3, Mover: &paramStore{}} }, "Config.Rebalance.Every is 3 there, 0 on this rank"},
 	} {
 		errs := onAll(3, func(r int) error {
 			cfg := Config{Experts: 6, K: 2, Hidden: 8, Logger: discard}

@@ -24,8 +24,9 @@
 // heaviest experts get replicas ([Placement.Replicas]) in redundant slots, and
 // the replicas are packed so that every rank carries about the mean load
 // ([Placement.RankLoad] estimates it, [Imbalance] rates it), never two
-// replicas of one expert on one rank. Plan and Load still send each expert's
-// rows to one rank, its primary replica (Owner).
+// replicas of one expert on one rank. Plan and Load send each expert's rows
+// to one rank, its primary replica (Owner); package dispatch spreads them
+// over the replicas (it plans over slots).
 //
 // Every count is in rows (one row = one kept (token, slot) assignment); callers
 // multiply by their row size in bytes. Invalid input is reported with errors

@@ -18,11 +18,11 @@ const EmptySlot = -1
 // PerRank[r] in order and [EmptySlot] after them where ranks host unequal
 // numbers of experts; Shrink keeps that layout.
 //
-// Owner, Local and PerRank are the one-replica view that Plan, Load and
-// dispatch use. With replicas they describe each expert's primary replica,
-// its lowest slot: a consumer that knows nothing of replicas sends all of an
-// expert's rows to that one rank, which is correct but leaves the other
-// replicas idle.
+// Owner, Local and PerRank are the one-replica view that Plan and Load use.
+// With replicas they describe each expert's primary replica, its lowest
+// slot: a consumer that knows nothing of replicas sends all of an expert's
+// rows to that one rank, which is correct but leaves the other replicas
+// idle. Package dispatch spreads the rows over the replicas.
 type Placement struct {
 	// Experts is the number of experts E (ids 0..E-1).
 	Experts int

@@ -1,0 +1,260 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/a2a-moe/a2a/a2a"
+	"github.com/a2a-moe/a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/routing"
+)
+
+// replaceLayer is the workload of the Replace tests: skewed, so that
+// Balance has something to even out.
+var replaceLayer = layer{experts: 8, k: 2, hidden: 8, tokens: 48, dtype: reduce.Float32, skew: 1.2, seed: 7}
+
+func replaceConfig(l layer, pl *routing.Placement) Config {
+	return Config{Experts: l.experts, K: l.k, Hidden: l.hidden, DType: l.dtype, CapacityFactor: l.capacity,
+		Placement: pl, Logger: discard}
+}
+
+// replaceGroup starts ranks dispatchers of l on the contiguous placement,
+// each rank's parameter store holding its experts; rb, when not nil, is
+// every rank's Rebalance with its store as the mover.
+func replaceGroup(t *testing.T, ranks int, l layer, rb *Rebalance) ([]*Dispatcher, []*paramStore, *routing.Placement) {
+	t.Helper()
+	comms := group(t, startNATS(t), ranks, nil)
+	pl0, _ := routing.Contiguous(l.experts, ranks)
+	stores := make([]*paramStore, ranks)
+	for r := range stores {
+		stores[r] = newParamStore(pl0, r)
+	}
+	cfgs := make([]Config, ranks)
+	for r := range cfgs {
+		cfgs[r] = replaceConfig(l, pl0)
+		if rb != nil {
+			cfgs[r].Rebalance = *rb
+			cfgs[r].Rebalance.Mover = stores[r]
+		}
+	}
+	return newDispatchersOf(t, comms, cfgs), stores, pl0
+}
+
+// TestReplace runs verified steps under the contiguous placement, re-places
+// the experts twice (a hand-made table with replicas, then Balance of the
+// measured load with redundant slots) and runs verified steps after each:
+// the experts computed after a move run on parameters that moved, and the
+// statistics count the changed slots and the bytes of the copies.
+func TestReplace(t *testing.T) {
+	const ranks = 4
+	l := replaceLayer
+	ds, stores, _ := replaceGroup(t, ranks, l, nil)
+	pl1, err := routing.FromSlots(l.experts, ranks, []int{0, 1, 7, 0, 2, 3, 0, 4, 5, 1, 6, 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	step := 0
+	run := func(n int) {
+		t.Helper()
+		mustAll(t, onAll(ranks, func(r int) error {
+			for s := step; s < step+n; s++ {
+				if err := replicaStep(ds[r], l, r, s, stores[r]); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		step += n
+	}
+	replace := func(pl *routing.Placement) {
+		t.Helper()
+		old := ds[0].Placement()
+		wantMoves, wantChanged := planMoves(old, pl, func(int) int { return 0 })
+		var wantBytes int64
+		for _, mv := range wantMoves {
+			wantBytes += int64(8 + len(expertParams(mv.expert)))
+		}
+		mustAll(t, onAll(ranks, func(r int) error { return ds[r].Replace(ctx, pl, stores[r]) }))
+		for r, d := range ds {
+			st := d.LastReplace()
+			if d.Placement() != pl || st.ChangedSlots != wantChanged || st.Copies != len(wantMoves) || st.GroupBytes != wantBytes {
+				t.Errorf("rank %d: placement switched %v, stats %+v, want %d changed slots, %d copies, %d bytes",
+					r, d.Placement() == pl, st, wantChanged, len(wantMoves), wantBytes)
+			}
+			var imports []int
+			for _, mv := range wantMoves {
+				if mv.to == r {
+					imports = append(imports, mv.expert)
+				}
+			}
+			if got := stores[r].imported; !slices.Equal(got, imports) {
+				t.Errorf("rank %d imported experts %v, want %v", r, got, imports)
+			}
+			stores[r].imported = nil
+		}
+	}
+	run(3)
+	replace(pl1)
+	run(3)
+	load := ds[0].Load()
+	pl2, err := routing.Balance(load, ranks, ranks, l.experts+4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replace(pl2)
+	run(3)
+	// Replacing with the placement in force moves nothing.
+	replace(pl2)
+	if st := ds[0].LastReplace(); st.ChangedSlots != 0 || st.GroupBytes != 0 {
+		t.Errorf("replacing with the same placement: %+v, want nothing moved", st)
+	}
+	run(1)
+	if n := ds[1].Replacements(); n != 3 {
+		t.Errorf("Replacements %d, want 3", n)
+	}
+}
+
+// TestRebalanceInDispatch lets Dispatch re-place the experts by itself
+// (Config.Rebalance) under a skewed load: every step is verified, the
+// experts run on moved parameters, and the estimated rank imbalance falls.
+func TestRebalanceInDispatch(t *testing.T) {
+	const ranks = 4
+	l := replaceLayer
+	l.skew = 1.5
+	ds, stores, _ := replaceGroup(t, ranks, l, &Rebalance{Every: 4, Threshold: 1.05, Redundant: 4})
+	var before float64
+	mustAll(t, onAll(ranks, func(r int) error {
+		for step := range 10 {
+			if step == 4 && r == 0 {
+				before = ds[0].rankImbalance(ds[0].Load())
+			}
+			if err := replicaStep(ds[r], l, r, step, stores[r]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	after := ds[0].rankImbalance(ds[0].Load())
+	for r, d := range ds {
+		if d.Replacements() < 1 || d.Placement().Slots() != l.experts+4 {
+			t.Errorf("rank %d: %d re-placements, %d slots, want at least one, to %d slots", r, d.Replacements(), d.Placement().Slots(), l.experts+4)
+		}
+	}
+	if !(after < before) {
+		t.Errorf("estimated rank imbalance %.3f before the re-placement, %.3f after: want lower", before, after)
+	}
+}
+
+// TestReplaceRefused: a placement the ranks disagree on, or another
+// layer's, is refused on every rank with ErrMismatch; a bad argument on one
+// rank fails every rank. The placement stays, and the next step verifies.
+func TestReplaceRefused(t *testing.T) {
+	const ranks = 3
+	l := replaceLayer
+	ds, stores, pl0 := replaceGroup(t, ranks, l, nil)
+	other, _ := routing.FromSlots(l.experts, ranks, []int{0, 1, 2, 3, 4, 0, 5, 6, 7})
+	stranger, _ := routing.Contiguous(l.experts+1, ranks)
+	moves, _ := planMoves(pl0, other, func(int) int { return 0 })
+	source := moves[0].from
+	step := 0
+	for _, tc := range []struct {
+		name string
+		pl   func(r int) *routing.Placement
+		m    func(r int) ExpertMover
+		want func(r int) error // the error kind rank r must get
+	}{
+		{"rank 0 differs",
+			func(r int) *routing.Placement { return map[bool]*routing.Placement{true: other, false: pl0}[r == 0] }, nil,
+			func(int) error { return a2a.ErrMismatch }},
+		{"another layer's", func(int) *routing.Placement { return stranger }, nil,
+			func(int) error { return a2a.ErrMismatch }},
+		{"another layer's on rank 2",
+			func(r int) *routing.Placement {
+				return map[bool]*routing.Placement{true: stranger, false: other}[r == 2]
+			}, nil,
+			func(int) error { return a2a.ErrMismatch }},
+		{"no mover on rank 1", func(int) *routing.Placement { return other },
+			func(r int) ExpertMover {
+				if r == 1 {
+					return nil
+				}
+				return stores[r]
+			},
+			func(r int) error { return map[bool]error{true: a2a.ErrInvalidArgument, false: a2a.ErrAborted}[r == 1] }},
+		{"export fails on a source", func(int) *routing.Placement { return other },
+			func(r int) ExpertMover {
+				if r == source {
+					return &paramStore{params: map[int][]byte{}} // holds nothing
+				}
+				return stores[r]
+			},
+			func(int) error { return a2a.ErrAborted }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs := onAll(ranks, func(r int) error {
+				var m ExpertMover = stores[r]
+				if tc.m != nil {
+					m = tc.m(r)
+				}
+				return ds[r].Replace(context.Background(), tc.pl(r), m)
+			})
+			for r, err := range errs {
+				if !errors.Is(err, tc.want(r)) {
+					t.Errorf("rank %d: %v, want %v", r, err, tc.want(r))
+				}
+				if ds[r].Placement() != pl0 || ds[r].Replacements() != 0 {
+					t.Errorf("rank %d: the placement changed", r)
+				}
+			}
+			mustAll(t, onAll(ranks, func(r int) error { return replicaStep(ds[r], l, r, step, stores[r]) }))
+			step++
+		})
+	}
+}
+
+// TestReplaceRankLost loses a rank in the middle of Replace (its Comm
+// closes while it exports, or while it imports, after the parameters
+// moved): every rank gets a typed error and stays on the old placement.
+func TestReplaceRankLost(t *testing.T) {
+	const ranks = 4
+	l := replaceLayer
+	pl0, _ := routing.Contiguous(l.experts, ranks)
+	pl1, _ := routing.FromSlots(l.experts, ranks, []int{0, 1, 7, 0, 2, 3, 0, 4, 5, 1, 6, 7})
+	moves, _ := planMoves(pl0, pl1, func(int) int { return 0 })
+	for _, tc := range []struct {
+		name    string
+		lost    int // the rank lost
+		import_ bool
+	}{
+		{"while exporting", moves[0].from, false},
+		{"while importing", moves[0].to, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ds, stores, start := replaceGroup(t, ranks, l, nil)
+			lose := func(int) error { ds[tc.lost].comm.Close(); return nil }
+			if tc.import_ {
+				stores[tc.lost].onImport = lose
+			} else {
+				stores[tc.lost].onExport = lose
+			}
+			mustAll(t, onAll(ranks, func(r int) error { return replicaStep(ds[r], l, r, 0, stores[r]) }))
+			errs := onAll(ranks, func(r int) error { return ds[r].Replace(context.Background(), pl1, stores[r]) })
+			for r, err := range errs {
+				typed := errors.Is(err, a2a.ErrPeerLost) || errors.Is(err, a2a.ErrAborted) || (r == tc.lost && errors.Is(err, a2a.ErrClosed))
+				if !typed {
+					t.Errorf("rank %d: %v, want ErrPeerLost or ErrAborted (ErrClosed on the lost rank)", r, err)
+				}
+				if ds[r].Placement() != start || ds[r].Replacements() != 0 || ds[r].LastReplace() != (ReplaceStats{}) {
+					t.Errorf("rank %d: switched to the new placement after %v", r, err)
+				}
+				if r != tc.lost && fmt.Sprint(ds[r].LocalExperts()) != fmt.Sprint(pl0.PerRank[r]) {
+					t.Errorf("rank %d: local experts %v, want %v", r, ds[r].LocalExperts(), pl0.PerRank[r])
+				}
+			}
+		})
+	}
+}
