@@ -119,7 +119,7 @@ func (d *Dispatcher) Replace(ctx context.Context, pl *routing.Placement, m Exper
 	d.replicas.last = x.stats
 	d.replicas.replacements++
 	if o, ok := d.cfg.Observer.(ReplaceObserver); ok {
-		o.ObserveReplace(x.stats)
+		o.ObserveReplace(x.stats.ChangedSlots, x.stats.SentBytes, x.stats.Duration)
 	}
 	d.log.Debug("dispatch: experts re-placed", "rank", d.rank, "changed_slots", x.stats.ChangedSlots,
 		"copies", x.stats.Copies, "bytes", x.stats.GroupBytes, "duration", x.stats.Duration)

@@ -65,9 +65,11 @@ type ReplaceStats struct {
 }
 
 // ReplaceObserver is an Observer that also wants every successful
-// re-placement. *metrics.Observer implements it.
+// re-placement: the slots that changed over the group, the parameter bytes
+// this rank sent (summed over the ranks: the bytes moved) and how long it
+// took. *metrics.Observer implements it.
 type ReplaceObserver interface {
-	ObserveReplace(ReplaceStats)
+	ObserveReplace(changedSlots int, sentBytes int64, d time.Duration)
 }
 
 // replicaState is the dispatcher's re-placement state, used from the

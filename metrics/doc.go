@@ -26,6 +26,10 @@
 //	a2a_moe_dispatch_duration_seconds                histogram
 //	a2a_moe_combine_duration_seconds                 histogram
 //	a2a_moe_load_imbalance_ratio                     gauge, max/mean tokens per rank
+//	a2a_moe_expert_load{expert}                      gauge, estimated rows per dispatch over the group
+//	a2a_moe_rank_imbalance                           gauge, max/mean estimated rank load, replicas included
+//	a2a_moe_replacements_total                       counter, re-placements of the experts
+//	a2a_moe_replace_bytes_total                      counter, expert parameter bytes this rank sent in them
 //
 // The kind label is one of invalid_argument, mismatch, peer_lost, aborted,
 // timeout, closed and other (see ErrorKind).
@@ -43,7 +47,8 @@
 //	addr, err := metrics.Serve(ctx, ":9465", reg) // 9465+rank, see deploy/prometheus
 //
 // The MoE dispatch layer reports its steps with ObserveDispatch and
-// ObserveCombine.
+// ObserveCombine, its load estimate with ObserveLoad and its re-placements
+// with ObserveReplace.
 //
 // A control-plane service (a2ad serve) registers RegisterControl (groups
 // and their members, a2a_control_*), RegisterControlRejects and

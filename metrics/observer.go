@@ -138,6 +138,7 @@ type Observer struct {
 	dispatchDuration prometheus.Histogram
 	combineDuration  prometheus.Histogram
 	imbalance        prometheus.Gauge
+	balance          *balanceSeries // balance.go
 
 	// Caches read lock-free on the hot path and replaced (copy on write)
 	// under mu when a new op, peer or expert shows up.
@@ -256,6 +257,8 @@ func New(reg prometheus.Registerer, opts Options) (*Observer, error) {
 		Help: "Max over mean tokens per rank in the last dispatch (1 is balanced).",
 	})
 
+	o.balance = newBalanceSeries(ns)
+
 	wrapped := prometheus.WrapRegistererWith(labels, reg)
 	collectors := []prometheus.Collector{
 		o.duration, o.selections, o.errs, o.sent, o.received,
@@ -263,6 +266,7 @@ func New(reg prometheus.Registerer, opts Options) (*Observer, error) {
 		o.peerWait, o.peerLast, o.peerBytes,
 		o.tokens, o.dropped, o.dispatchDuration, o.combineDuration, o.imbalance,
 	}
+	collectors = append(collectors, o.balance.collectors()...)
 	for i, c := range collectors {
 		if err := wrapped.Register(c); err != nil {
 			for _, done := range collectors[:i] {
