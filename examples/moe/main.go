@@ -17,6 +17,12 @@
 // Rank 0 prints one line per step; every rank serves Prometheus metrics while
 // it runs. The exit status is non-zero if any output differs.
 //
+// With --rebalance-every N (and --redundant R slots for replicas), the
+// dispatcher re-places the experts from its load estimate every N steps and
+// moves their weights between the ranks: each rank computes with its own
+// copies of the experts it hosts (weights.go), so a moved expert runs on the
+// weights that came over the data plane.
+//
 // The command re-executes itself once per rank with --worker, as `a2ad demo`
 // does; a worker can also be started by `a2ad run -n N -- moe --worker ...`.
 package main
@@ -69,6 +75,9 @@ type options struct {
 	corruptRank  int // testing: this rank perturbs one output before verifying
 	killRank     int // this rank kills itself (SIGKILL) at killStep; -1: none
 	killStep     int
+	redundant    int     // slots beyond one per expert, for the re-placement
+	rebalance    int     // steps between re-placement checks; 0: never
+	threshold    float64 // re-place above this estimated max/mean rank load
 }
 
 // parseFlags parses and checks the command line.
@@ -121,6 +130,9 @@ func (o *options) register(fs *flag.FlagSet, text *textFlags) {
 	fs.IntVar(&o.corruptRank, "corrupt-rank", -1, "testing: this rank alters one output element, so verification must fail")
 	fs.IntVar(&o.killRank, "kill-rank", -1, "this rank (1..n-1) kills itself with SIGKILL at --kill-step; the others shrink the group, re-place its experts and carry on")
 	fs.IntVar(&o.killStep, "kill-step", 2, "the step at which --kill-rank dies")
+	fs.IntVar(&o.redundant, "redundant", 0, "redundant expert slots: hot experts get replicas in them at a re-placement (needs --rebalance-every; experts+redundant a multiple of -n)")
+	fs.IntVar(&o.rebalance, "rebalance-every", 0, "every this many steps, re-place the experts from the measured load when it is uneven, moving their weights between ranks (0: never)")
+	fs.Float64Var(&o.threshold, "rebalance-threshold", 1.05, "re-place only when the estimated max/mean rank load exceeds this")
 }
 
 // decode sets the fields of the flags given as text.
@@ -158,6 +170,18 @@ func (o *options) validate() error {
 		return fmt.Errorf("--kill-rank %d: want 1..n-1 (rank 0 prints the run)", o.killRank)
 	case o.killRank > 0 && (o.killStep < 0 || o.killStep >= o.steps):
 		return fmt.Errorf("--kill-step %d: want 0..steps-1", o.killStep)
+	}
+	return o.validateRebalance()
+}
+
+// validateRebalance checks the re-placement flags.
+func (o *options) validateRebalance() error {
+	n := o.experts + o.redundant
+	switch {
+	case o.rebalance < 0 || o.redundant < 0 || (o.redundant > 0 && o.rebalance == 0):
+		return fmt.Errorf("--redundant %d --rebalance-every %d: want both >= 0, redundant slots only with a re-placement", o.redundant, o.rebalance)
+	case o.rebalance > 0 && (n%o.ranks != 0 || n/o.ranks > o.experts):
+		return fmt.Errorf("--redundant %d: experts %d plus redundant slots must be a multiple of -n %d, at most experts per rank", o.redundant, o.experts, o.ranks)
 	}
 	return nil
 }

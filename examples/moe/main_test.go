@@ -260,6 +260,8 @@ func TestFlags(t *testing.T) {
 		{[]string{"--microbatches", "0"}, "--microbatches"},
 		{[]string{"--metrics-port", "70000"}, "--metrics-port"},
 		{[]string{"extra"}, "unexpected arguments"},
+		{[]string{"--redundant", "4"}, "--redundant 4 --rebalance-every 0"},
+		{[]string{"--rebalance-every", "2", "--redundant", "3"}, "--redundant 3: experts 16 plus"},
 	} {
 		if _, err := parseFlags(tc.args, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want an error mentioning %q", tc.args, err, tc.want)
@@ -421,5 +423,54 @@ func TestDemoShrink(t *testing.T) {
 				t.Errorf("%d a2a segments in %s after the demo, %d before", after, shm.DefaultDir, shmBefore)
 			}
 		})
+	}
+}
+
+// TestDemoRebalance runs the skewed layer with redundant slots and a
+// re-placement every 3 steps (--rebalance-every): the experts' weights move
+// between ranks (each rank computes only with the weights it holds), every
+// step verifies, and the imbalance column falls after the re-placement.
+func TestDemoRebalance(t *testing.T) {
+	out, errs := runInProcess(t, "-n", "4", "--experts", "16", "--k", "2", "--tokens", "96", "--hidden", "16", "--ffn", "16",
+		"--skew", "1.2", "--capacity", "0", "--redundant", "4", "--rebalance-every", "3", "--steps", "7")
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v\n%s", r, err, out)
+		}
+	}
+	checkOutput(t, out, 4, 7)
+	re := regexp.MustCompile(`(?m)^step 3: experts re-placed \(5 per rank, 4 replicas\): (\d+) slots changed, (\d+) expert copies, \S+ of weights moved in \S+; estimated imbalance ([\d.]+) -> ([\d.]+)$`)
+	m := re.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no re-placement at step 3 in:\n%s", out)
+	}
+	var copies int
+	var estBefore, estAfter float64
+	fmt.Sscan(m[2], &copies)
+	fmt.Sscan(m[3], &estBefore)
+	fmt.Sscan(m[4], &estAfter)
+	if copies == 0 || !(estAfter < estBefore) {
+		t.Errorf("re-placement line %q: want copies and a lower estimate", m[0])
+	}
+	var before, after float64
+	for _, l := range stepLine.FindAllStringSubmatch(out, -1) {
+		var step int
+		var imb float64
+		fmt.Sscan(l[1], &step)
+		fmt.Sscan(l[5], &imb)
+		if step < 3 {
+			before = max(before, imb)
+		} else {
+			after = max(after, imb)
+		}
+	}
+	mre := regexp.MustCompile(`(?m)^metrics: a2a_moe_replacements_total 1, a2a_moe_replace_bytes_total (\d+) \(rank 0\), a2a_moe_rank_imbalance ([\d.]+)$`)
+	if mm := mre.FindStringSubmatch(out); mm == nil {
+		t.Errorf("no metrics line counting one re-placement in:\n%s", out)
+	} else if imb, _ := strconv.ParseFloat(mm[2], 64); imb >= estBefore {
+		t.Errorf("a2a_moe_rank_imbalance %v, want below the estimate before the re-placement, %v", imb, estBefore)
+	}
+	if !(after < before) || after > 1.3 {
+		t.Errorf("imbalance up to %.2f before the re-placement, up to %.2f after: want it to fall, to 1.3 at most\n%s", before, after, out)
 	}
 }

@@ -56,12 +56,12 @@ func newModel(o options) *model {
 	return m
 }
 
-// forward computes expert e on one row x into y, in float32: h is scratch of
-// o.ffn values, and y may be x itself. The reference and the distributed
-// path both call it, so their expert outputs are identical.
-func (m *model) forward(e int, x, y, h []float32) {
+// forward computes expert ex on one row x into y, in float32: h is scratch
+// of o.ffn values, and y may be x itself. The reference (the seed's
+// experts) and the distributed path (the rank's own copies, see weights)
+// both call it, so their expert outputs are identical when the weights are.
+func (m *model) forward(ex *expert, x, y, h []float32) {
 	H, F := m.o.hidden, m.o.ffn
-	ex := &m.experts[e]
 	for f := range F {
 		w := ex.w1[f*H : (f+1)*H]
 		s := ex.b1[f]
@@ -80,14 +80,14 @@ func (m *model) forward(e int, x, y, h []float32) {
 	}
 }
 
-// apply runs expert e on every row of in into the same row of out. act is
+// apply runs expert ex on every row of in into the same row of out. act is
 // scratch of o.hidden+o.ffn values.
-func (m *model) apply(e int, in, out rows, act []float32) {
+func (m *model) apply(ex *expert, in, out rows, act []float32) {
 	H := m.o.hidden
 	for t := range in.len() / H {
 		x := in.row(t, act[:H])
 		y := out.dest(t, act[:H])
-		m.forward(e, x, y, act[H:])
+		m.forward(ex, x, y, act[H:])
 		out.put(t, y)
 	}
 }
@@ -125,7 +125,7 @@ func (m *model) reference(tokens rows, dec *routing.Decision, out rows, act, acc
 			}
 			// Through a row of the layer's dtype, as the distributed
 			// path's expert outputs are.
-			m.apply(int(e), tokens.slice(t, t+1), row, act)
+			m.apply(&m.experts[e], tokens.slice(t, t+1), row, act)
 			w := dec.Weight[t*dec.K+s]
 			for j := range acc {
 				acc[j] += float32(w * row.at(j))

@@ -59,9 +59,15 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 		return err
 	}
 
+	pl, err := routing.Contiguous(o.experts, c.Size())
+	if err != nil {
+		return err
+	}
+	w := newWeights(newModel(o), pl, c.Rank())
 	m.layer = dispatch.Config{
-		Experts: o.experts, K: o.k, Hidden: o.hidden, DType: o.dtype,
+		Experts: o.experts, K: o.k, Hidden: o.hidden, DType: o.dtype, Placement: pl,
 		CapacityFactor: o.capacity, Counts: o.counts, Rows: o.rows, Observer: obs, Logger: log,
+		Rebalance: dispatch.Rebalance{Every: o.rebalance * o.microbatches, Threshold: o.threshold, Redundant: o.redundant, Mover: w},
 	}
 	if m.d, err = dispatch.New(ctx, c, m.layer); err != nil {
 		return err
@@ -73,7 +79,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 		out = stdout
 		printHeader(out, o, c.Size(), m.d.Placement(), urls, c.TransportName(), rowPaths(m.d))
 	}
-	rs, err := newRankState(o, m.d, c.Rank())
+	rs, err := newRankState(o, m.d, c.Rank(), w)
 	if err != nil {
 		return err
 	}
@@ -82,6 +88,10 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	}
 	if o.killRank > 0 {
 		fmt.Fprintf(out, "metrics: a2a_shrinks_total %v, a2a_membership_size %v\n", gauge(reg, "a2a_shrinks_total"), gauge(reg, "a2a_membership_size"))
+	}
+	if o.rebalance > 0 {
+		fmt.Fprintf(out, "metrics: a2a_moe_replacements_total %v, a2a_moe_replace_bytes_total %v (rank 0), a2a_moe_rank_imbalance %.2f\n",
+			gauge(reg, "a2a_moe_replacements_total"), gauge(reg, "a2a_moe_replace_bytes_total"), gauge(reg, "a2a_moe_rank_imbalance"))
 	}
 	fmt.Fprintf(out, "all %d steps verified on %d ranks\n", o.steps, m.c.Size())
 	fmt.Fprint(out, legend)
@@ -133,6 +143,7 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 			// As kill -9 from outside would: no leave, no flush, no cleanup.
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
+		before, load := m.d.Placement(), m.d.Load()
 		res, err := r.step(ctx, step)
 		if err == nil {
 			err = agg.gather(ctx, m.c, res)
@@ -141,11 +152,16 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 			if o.killRank < 0 || !errors.Is(err, a2a.ErrPeerLost) {
 				return fmt.Errorf("step %d: %w", step, err)
 			}
-			if err := m.shrink(ctx, step, err, out); err != nil {
+			if err := m.shrink(ctx, o, step, err, out); err != nil {
 				return err
 			}
 			r.d, agg = m.d, newAggregate(o, m.c.Size())
+			r.w.load(m.d.Placement(), m.c.Rank())
 			continue
+		}
+		if pl := m.d.Placement(); pl != before {
+			r.w.keep(pl, m.c.Rank())
+			printReplace(out, step, m.d.LastReplace(), before, pl, load)
 		}
 		agg.print(out, step)
 		if err := verified(agg, res, step); err != nil {
@@ -164,7 +180,7 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 // shrink carries on without the peer whose loss failed step: it shrinks the
 // group to the survivors, re-places the experts on them and builds the
 // dispatcher anew.
-func (m *membership) shrink(ctx context.Context, step int, lossErr error, out io.Writer) error {
+func (m *membership) shrink(ctx context.Context, o options, step int, lossErr error, out io.Writer) error {
 	start := time.Now()
 	m.d.Close()
 	shrunk, err := m.c.Shrink(ctx)
@@ -177,6 +193,9 @@ func (m *membership) shrink(ctx context.Context, step int, lossErr error, out io
 		return err
 	}
 	m.layer.Placement = pl
+	if n := o.experts + o.redundant; n%m.c.Size() != 0 || n/m.c.Size() > o.experts {
+		m.layer.Rebalance.Every = 0 // the redundant slots no longer divide among the survivors
+	}
 	d, err := dispatch.New(ctx, m.c, m.layer)
 	if err != nil {
 		// m.d stays the closed dispatcher, which closes again harmlessly.
@@ -231,6 +250,10 @@ func printHeader(w io.Writer, o options, size int, pl *routing.Placement, urls [
 	fmt.Fprintf(w, "moe: %d ranks, %d experts (%s), top-%d, %d tokens per rank, hidden %d, ffn %d, %v, capacity %g, skew %g, counts %v, %s\n",
 		size, o.experts, expertsPerRank(pl), o.k, o.tokens, o.hidden, o.ffn, o.dtype, o.capacity, o.skew, o.counts, mb)
 	fmt.Fprintf(w, "data plane %s; rows: %s\n", transport, rows)
+	if o.rebalance > 0 {
+		fmt.Fprintf(w, "re-placement: every %d steps, when the estimated imbalance exceeds %g, %d redundant slots; the experts' weights move between ranks\n",
+			o.rebalance, o.threshold, o.redundant)
+	}
 	for r, u := range urls {
 		fmt.Fprintf(w, "rank %d metrics %s\n", r, u)
 	}
@@ -255,15 +278,41 @@ const legend = `columns, totals over all ranks:
   tokens per expert  rows each expert processed
 `
 
+// expertsPerRank says how many experts (replicas included) each rank hosts.
 func expertsPerRank(pl *routing.Placement) string {
-	lo, hi := pl.Experts, 0
-	for _, es := range pl.PerRank {
-		lo, hi = min(lo, len(es)), max(hi, len(es))
+	lo, hi := pl.Slots(), 0
+	spr := pl.SlotsPerRank()
+	for r := range pl.Ranks {
+		n := 0
+		for s := r * spr; s < (r+1)*spr; s++ {
+			if pl.SlotExpert(s) != routing.EmptySlot {
+				n++
+			}
+		}
+		lo, hi = min(lo, n), max(hi, n)
 	}
-	if lo == hi {
-		return fmt.Sprintf("%d per rank", lo)
+	per := fmt.Sprintf("%d per rank", lo)
+	if lo != hi {
+		per = fmt.Sprintf("%d-%d per rank", lo, hi)
 	}
-	return fmt.Sprintf("%d-%d per rank", lo, hi)
+	if n := pl.Slots() - pl.Experts; n > 0 && lo == hi {
+		per += fmt.Sprintf(", %d replicas", n)
+	}
+	return per
+}
+
+// printReplace reports a re-placement the dispatcher made at step: what
+// moved, and the max/mean rank load the estimate gives before and after.
+func printReplace(w io.Writer, step int, st dispatch.ReplaceStats, before, after *routing.Placement, load []float64) {
+	est := func(pl *routing.Placement) float64 {
+		l, err := pl.RankLoad(load)
+		if err != nil {
+			return math.NaN()
+		}
+		return routing.Imbalance(l)
+	}
+	fmt.Fprintf(w, "step %d: experts re-placed (%s): %d slots changed, %d expert copies, %s of weights moved in %v; estimated imbalance %.2f -> %.2f\n",
+		step, expertsPerRank(after), st.ChangedSlots, st.Copies, bytesString(st.GroupBytes), st.Duration.Round(100*time.Microsecond), est(before), est(after))
 }
 
 // stepResult is what one rank reports about one step.
@@ -296,15 +345,16 @@ type rankState struct {
 	act    []float32
 	acc    []float32
 	res    stepResult
+	w      *weights // the experts this rank hosts
 
 	// Views of the rows, and the reference's own buffers.
 	tokensV, outV, ref, row rows
 }
 
-func newRankState(o options, d *dispatch.Dispatcher, rank int) (*rankState, error) {
+func newRankState(o options, d *dispatch.Dispatcher, rank int, w *weights) (*rankState, error) {
 	rb := d.RowBytes()
 	r := &rankState{
-		o: o, m: newModel(o), d: d, rank: rank,
+		o: o, m: w.m, d: d, rank: rank, w: w,
 		gate:   routing.Gate{Experts: o.experts, K: o.k},
 		cap:    routing.Capacity{Factor: o.capacity},
 		tokens: make([]byte, o.tokens*rb), logits: make([]float32, o.tokens*o.experts),
@@ -459,7 +509,10 @@ func (r *rankState) experts(h *dispatch.Handle) error {
 	rb := r.d.RowBytes()
 	in, out := h.Recv(), h.Output()
 	for l := range h.LocalExperts() {
-		e := h.Expert(l)
+		e, err := r.w.get(h.Expert(l))
+		if err != nil {
+			return err
+		}
 		for _, seg := range h.Segments(l) {
 			end := seg.Offset + seg.Rows*rb
 			x, err := viewRows(r.o.dtype, in[seg.Offset:end], r.o.hidden)
