@@ -75,6 +75,7 @@ type options struct {
 	corruptRank  int // testing: this rank perturbs one output before verifying
 	killRank     int // this rank kills itself (SIGKILL) at killStep; -1: none
 	killStep     int
+	killReplace  bool    // killRank dies inside the first re-placement instead
 	redundant    int     // slots beyond one per expert, for the re-placement
 	rebalance    int     // steps between re-placement checks; 0: never
 	threshold    float64 // re-place above this estimated max/mean rank load
@@ -130,6 +131,7 @@ func (o *options) register(fs *flag.FlagSet, text *textFlags) {
 	fs.IntVar(&o.corruptRank, "corrupt-rank", -1, "testing: this rank alters one output element, so verification must fail")
 	fs.IntVar(&o.killRank, "kill-rank", -1, "this rank (1..n-1) kills itself with SIGKILL at --kill-step; the others shrink the group, re-place its experts and carry on")
 	fs.IntVar(&o.killStep, "kill-step", 2, "the step at which --kill-rank dies")
+	fs.BoolVar(&o.killReplace, "kill-in-replace", false, "--kill-rank dies inside the first re-placement, as it imports the weights it receives, instead of at --kill-step")
 	fs.IntVar(&o.redundant, "redundant", 0, "redundant expert slots: hot experts get replicas in them at a re-placement (needs --rebalance-every; experts+redundant a multiple of -n)")
 	fs.IntVar(&o.rebalance, "rebalance-every", 0, "every this many steps, re-place the experts from the measured load when it is uneven, moving their weights between ranks (0: never)")
 	fs.Float64Var(&o.threshold, "rebalance-threshold", 1.05, "re-place only when the estimated max/mean rank load exceeds this")
@@ -178,6 +180,8 @@ func (o *options) validate() error {
 func (o *options) validateRebalance() error {
 	n := o.experts + o.redundant
 	switch {
+	case o.killReplace && (o.killRank < 1 || o.rebalance == 0):
+		return fmt.Errorf("--kill-in-replace: want --kill-rank and --rebalance-every")
 	case o.rebalance < 0 || o.redundant < 0 || (o.redundant > 0 && o.rebalance == 0):
 		return fmt.Errorf("--redundant %d --rebalance-every %d: want both >= 0, redundant slots only with a re-placement", o.redundant, o.rebalance)
 	case o.rebalance > 0 && (n%o.ranks != 0 || n/o.ranks > o.experts):

@@ -392,38 +392,48 @@ func shmSegments(t *testing.T) int {
 func TestDemoShrink(t *testing.T) {
 	for _, rows := range []string{"auto", "alltoallv"} {
 		t.Run(rows, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-			defer cancel()
-			shmBefore := shmSegments(t)
-			cmd := exec.CommandContext(ctx, moeBin, "-n", "4", "--tokens", "64", "--hidden", "32", "--ffn", "16",
-				"--steps", "6", "--kill-rank", "2", "--kill-step", "2", "--rows", rows)
-			cmd.WaitDelay = 5 * time.Second
-			var stdout, stderr strings.Builder
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			if err := cmd.Run(); err != nil {
-				t.Fatalf("demo with a killed rank: %v, want it to carry on\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-			}
-			out := stdout.String()
-			for _, want := range []string{
+			runKilledDemo(t, 6, []string{
 				"step 2: lost a rank; shrunk to 3 ranks (former ranks [0 1 3])",
 				"metrics: a2a_shrinks_total 1, a2a_membership_size 3",
 				"all 6 steps verified on 3 ranks",
-			} {
-				if !strings.Contains(out, want) {
-					t.Errorf("stdout lacks %q:\n%s", want, out)
-				}
-			}
-			if n := strings.Count(out, " verified  ["); n != 6 {
-				t.Errorf("%d verified step lines, want 6:\n%s", n, out)
-			}
-			if !strings.Contains(stderr.String(), "rank 2 killed by signal killed") {
-				t.Errorf("the launcher did not report the killed rank:\n%s", stderr.String())
-			}
-			if after := shmSegments(t); after > shmBefore {
-				t.Errorf("%d a2a segments in %s after the demo, %d before", after, shm.DefaultDir, shmBefore)
-			}
+			}, "-n", "4", "--tokens", "64", "--hidden", "32", "--ffn", "16",
+				"--steps", "6", "--kill-rank", "2", "--kill-step", "2", "--rows", rows)
 		})
 	}
+}
+
+// runKilledDemo runs the demo with args, in which rank 2 kills itself, and
+// checks that it carried on: exit 0, stdout holding want and steps verified
+// step lines, the launcher reporting the killed rank, no /dev/shm segment
+// left. It returns stdout.
+func runKilledDemo(t *testing.T, steps int, want []string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	shmBefore := shmSegments(t)
+	cmd := exec.CommandContext(ctx, moeBin, args...)
+	cmd.WaitDelay = 5 * time.Second
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("demo with a killed rank: %v, want it to carry on\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	out := stdout.String()
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("stdout lacks %q:\n%s", w, out)
+		}
+	}
+	if n := strings.Count(out, " verified  ["); n != steps {
+		t.Errorf("%d verified step lines, want %d:\n%s", n, steps, out)
+	}
+	if !strings.Contains(stderr.String(), "rank 2 killed by signal killed") {
+		t.Errorf("the launcher did not report the killed rank:\n%s", stderr.String())
+	}
+	if after := shmSegments(t); after > shmBefore {
+		t.Errorf("%d a2a segments in %s after the demo, %d before", after, shm.DefaultDir, shmBefore)
+	}
+	return out
 }
 
 // TestDemoRebalance runs the skewed layer with redundant slots and a
@@ -472,5 +482,22 @@ func TestDemoRebalance(t *testing.T) {
 	}
 	if !(after < before) || after > 1.3 {
 		t.Errorf("imbalance up to %.2f before the re-placement, up to %.2f after: want it to fall, to 1.3 at most\n%s", before, after, out)
+	}
+}
+
+// TestDemoKilledInReplace kills a rank process with SIGKILL inside the first
+// re-placement, after the weights moved and before its vote: the survivors'
+// Replace fails with ErrPeerLost and leaves them on the old placement (a
+// survivor that had switched would make the new dispatcher's agreement fail
+// with ErrMismatch), they shrink the group and finish every step verified.
+func TestDemoKilledInReplace(t *testing.T) {
+	out := runKilledDemo(t, 5, []string{
+		"step 2: lost a rank; shrunk to 3 ranks (former ranks [0 1 3])",
+		"all 5 steps verified on 3 ranks",
+	}, "-n", "4", "--experts", "16", "--tokens", "64", "--hidden", "16", "--ffn", "16",
+		"--skew", "1.2", "--capacity", "0", "--redundant", "4", "--rebalance-every", "2", "--steps", "5",
+		"--kill-rank", "2", "--kill-in-replace")
+	if strings.Contains(out, ": experts re-placed (") || !strings.Contains(out, "a2a_moe_replacements_total 0,") {
+		t.Errorf("a re-placement completed although a rank died in it:\n%s", out)
 	}
 }

@@ -64,6 +64,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 		return err
 	}
 	w := newWeights(newModel(o), pl, c.Rank())
+	w.die = o.killReplace && c.Rank() == o.killRank
 	m.layer = dispatch.Config{
 		Experts: o.experts, K: o.k, Hidden: o.hidden, DType: o.dtype, Placement: pl,
 		CapacityFactor: o.capacity, Counts: o.counts, Rows: o.rows, Observer: obs, Logger: log,
@@ -139,7 +140,7 @@ type membership struct {
 func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out io.Writer) error {
 	agg := newAggregate(o, m.c.Size())
 	for step := 0; step < o.steps; {
-		if step == o.killStep && r.rank == o.killRank {
+		if step == o.killStep && r.rank == o.killRank && !o.killReplace {
 			// As kill -9 from outside would: no leave, no flush, no cleanup.
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}

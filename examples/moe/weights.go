@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
+	"syscall"
 
 	"github.com/a2a-moe/a2a/routing"
 )
@@ -18,6 +20,7 @@ import (
 type weights struct {
 	m      *model
 	hosted map[int]*expert
+	die    bool // --kill-in-replace: SIGKILL this rank in its first Import
 }
 
 // newWeights copies the model's experts that rank hosts under pl.
@@ -78,6 +81,11 @@ func (w *weights) Export(e int) ([]byte, error) {
 
 // Import decodes expert e's parameters, as Export encoded them.
 func (w *weights) Import(e int, b []byte) error {
+	if w.die {
+		// As kill -9 from outside would, after the weights moved and
+		// before this rank's vote: no rank may switch placement.
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	}
 	H, F := w.m.o.hidden, w.m.o.ffn
 	x := expert{w1: make([]float32, F*H), b1: make([]float32, F), w2: make([]float32, H*F), b2: make([]float32, H)}
 	if len(b) != 4*(2*F*H+F+H) {
