@@ -79,8 +79,10 @@
 // modes, chosen by [Config.Counts]:
 //
 //   - [CountsInBand] (default): one fixed-size [a2a.Comm.AllToAll] carries, for
-//     every (destination rank, local expert), the row count as a uint32 — a
-//     block of 4*maxLocalExperts bytes per peer. Byte counts follow from row
+//     every (destination rank, local expert), the row count as a uint32, then
+//     the sender's rows of its previous dispatch per slot of its own (for
+//     [Dispatcher.Load]) — a block of 8*maxLocalExperts bytes per peer, local
+//     experts counting replicas. Byte counts follow from row
 //     counts, so this single small exchange replaces the per-rank counts
 //     exchange entirely, and the data blocks carry rows only, so a rank's
 //     received buffer is nothing but rows. It runs on the data plane: at 2
@@ -90,7 +92,8 @@
 //   - [CountsNATS]: byte counts through the control plane
 //     ([a2a.Comm.ExchangeCountsMatrix]), and the per-expert row counts as a
 //     header at the front of each block (4 bytes per local expert of the
-//     destination, padded to [HeaderAlign] bytes so rows stay aligned). Every
+//     destination, then 4*maxLocalExperts bytes of the sender's previous
+//     rows for Load, padded to [HeaderAlign] bytes so rows stay aligned). Every
 //     rank also learns the whole traffic matrix. It allocates (NATS messages)
 //     and is slower; it exists for deployments that want the control plane to
 //     see every step's traffic.
