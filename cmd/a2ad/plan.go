@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -16,10 +17,13 @@ import (
 // model of every candidate AllToAllV algorithm for a traffic matrix and the
 // one auto selection picks: a summary of a few lines per size. --rounds adds
 // the schedules themselves.
-func cmdPlan(_ context.Context, _ *slog.Logger, args []string) error {
+func cmdPlan(ctx context.Context, _ *slog.Logger, args []string) error {
 	p, err := newPlanner(args)
 	if err != nil {
 		return err
+	}
+	if p.moe != "" {
+		return planMoE(ctx, os.Stdout, p.moe, p.n, p.hosts, p.redundant)
 	}
 	for _, size := range p.sizes {
 		if err := p.printSize(size); err != nil {
@@ -47,6 +51,8 @@ type planFlags struct {
 	linksFile   string
 	localClass  string
 	remoteClass string
+	moe         string // planmoe.go
+	redundant   int
 }
 
 func (f *planFlags) register(fs *flag.FlagSet) {
@@ -66,6 +72,8 @@ func (f *planFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.linksFile, "links", "", "link table written by \"a2ad tune\" (default: built-in)")
 	fs.StringVar(&f.localClass, "local-class", "shm", "data plane between ranks of one host (shm, tcp, verbs): prices the local role")
 	fs.StringVar(&f.remoteClass, "remote-class", "tcp", "data plane between hosts (tcp, verbs): prices the remote role")
+	fs.StringVar(&f.moe, "moe", "", "instead: the MoE expert placement routing.Balance computes for -n ranks over --hosts from these loads: a rank's /metrics URL (a2a_moe_expert_load), a file of them, or a file (- for stdin) of one load per expert")
+	fs.IntVar(&f.redundant, "redundant", 0, "with --moe: slots beyond one per expert, for replicas of the hot ones")
 }
 
 // validate checks the flags that shape the job: ranks, hosts, machines.
