@@ -417,8 +417,9 @@ func (d *Dispatcher) Placement() *routing.Placement { return d.pl }
 // RowBytes is the size of one token row: Hidden times the element size.
 func (d *Dispatcher) RowBytes() int { return d.rowBytes }
 
-// LocalExperts lists the global ids of the experts this rank hosts, ascending
-// (local index l is position l). Treat it as read-only.
+// LocalExperts lists the global ids of the experts in this rank's local slots
+// (local index l is position l): ascending, for the placements routing
+// builds, and one entry per replica this rank holds. Treat it as read-only.
 func (d *Dispatcher) LocalExperts() []int { return d.rt.locals }
 
 // Dispatch sends every kept (token, expert) assignment of decision to the rank

@@ -235,10 +235,13 @@ func (h *Handle) growRecv(n, keep int) error {
 	return nil
 }
 
-// LocalExperts is the number of experts this rank hosts.
+// LocalExperts is the number of experts this rank hosts: its filled slots,
+// each replica one.
 func (h *Handle) LocalExperts() int { return h.d.nLocal }
 
-// Expert is the global id of local expert l.
+// Expert is the global id of local expert l, the logical expert in this
+// rank's l-th filled slot: the rows of every replica of an expert go
+// through the same code.
 func (h *Handle) Expert(l int) int { return h.d.rt.local(h.d.rank, l) }
 
 // ExpertRows is the number of rows received for local expert l (0 once
