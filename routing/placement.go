@@ -219,6 +219,12 @@ func (pl *Placement) SlotsPerRank() int { return len(pl.slotTable()) / pl.Ranks 
 // (phy2log). s must be in [0, Slots()).
 func (pl *Placement) SlotExpert(s int) int { return pl.slotTable()[s] }
 
+// SlotTable returns every slot's expert in slot order, [EmptySlot] for an
+// empty one (the whole phy2log table): what a caller walking all slots
+// wants, as SlotExpert on a placement assembled by hand derives the table on
+// every call. The slice is shared: do not modify it.
+func (pl *Placement) SlotTable() []int { return pl.slotTable() }
+
 // Replicas returns the physical slots of expert e, ascending (log2phy); the
 // first is its primary, on rank Owner[e]. The slice is shared: do not modify
 // it. e must be in [0, Experts).

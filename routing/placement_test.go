@@ -396,3 +396,30 @@ func TestPlanOverReplicas(t *testing.T) {
 		t.Errorf("plan has %d rows ending at %d, want 6", p.Rows, p.RankStart[2])
 	}
 }
+
+// TestSlotTable: the table is SlotExpert of every slot, for a placement
+// with replicas and for one assembled by hand.
+func TestSlotTable(t *testing.T) {
+	withReplicas, err := FromSlots(3, 2, []int{0, 1, 0, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byHand := &Placement{Experts: 3, Ranks: 2, Owner: []int{0, 0, 1}, Local: []int{0, 1, 0}, PerRank: [][]int{{0, 1}, {2}}}
+	for _, tc := range []struct {
+		pl   *Placement
+		want []int
+	}{
+		{withReplicas, []int{0, 1, 0, 2}},
+		{byHand, []int{0, 1, 2, EmptySlot}},
+	} {
+		got := tc.pl.SlotTable()
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("SlotTable %v, want %v", got, tc.want)
+		}
+		for s, e := range got {
+			if tc.pl.SlotExpert(s) != e {
+				t.Errorf("slot %d: SlotExpert %d, table %d", s, tc.pl.SlotExpert(s), e)
+			}
+		}
+	}
+}
