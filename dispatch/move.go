@@ -20,31 +20,32 @@ type move struct{ expert, from, to int }
 // counts the slots added or emptied). A slot whose rank already holds its
 // expert needs no copy. Every rank computes the same list.
 func planMoves(from, to *routing.Placement, host func(int) int) (moves []move, changed int) {
-	oldSpr, newSpr := from.SlotsPerRank(), to.SlotsPerRank()
+	oldT, newT := from.SlotTable(), to.SlotTable()
+	oldSpr, newSpr := len(oldT)/from.Ranks, len(newT)/to.Ranks
 	w := max(oldSpr, newSpr)
 	for s := range from.Ranks * w {
 		r, l := s/w, s%w
 		was, is := routing.EmptySlot, routing.EmptySlot
 		if l < oldSpr {
-			was = from.SlotExpert(r*oldSpr + l)
+			was = oldT[r*oldSpr+l]
 		}
 		if l < newSpr {
-			is = to.SlotExpert(r*newSpr + l)
+			is = newT[r*newSpr+l]
 		}
 		if was == is {
 			continue
 		}
 		changed++
-		if is != routing.EmptySlot && !holds(from, r, is) {
-			moves = append(moves, move{expert: is, from: source(from, is, r, host), to: r})
+		if is != routing.EmptySlot && !holds(from, oldSpr, r, is) {
+			moves = append(moves, move{expert: is, from: source(from, oldSpr, is, r, host), to: r})
 		}
 	}
 	return moves, changed
 }
 
-// holds reports whether rank r hosts a replica of e under pl.
-func holds(pl *routing.Placement, r, e int) bool {
-	spr := pl.SlotsPerRank()
+// holds reports whether rank r hosts a replica of e under pl, spr slots
+// per rank.
+func holds(pl *routing.Placement, spr, r, e int) bool {
 	for _, s := range pl.Replicas(e) {
 		if s/spr == r {
 			return true
@@ -57,8 +58,7 @@ func holds(pl *routing.Placement, r, e int) bool {
 // holders on to's host if there are any, else any holder, spread by the
 // destination so that an expert copied to several ranks is read from all
 // its holders.
-func source(pl *routing.Placement, e, to int, host func(int) int) int {
-	spr := pl.SlotsPerRank()
+func source(pl *routing.Placement, spr, e, to int, host func(int) int) int {
 	var near, all []int
 	for _, s := range pl.Replicas(e) {
 		all = append(all, s/spr)

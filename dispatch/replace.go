@@ -171,8 +171,8 @@ func placementHash(pl *routing.Placement, extra ...uint64) uint64 {
 	}
 	put(uint64(pl.Experts))
 	put(uint64(pl.Ranks))
-	for s := range pl.Slots() {
-		put(uint64(pl.SlotExpert(s)))
+	for _, e := range pl.SlotTable() {
+		put(uint64(e))
 	}
 	for _, v := range extra {
 		put(v)

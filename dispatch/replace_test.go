@@ -258,3 +258,47 @@ func TestReplaceRankLost(t *testing.T) {
 		})
 	}
 }
+
+// TestPlanMoves: only changed slots count, and only those whose rank lacks
+// the expert get a copy, from a holder on the same host when there is one,
+// for placements from constructors and assembled by hand.
+func TestPlanMoves(t *testing.T) {
+	mk := func(experts, ranks int, slots ...int) *routing.Placement {
+		pl, err := routing.FromSlots(experts, ranks, slots)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pl
+	}
+	contiguous, _ := routing.Contiguous(4, 2)
+	byHand := &routing.Placement{Experts: 4, Ranks: 2, Owner: []int{0, 0, 1, 1}, Local: []int{0, 1, 0, 1},
+		PerRank: [][]int{{0, 1}, {2, 3}}}
+	oneHost := func(int) int { return 0 }
+	for _, tc := range []struct {
+		name     string
+		from, to *routing.Placement
+		host     func(int) int
+		changed  int
+		moves    []move
+	}{
+		{"same", contiguous, contiguous, oneHost, 0, nil},
+		{"swap two", contiguous, mk(4, 2, 0, 2, 1, 3), oneHost, 2,
+			[]move{{expert: 2, from: 1, to: 0}, {expert: 1, from: 0, to: 1}}},
+		{"by hand, a slot more per rank", byHand, mk(4, 2, 0, 1, 2, 2, 3, 0), oneHost, 2,
+			[]move{{expert: 2, from: 1, to: 0}, {expert: 0, from: 0, to: 1}}},
+		{"reordered on its rank", contiguous, mk(4, 2, 1, 0, 2, 3), oneHost, 2, nil},
+		{"copy from the same host", mk(4, 4, 0, 1, 0, 2, 3, 1, 3, 2), mk(4, 4, 2, 1, 0, 2, 3, 0, 1, 3),
+			// Expert 1 reaches rank 3 from rank 2, on its host, not from rank 0;
+			// expert 0 has no holder on rank 2's host. Rank 3 holds expert 3
+			// already: its changed slot moves nothing.
+			func(r int) int { return r / 2 }, 4,
+			[]move{{expert: 2, from: 1, to: 0}, {expert: 0, from: 0, to: 2}, {expert: 1, from: 2, to: 3}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			moves, changed := planMoves(tc.from, tc.to, tc.host)
+			if changed != tc.changed || !slices.Equal(moves, tc.moves) {
+				t.Errorf("planMoves: %v, %d changed; want %v, %d", moves, changed, tc.moves, tc.changed)
+			}
+		})
+	}
+}

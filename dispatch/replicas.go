@@ -29,14 +29,15 @@ type route struct {
 // newRoute derives the route of placement pl (validated) for rank me, host
 // telling the host of each rank.
 func newRoute(pl *routing.Placement, me int, host func(int) int, counts CountsMode) *route {
-	n := pl.Slots()
+	table := pl.SlotTable()
+	n := len(table)
 	spr := n / pl.Ranks
 	dest := make([]int, n) // slot -> destination, -1 when empty
 	owner := make([]int, 0, n)
 	expertOf := make([]int, 0, n)
-	for s := range n {
+	for s, e := range table {
 		dest[s] = -1
-		if e := pl.SlotExpert(s); e != routing.EmptySlot {
+		if e != routing.EmptySlot {
 			dest[s] = len(owner)
 			owner = append(owner, s/spr)
 			expertOf = append(expertOf, e)
