@@ -35,7 +35,13 @@ type grafanaDashboard struct {
 	UID           string         `json:"uid"`
 	SchemaVersion int            `json:"schemaVersion"`
 	Panels        []grafanaPanel `json:"panels"`
-	Templating    struct {
+	Annotations   struct {
+		List []struct {
+			Name string `json:"name"`
+			Expr string `json:"expr"`
+		} `json:"list"`
+	} `json:"annotations"`
+	Templating struct {
 		List []struct {
 			Name       string `json:"name"`
 			Type       string `json:"type"`
@@ -130,6 +136,9 @@ func TestDashboard(t *testing.T) {
 			check(where, tg.Expr)
 		}
 	}
+	for _, a := range d.Annotations.List {
+		check("annotation "+a.Name, a.Expr)
+	}
 	hasDS := false
 	for _, v := range d.Templating.List {
 		switch v.Type {
@@ -145,16 +154,18 @@ func TestDashboard(t *testing.T) {
 
 	// The panels the spec lists, each found by the series it must chart.
 	required := map[string]string{
-		"collective latency":      "a2a_collective_duration_seconds_bucket",
-		"bandwidth sent":          "a2a_sent_bytes_total",
-		"bandwidth received":      "a2a_received_bytes_total",
-		"load imbalance":          "a2a_moe_load_imbalance_ratio",
-		"expert load heatmap":     "a2a_moe_dispatched_tokens_total",
-		"dropped tokens":          "a2a_moe_dropped_tokens_total",
-		"errors by kind":          "a2a_errors_total",
-		"slowest peer":            "a2a_peer_wait_seconds_total",
-		"counts-exchange latency": "a2a_counts_exchange_duration_seconds_bucket",
-		"traffic matrix":          "a2a_peer_sent_bytes_total",
+		"collective latency":       "a2a_collective_duration_seconds_bucket",
+		"bandwidth sent":           "a2a_sent_bytes_total",
+		"bandwidth received":       "a2a_received_bytes_total",
+		"load imbalance":           "a2a_moe_load_imbalance_ratio",
+		"estimated rank imbalance": "a2a_moe_rank_imbalance",
+		"re-placement marks":       "a2a_moe_replacements_total",
+		"expert load heatmap":      "a2a_moe_dispatched_tokens_total",
+		"dropped tokens":           "a2a_moe_dropped_tokens_total",
+		"errors by kind":           "a2a_errors_total",
+		"slowest peer":             "a2a_peer_wait_seconds_total",
+		"counts-exchange latency":  "a2a_counts_exchange_duration_seconds_bucket",
+		"traffic matrix":           "a2a_peer_sent_bytes_total",
 		// a2ad serve's control plane: every family RegisterControl exports.
 		"control-plane groups":            "a2a_control_groups",
 		"control-plane members":           "a2a_control_members",

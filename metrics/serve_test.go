@@ -66,6 +66,8 @@ func fedRegistry(t *testing.T) *prometheus.Registry {
 	})
 	o.ObserveDispatch(time.Millisecond, []int{3, 1}, 1, 1.5)
 	o.ObserveCombine(time.Millisecond)
+	o.ObserveLoad([]float64{2, 1}, 1.2)
+	o.ObserveReplace(2, 100, time.Millisecond)
 	// a2ad serve's families, on the same registry so one check covers both.
 	if err := RegisterControl(reg, func() []control.GroupView {
 		return []control.GroupView{{Group: "g", Epoch: 1, Size: 2, Ranks: []control.RankView{{Rank: 0}, {Rank: 1, Lost: true}}}}
