@@ -102,6 +102,11 @@ func (d *Dispatcher) Replace(ctx context.Context, pl *routing.Placement, m Exper
 	if closed {
 		return fmt.Errorf("%w: dispatch: dispatcher closed", a2a.ErrClosed)
 	}
+	if d.replicas.open > 0 || d.inflight.Load() > 0 {
+		// Not even the first exchange: it would race the worker's
+		// collectives on the Comm.
+		return invalidf("replace: a step is in flight; replace between steps (after combine and Wait, or Release)")
+	}
 	start := time.Now()
 	x := &replacement{d: d, to: pl, m: m}
 	prepErr := x.prepare()
@@ -155,11 +160,8 @@ func (x *replacement) prepare() error {
 	// Known from here on, so that the peers of a rank that fails a check
 	// below still see which placement it was asked for.
 	x.hash = placementHash(x.to)
-	switch {
-	case x.m == nil:
+	if x.m == nil {
 		return invalidf("replace: nil expert mover")
-	case d.replicas.open > 0 || d.inflight.Load() > 0:
-		return invalidf("replace: a step is in flight; replace between steps (after combine and Wait, or Release)")
 	}
 	if x.to.Experts != d.cfg.Experts || x.to.Ranks != P {
 		// Another layer's or group's: invalid here, and a mismatch.

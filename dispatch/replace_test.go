@@ -302,3 +302,37 @@ func TestPlanMoves(t *testing.T) {
 		})
 	}
 }
+
+// TestReplaceBetweenSteps: Replace refuses to run while a step is in
+// flight (dispatched, not combined), without touching the Comm, and runs
+// once the step is combined.
+func TestReplaceBetweenSteps(t *testing.T) {
+	const ranks = 2
+	l := replaceLayer
+	ds, stores, pl0 := replaceGroup(t, ranks, l, nil)
+	pl1, _ := routing.FromSlots(l.experts, ranks, []int{0, 1, 2, 3, 7, 4, 5, 6, 7, 0})
+	ctx := context.Background()
+	mustAll(t, onAll(ranks, func(r int) error {
+		tok := l.tokenRows(r, 0)
+		h, err := ds[r].Dispatch(ctx, tok, l.decision(r, 0))
+		if err != nil {
+			return err
+		}
+		if err := ds[r].Replace(ctx, pl1, stores[r]); !errors.Is(err, a2a.ErrInvalidArgument) || ds[r].Placement() != pl0 {
+			return fmt.Errorf("Replace with a step in flight: %v, want ErrInvalidArgument and no switch", err)
+		}
+		runExperts(h, l.dtype, l.hidden, h.Output())
+		out := make([]byte, len(tok))
+		if err := ds[r].Combine(ctx, h, h.Output(), out); err != nil {
+			return err
+		}
+		if err := checkCombined(l, r, 0, out); err != nil {
+			return err
+		}
+		if err := ds[r].Replace(ctx, pl1, stores[r]); err != nil {
+			return fmt.Errorf("Replace after the combine (handle not yet released): %w", err)
+		}
+		h.Release()
+		return replicaStep(ds[r], l, r, 1, stores[r])
+	}))
+}
