@@ -474,6 +474,9 @@ func TestDemoRebalance(t *testing.T) {
 			after = max(after, imb)
 		}
 	}
+	if !regexp.MustCompile(`(?m)^step time, slowest rank \(dispatch, experts, combine\): median \S+ over 2 steps before the re-placement at step 3, \S+ over 3 after$`).MatchString(out) {
+		t.Errorf("no step time summary in:\n%s", out)
+	}
 	mre := regexp.MustCompile(`(?m)^metrics: a2a_moe_replacements_total 1, a2a_moe_replace_bytes_total (\d+) \(rank 0\), a2a_moe_rank_imbalance ([\d.]+)$`)
 	if mm := mre.FindStringSubmatch(out); mm == nil {
 		t.Errorf("no metrics line counting one re-placement in:\n%s", out)

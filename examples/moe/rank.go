@@ -139,6 +139,7 @@ type membership struct {
 // it shrinks the group to the survivors and redoes the step.
 func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out io.Writer) error {
 	agg := newAggregate(o, m.c.Size())
+	var times stepTimes
 	for step := 0; step < o.steps; {
 		if step == o.killStep && r.rank == o.killRank && !o.killReplace {
 			// As kill -9 from outside would: no leave, no flush, no cleanup.
@@ -160,11 +161,13 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 			r.w.load(m.d.Placement(), m.c.Rank())
 			continue
 		}
-		if pl := m.d.Placement(); pl != before {
-			r.w.keep(pl, m.c.Rank())
-			printReplace(out, step, m.d.LastReplace(), before, pl, load)
+		replaced := m.d.Placement() != before
+		if replaced {
+			r.w.keep(m.d.Placement(), m.c.Rank())
+			printReplace(out, step, m.d.LastReplace(), before, m.d.Placement(), load)
 		}
 		agg.print(out, step)
+		times.add(step, agg.slowest(), replaced)
 		if err := verified(agg, res, step); err != nil {
 			return err
 		}
@@ -174,6 +177,9 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 			}
 		}
 		step++
+	}
+	if o.rebalance > 0 {
+		times.print(out)
 	}
 	return nil
 }
@@ -325,8 +331,9 @@ type stepResult struct {
 	dropped           int
 	received          int // rows this rank's experts processed
 	dispatch, combine time.Duration
-	moved             int64 // bytes sent to other ranks, dispatch and combine
-	load              []int // kept rows per global expert
+	moved             int64         // bytes sent to other ranks, dispatch and combine
+	took              time.Duration // dispatch, experts and combine (a re-placement inside Dispatch too)
+	load              []int         // kept rows per global expert
 }
 
 // rankState is one rank's reusable step state.
@@ -392,12 +399,14 @@ func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
 			return nil, err
 		}
 	}
+	start := time.Now()
 	if err := r.pipeline(ctx); err != nil {
 		return nil, err
 	}
+	took := time.Since(start)
 
 	res := &r.res
-	*res = stepResult{ok: true, load: res.load}
+	*res = stepResult{ok: true, load: res.load, took: took}
 	clear(res.load)
 	for i, h := range r.hs {
 		st := h.Stats()
@@ -549,7 +558,7 @@ func newAggregate(o options, size int) *aggregate {
 	return a
 }
 
-const recordFields = 9 // ok, mismatches, routed, kept, dropped, received, dispatch, combine, moved
+const recordFields = 10 // ok, mismatches, routed, kept, dropped, received, dispatch, combine, moved, took
 
 func (a *aggregate) recordBytes() int { return 8 * (recordFields + a.o.experts) }
 
@@ -561,7 +570,7 @@ func (a *aggregate) gather(ctx context.Context, c *a2a.Comm, res *stepResult) er
 		ok = 1
 	}
 	for i, v := range []uint64{ok, uint64(res.mismatches), uint64(res.routed), uint64(res.kept), uint64(res.dropped),
-		uint64(res.received), uint64(res.dispatch), uint64(res.combine), uint64(res.moved)} {
+		uint64(res.received), uint64(res.dispatch), uint64(res.combine), uint64(res.moved), uint64(res.took)} {
 		le.PutUint64(rec[8*i:], v)
 	}
 	for e, n := range res.load {
@@ -579,7 +588,7 @@ func (a *aggregate) gather(ctx context.Context, c *a2a.Comm, res *stepResult) er
 		s := &a.all[r]
 		s.ok, s.mismatches = f(0) == 1, int(f(1))
 		s.routed, s.kept, s.dropped, s.received = int(f(2)), int(f(3)), int(f(4)), int(f(5))
-		s.dispatch, s.combine, s.moved = time.Duration(f(6)), time.Duration(f(7)), int64(f(8))
+		s.dispatch, s.combine, s.moved, s.took = time.Duration(f(6)), time.Duration(f(7)), int64(f(8)), time.Duration(f(9))
 		for e := range s.load {
 			s.load[e] = int(f(recordFields + e))
 		}
