@@ -19,6 +19,7 @@ const LoadDecay = 0.125
 // rank load it gives under the current placement
 // ([routing.Placement.RankLoad]). *metrics.Observer implements it.
 type LoadObserver interface {
+	// ObserveLoad runs on the goroutine that ran the dispatch: keep it fast.
 	ObserveLoad(load []float64, rankImbalance float64)
 }
 

@@ -69,6 +69,7 @@ type ReplaceStats struct {
 // this rank sent (summed over the ranks: the bytes moved) and how long it
 // took. *metrics.Observer implements it.
 type ReplaceObserver interface {
+	// ObserveReplace runs on the goroutine that called Replace (or Dispatch).
 	ObserveReplace(changedSlots int, sentBytes int64, d time.Duration)
 }
 
