@@ -434,8 +434,9 @@ func (h *Handle) exchangeCounts() error {
 }
 
 // exchangeCountsInBand sends every rank this rank's rows for each of its
-// experts and receives the same from them, with one fixed-size AllToAll of
-// maxLocal counts per pair.
+// slots and receives the same from them, with one fixed-size AllToAll of
+// countsBlock(maxLocal) counts per pair: the rows, then the sender's rows of
+// its previous dispatch (load.go).
 func (h *Handle) exchangeCountsInBand() error {
 	d := h.d
 	P, rb, me, nLocal, maxLocal := d.size, d.rowBytes, d.rank, d.nLocal, d.maxLocal
