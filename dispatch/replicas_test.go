@@ -3,6 +3,7 @@ package dispatch
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -285,4 +286,48 @@ func (s *paramStore) check(e int) error {
 		return fmt.Errorf("expert %d's parameters arrived corrupted", e)
 	}
 	return nil
+}
+
+// TestNewRefusesDifferentLayouts: ranks whose placements have the same
+// primaries (Owner) but different replicas, or whose Rebalance settings
+// differ, fail New with ErrMismatch: both change where rows go.
+func TestNewRefusesDifferentLayouts(t *testing.T) {
+	const ranks = 2
+	l := replaceLayer
+	a, errA := routing.FromSlots(l.experts, ranks, []int{0, 1, 2, 3, 4, 5, 6, 7, 0, 1})
+	b, errB := routing.FromSlots(l.experts, ranks, []int{0, 1, 2, 3, 4, 5, 6, 7, 0, 2})
+	if err := errors.Join(errA, errB); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(a.Owner) != fmt.Sprint(b.Owner) {
+		t.Fatalf("the two placements differ in their primaries: %v, %v", a.Owner, b.Owner)
+	}
+	mover := &paramStore{params: map[int][]byte{}}
+	for _, tc := range []struct {
+		name string
+		cfg  func(r int) Config
+	}{
+		{"replicas", func(r int) Config { return replaceConfig(l, map[bool]*routing.Placement{true: a, false: b}[r == 0]) }},
+		{"rebalance", func(r int) Config {
+			cfg := replaceConfig(l, a)
+			cfg.Rebalance = Rebalance{Every: 10 + r, Redundant: 2, Mover: mover}
+			return cfg
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			comms := group(t, startNATS(t), ranks, nil)
+			errs := onAll(ranks, func(r int) error {
+				d, err := New(context.Background(), comms[r], tc.cfg(r))
+				if err == nil {
+					d.Close()
+				}
+				return err
+			})
+			for r, err := range errs {
+				if !errors.Is(err, a2a.ErrMismatch) {
+					t.Errorf("rank %d: %v, want ErrMismatch", r, err)
+				}
+			}
+		})
+	}
 }
