@@ -3,6 +3,7 @@ package a2a
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 	"testing"
 	"time"
@@ -69,12 +70,21 @@ func TestEveryCollectiveAllocatesNothing(t *testing.T) {
 				run(5)
 				iters := max(10, 2000*8/max(size, 8)) // fewer of the large ones
 				iters = min(iters, 300)
-				var before, after runtime.MemStats
-				runtime.GC()
-				runtime.ReadMemStats(&before)
-				run(iters)
-				runtime.ReadMemStats(&after)
-				if perOp := (float64(after.Mallocs-before.Mallocs) - 64) / float64(n*iters); perOp > 0.1 {
+				// The lowest of three windows: an allocation per call shows in
+				// every one, while the process's other goroutines (NATS, the
+				// runtime, the race detector on a loaded machine) allocate now
+				// and then, and once took a window of 10 large calls over the
+				// slack.
+				perOp := math.Inf(1)
+				for range 3 {
+					var before, after runtime.MemStats
+					runtime.GC()
+					runtime.ReadMemStats(&before)
+					run(iters)
+					runtime.ReadMemStats(&after)
+					perOp = min(perOp, (float64(after.Mallocs-before.Mallocs)-64)/float64(n*iters))
+				}
+				if perOp > 0.1 {
 					t.Errorf("%.2f allocations per call per rank, want 0", perOp)
 				}
 			})
