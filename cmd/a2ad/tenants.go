@@ -26,9 +26,12 @@ import (
 // subject spaces, so a job's ranks see and reach nothing of another job's,
 // nor of serve's global account, where the admin and the jobs that share
 // serve's file (one secret for all) are. A job minted for a group is pinned
-// to it: its user may use control.Subjects(group) alone and its
-// coordinator serves that group; one minted without a group runs the
-// groups its launchers name (mpirun's job id, ...), all in its account.
+// to it: every host that asks for the group gets the same job, and its
+// ranks run that group by default; one minted without a group runs the
+// groups its launchers name (mpirun's job id, ...). Either way the job's
+// user may use every a2a subject and inbox of its own account, so a job
+// may also form other groups there (a soak's sessions, say): the account,
+// not the group, is what isolates it.
 
 // adminJobNew is the subject on which serve's admin asks for a job's
 // credentials. It lies outside a2a.>, so that the shared coordinator never
@@ -152,9 +155,6 @@ func (t *tenancy) job(group string) (*tenant, error) {
 	t.next++
 	account := fmt.Sprintf("job-%d", t.next)
 	allow := []string{"a2a.>", "_INBOX.>"} // any group, in the job's account
-	if group != "" {
-		allow = control.Subjects(group)
-	}
 	j := &tenant{group: group, account: account, secret: natsd.RandomHex(32), idleSince: time.Now(),
 		ranks: natsd.NewUser(account, allow)}
 	svcUser := natsd.NewUser(account+"-svc", nil)
@@ -169,7 +169,7 @@ func (t *tenancy) job(group string) (*tenant, error) {
 		nats.Name("a2ad coordinator of "+account), nats.MaxReconnects(-1))...)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		j.svc, err = control.StartService(ctx, j.nc, control.ServiceConfig{Group: group, Secret: []byte(j.secret),
+		j.svc, err = control.StartService(ctx, j.nc, control.ServiceConfig{Secret: []byte(j.secret),
 			Logger: t.log.With("job", account, "group", group), MaxRate: t.limits.Rate})
 		cancel()
 	}
