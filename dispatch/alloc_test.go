@@ -12,8 +12,8 @@ import (
 )
 
 // TestSteadyStateAllocations: once warm, a dispatch + combine step allocates
-// nothing, in the synchronous form and in the pipelined asynchronous one
-// (CountsInBand; the NATS mode allocates in the control plane). As in the a2a
+// nothing, in the synchronous form and in the pipelined asynchronous one,
+// with rows in their dtype and in FP8 (CountsInBand; the NATS mode allocates in the control plane). As in the a2a
 // package's test, heartbeats are slowed down because their messages are the
 // only other allocations the process-wide counter sees.
 func TestSteadyStateAllocations(t *testing.T) {
@@ -21,7 +21,17 @@ func TestSteadyStateAllocations(t *testing.T) {
 	url := startNATS(t)
 	comms := group(t, url, ranks, func(c *a2a.Config) { c.HeartbeatInterval, c.PeerTimeout, c.Report = 10*time.Second, 30*time.Second, -1 })
 	l := layer{experts: 6, k: 2, hidden: 16, tokens: 64, dtype: reduce.BFloat16, capacity: 1.25, skew: 1, seed: 5}
-	ds := newDispatchers(t, comms, Config{Experts: 6, K: 2, Hidden: 16, DType: reduce.BFloat16, CapacityFactor: 1.25, Logger: discard})
+	for _, wire := range []WireFormat{WireSame, WireFP8} {
+		t.Run(wire.String(), func(t *testing.T) {
+			ds := newDispatchers(t, comms, Config{Experts: 6, K: 2, Hidden: 16, DType: reduce.BFloat16, CapacityFactor: 1.25, Wire: wire, Logger: discard})
+			steadyState(t, ds, l)
+		})
+	}
+}
+
+// steadyState measures the allocations of warm steps on ds.
+func steadyState(t *testing.T, ds []*Dispatcher, l layer) {
+	ranks := len(ds)
 	// Inputs for two alternating steps, made before measuring.
 	type input struct {
 		tok [2][]byte

@@ -144,6 +144,16 @@ type Config struct {
 	// Rows selects how rows travel (default RowsAuto: through shared memory
 	// between ranks of one host).
 	Rows RowPath
+	// Wire selects the format of the dispatched rows on the wire (default
+	// WireSame: Config.DType). WireFP8 sends E4M3 bytes and a float32 scale
+	// per 128 elements, for float32 and bfloat16 rows with CountsInBand;
+	// the experts still get rows in DType unless KeepFP8 is set.
+	Wire WireFormat
+	// KeepFP8, with WireFP8, leaves the received rows in FP8: Handle.Recv
+	// holds their E4M3 bytes (Hidden per row) and Handle.Scales their
+	// scales, for experts that compute in FP8. Expert outputs and Combine
+	// stay in DType.
+	KeepFP8 bool
 	// Rebalance, when its Every is set, re-places the experts from the
 	// load estimate inside Dispatch (see Dispatcher.Replace). Off by default.
 	Rebalance Rebalance
@@ -168,6 +178,8 @@ type Dispatcher struct {
 	rank     int
 	size     int
 	rowBytes int
+	wireRow  int   // bytes of a row on the dispatch wire (wire.go)
+	fp8      bool  // Wire is WireFP8
 	nLocal   int   // filled slots (local experts, replicas included) here
 	maxLocal int   // most filled slots any rank has
 	hdr      []int // CountsNATS: header bytes of the block for rank j (0 in-band)
@@ -220,6 +232,7 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 		capacity: routing.Capacity{Factor: cfg.CapacityFactor},
 		rank:     rank, size: size,
 		rowBytes: cfg.Hidden * cfg.DType.Size(),
+		wireRow:  cfg.wireRowBytes(), fp8: cfg.Wire == WireFP8,
 	}
 	if err := d.checkRebalance(); err != nil {
 		return nil, err
@@ -236,7 +249,7 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 	d.workerDone = make(chan struct{})
 	go d.work()
 	d.log.Debug("dispatch: layer ready", "rank", rank, "ranks", size, "experts", cfg.Experts, "k", cfg.K,
-		"hidden", cfg.Hidden, "dtype", cfg.DType, "local_experts", d.nLocal, "counts", cfg.Counts, "shared_memory", d.shared)
+		"hidden", cfg.Hidden, "dtype", cfg.DType, "wire", cfg.Wire, "local_experts", d.nLocal, "counts", cfg.Counts, "shared_memory", d.shared)
 	return d, nil
 }
 
@@ -272,7 +285,7 @@ func (cfg Config) validate() error {
 	case cfg.Hidden > math.MaxInt32/cfg.DType.Size():
 		return invalidf("hidden size %d: rows over 2 GiB", cfg.Hidden)
 	}
-	return nil
+	return cfg.validateWire()
 }
 
 // placement returns the layer's placement over ranks ranks: cfg.Placement,
@@ -297,19 +310,21 @@ func (cfg Config) placement(ranks int) (*routing.Placement, error) {
 }
 
 // layerFields is how many fields of a Config agree compares.
-const layerFields = 11
+const layerFields = 13
 
 // layer returns the fields of the layer every rank must configure alike,
 // as agree exchanges them: Experts, K, Hidden, DType, Counts, Rows,
 // CapacityFactor (<= 0: unlimited, all alike), the Rebalance settings (not
-// its Mover) and a fingerprint of the placement's slot table, replicas
+// its Mover), Wire and KeepFP8 (a sender's wire format is what its
+// receivers decode) and a fingerprint of the placement's slot table, replicas
 // included: placements with the same primaries but other replicas route
 // rows differently.
 func (d *Dispatcher) layer() [layerFields]uint64 {
 	rb := d.cfg.Rebalance
 	return [layerFields]uint64{uint64(d.cfg.Experts), uint64(d.cfg.K), uint64(d.cfg.Hidden), uint64(d.cfg.DType),
 		uint64(d.cfg.Counts), uint64(d.cfg.Rows), math.Float64bits(max(d.cfg.CapacityFactor, 0)),
-		uint64(rb.Every), math.Float64bits(rb.Threshold), uint64(rb.Redundant), placementHash(d.pl)}
+		uint64(rb.Every), math.Float64bits(rb.Threshold), uint64(rb.Redundant),
+		uint64(d.cfg.Wire), boolBits(d.cfg.KeepFP8), placementHash(d.pl)}
 }
 
 // layerField names field i of layer and shows its value v.
@@ -335,6 +350,10 @@ func layerField(i int, v uint64) (name, value string) {
 		return "Rebalance.Threshold", strconv.FormatFloat(math.Float64frombits(v), 'g', -1, 64)
 	case 9:
 		return "Rebalance.Redundant", strconv.FormatUint(v, 10)
+	case 10:
+		return "Wire", WireFormat(v).String()
+	case 11:
+		return "KeepFP8", strconv.FormatBool(v != 0)
 	}
 	return "Placement", fmt.Sprintf("slot table %#x (fingerprint of every slot's expert, replicas included)", v)
 }
@@ -698,6 +717,13 @@ func invalidf(format string, args ...any) error {
 // a2a.ErrInvalidArgument.
 func wrapInvalid(err error, what string) error {
 	return fmt.Errorf("%w: dispatch: %s: %w", a2a.ErrInvalidArgument, what, err)
+}
+
+func boolBits(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func alignUp(n, a int) int { return (n + a - 1) / a * a }

@@ -72,6 +72,31 @@
 // rank maps a probe segment of every same-host rank and reads it back), so
 // every rank runs the same collectives.
 //
+// # FP8 wire
+//
+// With [Config.Wire] set to [WireFP8], rows travel as DeepEP dispatches
+// them: OCP FP8 E4M3 (e4m3fn, saturating at ±448) with one float32 scale
+// per [reduce.E4M3Block] (128) elements of a row, scale = amax/448, so each
+// block uses the whole E4M3 range. A wire row is the row's Hidden E4M3
+// bytes followed by its little-endian scales: at H=7168, 7392 bytes
+// instead of 14336 in bfloat16 (0.52x). Each token row is quantized once,
+// before the counts exchange, into a staging buffer of wire rows that the
+// AllToAllVSpans gathers from and the shared-memory pack copies from (into
+// each same-host receiver's wire buffer); this rank's own rows take the same
+// round trip, so what an expert sees does not depend on where it runs. On
+// arrival the rows are dequantized into [Handle.Recv] in [Config.DType]
+// (float32 or bfloat16), laid out as always; with [Config.KeepFP8], Recv
+// holds the E4M3 bytes (Hidden per row, same order) and [Handle.Scales]
+// the scales, for experts that compute in FP8. Each element comes back
+// within |x|/16 plus half the smallest subnormal step of its block
+// (scale*2^-10). Combine is unchanged: outputs travel in DType and are
+// summed in float32. A row of zeros gets scale 0. A row holding Inf or NaN
+// cannot be scaled: Dispatch fails with [a2a.ErrInvalidArgument] naming
+// the token on its rank, and, because that rank marks its in-band counts
+// block as rejected, with [a2a.ErrAborted] naming it on every other rank at
+// once; nobody exchanges rows for that step, and the Comm stays usable.
+// WireFP8 needs [CountsInBand].
+//
 // # Learning the receive counts
 //
 // A receiver needs more than the byte count of each incoming block: it must
@@ -208,7 +233,9 @@
 // # Errors
 //
 // Arguments are checked before the Comm is touched and reported with errors
-// matching [a2a.ErrInvalidArgument] (wrong buffer sizes, expert ids out of
+// matching [a2a.ErrInvalidArgument] (except a non-finite row with
+// [WireFP8], found while quantizing and reported to the peers as described
+// there) (wrong buffer sizes, expert ids out of
 // range, a decision whose shape does not match the layer, ...); the Comm stays
 // usable. The peers, which did not fail, wait in their next collective until
 // this rank either retries or closes its Comm (they then see ErrPeerLost or

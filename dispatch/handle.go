@@ -47,8 +47,10 @@ type Stats struct {
 	// (1 is even; see routing.Imbalance).
 	Imbalance float64
 	// SentBytes and ReceivedBytes are the dispatch payload exchanged with
-	// other ranks (the local block and count exchanges are not counted);
-	// combine moves the same amounts the other way.
+	// other ranks (the local block and count exchanges are not counted), in
+	// the wire format; combine moves the same rows the other way in DType
+	// (the same amounts with WireSame, RowBytes/WireRowBytes times more
+	// with WireFP8).
 	SentBytes, ReceivedBytes int64
 	// DispatchTime runs from the start of packing to the end of the
 	// exchange; CombineTime from the start of the reverse exchange to the end
@@ -119,6 +121,16 @@ type Handle struct {
 	recvSeg, outSeg *segment
 	descOut, descIn []byte // the descriptors exchanged by each dispatch and combine
 
+	// WireFP8 (wire.go): qtok holds the quantized token rows the exchange
+	// sends from, wire the received wire rows (in wireSeg when same-host
+	// peers write into it), laid out as recv with wire rows; with KeepFP8,
+	// recv8 and scales are what Recv and Scales return. rowF and rowS are
+	// one row's scratch.
+	qtok, wire, recv8 []byte
+	wireSeg           *segment
+	scales            []float32
+	rowF, rowS        []float32
+
 	dispatchTime, combineTime time.Duration
 	sentBytes, recvBytes      int64
 }
@@ -177,11 +189,17 @@ func (h *Handle) Rows() int {
 // Recv is the received buffer: the rows of this rank's own tokens first, then
 // the other ranks' blocks (those the AllToAllV brought, in rank order, then
 // those written through shared memory, in rank order); within a block, rows
-// by local expert, then by token. Segments gives the offsets. Nil once
-// released.
+// by local expert, then by token. Segments gives the offsets. With
+// WireFP8 the rows were dequantized to Config.DType on arrival. With
+// KeepFP8 it holds the rows' E4M3 bytes instead, Hidden per row in the same
+// order (the row at Segment offset off is row off/RowBytes), and Scales
+// their scales. Nil once released.
 func (h *Handle) Recv() []byte {
 	if h.released() {
 		return nil
+	}
+	if h.d.cfg.KeepFP8 {
+		return h.recv8
 	}
 	return h.recv
 }
@@ -211,8 +229,9 @@ func (h *Handle) Output() []byte {
 func (h *Handle) freeSegments() {
 	h.recvSeg.free()
 	h.outSeg.free()
-	h.recvSeg, h.outSeg = nil, nil
-	h.recv, h.output = nil, nil
+	h.wireSeg.free()
+	h.recvSeg, h.outSeg, h.wireSeg = nil, nil, nil
+	h.recv, h.output, h.wire = nil, nil, nil
 }
 
 // growRecv makes h.recv n bytes long, keeping its first keep bytes: in a
@@ -333,13 +352,25 @@ func (h *Handle) exec() error {
 // keeping those rows, if the counts then ask for more. With shared memory the
 // pack waits for the counts instead: it writes into the peers' receive
 // buffers, which exist only once they know what they receive.
+//
+// With WireFP8 every token row is quantized once, before the counts (a row
+// that cannot be is rejected there, on every rank), and the pack and the
+// exchange move wire rows into h.wire, which unwire then converts.
 func (h *Handle) runDispatch() error {
 	start := time.Now()
 	d := h.d
 	sendLayout := h.layoutSend()
+	if d.fp8 {
+		if err := h.quantizeTokens(); err != nil {
+			return h.rejectStep(err)
+		}
+	}
 	if !d.shared {
 		// Packed at once, while the counts are still unknown.
 		if err := h.growRecv(max(h.selfBytes+sendLayout, cap(h.recv)), 0); err != nil {
+			return err
+		}
+		if err := h.growWireFor(len(h.recv), 0); err != nil {
 			return err
 		}
 		h.pack()
@@ -352,17 +383,28 @@ func (h *Handle) runDispatch() error {
 		if err := h.growRecv(recvLayout, 0); err != nil {
 			return err
 		}
+		if err := h.growWireFor(recvLayout, 0); err != nil {
+			return err
+		}
 		if err := h.packShared(); err != nil {
 			return err
 		}
-	} else if err := h.growRecv(recvLayout, h.selfBytes); err != nil {
-		return err
+	} else {
+		if err := h.growRecv(recvLayout, h.selfBytes); err != nil {
+			return err
+		}
+		if err := h.growWireFor(recvLayout, h.selfBytes); err != nil {
+			return err
+		}
 	}
 	if err := h.exchangeRows(); err != nil {
 		return err
 	}
 	if err := h.readBlockHeaders(); err != nil {
 		return err
+	}
+	if d.fp8 {
+		h.unwire()
 	}
 	h.indexSegments()
 	h.foldLoads()
@@ -457,6 +499,9 @@ func (h *Handle) exchangeCountsInBand() error {
 			continue
 		}
 		counts := h.hdrIn[4*i*blk : 4*(i*blk+maxLocal)]
+		if err := h.peerRejected(i, counts); err != nil {
+			return err
+		}
 		total := getRowCounts(h.rowsFrom[i*nLocal:(i+1)*nLocal], counts)
 		for l := nLocal; l < maxLocal; l++ {
 			if n := binary.LittleEndian.Uint32(counts[4*l:]); n != 0 {
@@ -506,13 +551,17 @@ func (h *Handle) exchangeRows() error {
 	if !h.gather {
 		return d.comm.AllToAllV(h.ctx, h.send, h.a2aSend, h.remoteRows(h.recv), h.a2aRecv)
 	}
+	src, dst := h.tokens, h.recv
+	if d.fp8 {
+		src, dst = h.qtok, h.wire
+	}
 	for i := range d.size {
 		h.recvSpans[i] = h.recvSpans[i][:0]
 		if h.a2aRecv[i] > 0 {
-			h.recvSpans[i] = append(h.recvSpans[i], a2a.Span{Off: h.recvDispl[i], Len: h.a2aRecv[i]})
+			h.recvSpans[i] = append(h.recvSpans[i], a2a.Span{Off: h.wireBytes(h.recvDispl[i]), Len: h.wireBytes(h.a2aRecv[i])})
 		}
 	}
-	return d.comm.AllToAllVSpans(h.ctx, h.tokens, h.sendSpans, h.recv, h.recvSpans)
+	return d.comm.AllToAllVSpans(h.ctx, src, h.sendSpans, dst, h.recvSpans)
 }
 
 // remoteRows is the part of b, laid out as recv, that holds the AllToAllV's
@@ -563,8 +612,8 @@ func (h *Handle) indexSegments() {
 			h.expertRows[l] += n
 			pos += n * rb
 		}
-		h.sentBytes += int64(h.sendCounts[i])
-		h.recvBytes += int64(h.recvCounts[i])
+		h.sentBytes += int64(h.wireBytes(h.sendCounts[i]))
+		h.recvBytes += int64(h.wireBytes(h.recvCounts[i]))
 	}
 }
 
@@ -626,6 +675,7 @@ func (h *Handle) pack() {
 	h.slotOff = growInts(h.slotOff, len(p.Row))
 	stream := p.Rows*rb >= streamBytes
 	K, owner := p.K, d.rt.slots.Owner
+	fp8, wb := d.fp8, d.wireRow
 	for a, r := range p.Row {
 		if r < 0 {
 			h.slotOff[a] = -1
@@ -633,17 +683,26 @@ func (h *Handle) pack() {
 		}
 		t := a / K
 		src := h.tokens[t*rb : (t+1)*rb]
+		if fp8 {
+			src = h.qtok[t*wb : (t+1)*wb]
+		}
 		j := owner[h.slotDec.Expert[a]]
 		pos := h.rowBase[j] + int(r)*rb
 		var dst []byte
 		switch {
+		case j == me && fp8:
+			dst = h.wireRowAt(h.wire, pos, 0)
+			h.slotOff[a] = selfOffset(pos)
 		case j == me:
 			dst = h.recv[pos : pos+rb]
 			h.slotOff[a] = selfOffset(pos)
 		case h.gather && !d.sharedWith[j]:
-			h.sendSpans[j][int(r)-p.RankStart[j]] = a2a.Span{Off: t * rb, Len: rb}
+			h.sendSpans[j][int(r)-p.RankStart[j]] = a2a.Span{Off: t * len(src), Len: len(src)}
 			h.slotOff[a] = pos
 			continue
+		case fp8:
+			dst = h.wireRowAt(h.rowSrc[j], pos, h.rowDelta[j])
+			h.slotOff[a] = pos
 		default:
 			dst = h.rowSrc[j][pos-h.rowDelta[j]:][:rb]
 			h.slotOff[a] = pos

@@ -86,6 +86,8 @@ type layer struct {
 	skew               float64
 	preDrop            bool // the caller marks some slots Dropped itself
 	seed               uint64
+	// values, if set, replaces the default element values (value).
+	values func(r, step, t, j int) float32
 }
 
 func (l layer) tokensOf(r, step int) int {
@@ -98,6 +100,9 @@ func (l layer) tokensOf(r, step int) int {
 // value is element j of token t of rank r at step: small multiples of 1/4,
 // exact in every dtype under test.
 func (l layer) value(r, step, t, j int) float32 {
+	if l.values != nil {
+		return l.values(r, step, t, j)
+	}
 	return float32((r*31+step*11+t*7+j*3)%17-8) * 0.25
 }
 
@@ -166,6 +171,23 @@ func runExperts(h *Handle, dt reduce.DType, hidden int, out []byte) {
 // rank, exactly the rows of that rank's tokens routed there, in token order.
 func checkReceived(l layer, r, step, size int, pl *routing.Placement, h *Handle) error {
 	rb := l.hidden * l.dtype.Size()
+	tokens := make([][]byte, size) // by source rank, made once
+	return walkReceived(l, r, step, size, pl, h, func(src, t int, seg Segment, n int) error {
+		if tokens[src] == nil {
+			tokens[src] = l.tokenRows(src, step)
+		}
+		got := h.Recv()[seg.Offset+n*rb : seg.Offset+(n+1)*rb]
+		if want := tokens[src]; string(got) != string(want[t*rb:(t+1)*rb]) {
+			return fmt.Errorf("not token %d's row", t)
+		}
+		return nil
+	})
+}
+
+// walkReceived checks the segments of h against the reference routing and
+// calls row for row n of every segment with the token t of rank src it
+// must hold.
+func walkReceived(l layer, r, step, size int, pl *routing.Placement, h *Handle, row func(src, t int, seg Segment, n int) error) error {
 	local := pl.PerRank[r]
 	if h.LocalExperts() != len(local) {
 		return fmt.Errorf("%d local experts, want %d", h.LocalExperts(), len(local))
@@ -185,7 +207,6 @@ func checkReceived(l layer, r, step, size int, pl *routing.Placement, h *Handle)
 				return fmt.Errorf("expert %d segment %d names source %d", e, src, seg.Source)
 			}
 			dec := l.dispatched(src, step)
-			want := l.tokenRows(src, step)
 			n := 0
 			for t := range dec.Tokens {
 				for s := range dec.K {
@@ -195,9 +216,8 @@ func checkReceived(l layer, r, step, size int, pl *routing.Placement, h *Handle)
 					if n >= seg.Rows {
 						return fmt.Errorf("expert %d from rank %d: %d rows, want more", e, src, seg.Rows)
 					}
-					got := h.Recv()[seg.Offset+n*rb : seg.Offset+(n+1)*rb]
-					if string(got) != string(want[t*rb:(t+1)*rb]) {
-						return fmt.Errorf("expert %d from rank %d row %d: not token %d's row", e, src, n, t)
+					if err := row(src, t, seg, n); err != nil {
+						return fmt.Errorf("expert %d from rank %d row %d: %w", e, src, n, err)
 					}
 					n++
 				}
@@ -224,6 +244,12 @@ func checkReceived(l layer, r, step, size int, pl *routing.Placement, h *Handle)
 // the last place (fused multiply-add on some architectures); float32 by a
 // relative 1e-6.
 func checkCombined(l layer, r, step int, out []byte) error {
+	return checkCombinedOf(l, r, step, out, func(e, t, j int) float32 { return expertFn(e, l.value(r, step, t, j)) })
+}
+
+// checkCombinedOf is checkCombined with expert e's output for element j of
+// token t given by output.
+func checkCombinedOf(l layer, r, step int, out []byte, output func(e, t, j int) float32) error {
 	dec := l.dispatched(r, step)
 	H := l.hidden
 	if len(out) != dec.Tokens*H*l.dtype.Size() {
@@ -237,7 +263,7 @@ func checkCombined(l layer, r, step int, out []byte) error {
 				if e == routing.Dropped {
 					continue
 				}
-				acc += dec.Weight[t*dec.K+s] * expertFn(int(e), l.value(r, step, t, j))
+				acc += dec.Weight[t*dec.K+s] * output(int(e), t, j)
 			}
 			want := roundTo(l.dtype, acc)
 			got := getElem(l.dtype, out, t*H+j)

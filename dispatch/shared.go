@@ -392,7 +392,11 @@ func (h *Handle) readShared() error {
 // and into the send buffer for the others. Without an AllToAllV to follow (a
 // group on one host), a barrier then says that all rows are in place.
 func (h *Handle) packShared() error {
-	h.putDescriptors(h.recvSeg, func(i int) (int, int) { return h.recvDispl[i], h.recvCounts[i] })
+	seg := h.recvSeg
+	if h.d.fp8 {
+		seg = h.wireSeg // peers write wire rows, which unwire converts here
+	}
+	h.putDescriptors(seg, func(i int) (int, int) { return h.wireBytes(h.recvDispl[i]), h.wireBytes(h.recvCounts[i]) })
 	if err := h.exchangeDescriptors("receive buffer", nil); err != nil {
 		return err
 	}
@@ -430,8 +434,8 @@ func (h *Handle) observeShared(combine bool) {
 			sent += int64(h.recvCounts[j] - d.hdrSelf)
 			received += int64(h.sendCounts[j] - d.hdr[j])
 		} else {
-			sent += int64(h.sendCounts[j])
-			received += int64(h.recvCounts[j])
+			sent += int64(h.wireBytes(h.sendCounts[j]))
+			received += int64(h.wireBytes(h.recvCounts[j]))
 		}
 	}
 	o.ObserveSharedTraffic(sent, received)
@@ -465,11 +469,14 @@ func (h *Handle) exchangeDescriptors(what string, skip []int) error {
 			continue
 		}
 		desc := getDescriptor(h.descIn[descriptorBytes*j:])
+		// The dispatch's descriptors (no skip) point at wire rows.
+		want := h.wireBytes(h.sendCounts[j])
 		head := 0
 		if skip != nil {
 			head = skip[j]
+			want = h.sendCounts[j] - head
 		}
-		if want := h.sendCounts[j] - head; desc.len != want {
+		if desc.len != want {
 			return h.sharedFailure(h.mismatch(j, "offers %d bytes of %s for this rank's %d bytes", desc.len, what, want))
 		}
 		rows, err := d.views.rows(j, desc)
