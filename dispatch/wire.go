@@ -115,9 +115,8 @@ func (h *Handle) quantizeTokens() error {
 		}
 		// The tokens may sit anywhere in memory: widen by bytes rather
 		// than through a view that needs alignment.
-		widen(d.cfg.DType, h.rowF, h.tokens[t*rb:(t+1)*rb])
 		q := h.qtok[t*wb : (t+1)*wb]
-		if err := reduce.QuantizeE4M3(q[:H], h.rowS, h.rowF); err != nil {
+		if err := quantizeRow(d.cfg.DType, q[:H], h.rowS, h.tokens[t*rb:(t+1)*rb], h.rowF); err != nil {
 			return fmt.Errorf("%w: dispatch: token %d: %w", a2a.ErrInvalidArgument, t, err)
 		}
 		for i, s := range h.rowS {
@@ -125,6 +124,21 @@ func (h *Handle) quantizeTokens() error {
 		}
 	}
 	return nil
+}
+
+// quantizeRow encodes src, a row of dt elements, into q and sc: from a
+// typed view of src when it is aligned, else widened into tmp first (the
+// caller's tokens may sit anywhere in memory).
+func quantizeRow(dt reduce.DType, q []uint8, sc []float32, src []byte, tmp []float32) error {
+	if dt == reduce.BFloat16 {
+		if v, err := reduce.BFloat16s(src); err == nil {
+			return reduce.QuantizeE4M3BF16(q, sc, v)
+		}
+	} else if v, err := reduce.Float32s(src); err == nil {
+		return reduce.QuantizeE4M3(q, sc, v)
+	}
+	widen(dt, tmp, src)
+	return reduce.QuantizeE4M3(q, sc, tmp)
 }
 
 // rejectStep tells every peer, through the counts exchange, that this rank
@@ -209,10 +223,26 @@ func (h *Handle) unwire() {
 		if d.cfg.KeepFP8 {
 			continue
 		}
-		// Lengths match by construction: the error cannot happen.
-		_ = reduce.DequantizeE4M3(h.rowF, w[:H], sc)
-		narrow(dt, h.recv[n*rb:(n+1)*rb], h.rowF)
+		dequantizeRow(dt, h.recv[n*rb:(n+1)*rb], w[:H], sc, h.rowF)
 	}
+}
+
+// dequantizeRow writes the E4M3 row q with scales sc into dst, a row of dt
+// elements: through a typed view of dst in one pass (recv rows are whole
+// elements from an aligned start), else through the float32 row tmp. The
+// lengths match by construction, so the kernels cannot fail.
+func dequantizeRow(dt reduce.DType, dst []byte, q []uint8, sc, tmp []float32) {
+	if dt == reduce.BFloat16 {
+		if v, err := reduce.BFloat16s(dst); err == nil {
+			_ = reduce.DequantizeE4M3BF16(v, q, sc)
+			return
+		}
+	} else if v, err := reduce.Float32s(dst); err == nil {
+		_ = reduce.DequantizeE4M3(v, q, sc)
+		return
+	}
+	_ = reduce.DequantizeE4M3(tmp, q, sc)
+	narrow(dt, dst, tmp)
 }
 
 // Scales holds, with Config.KeepFP8, the float32 scales of the FP8 rows in
