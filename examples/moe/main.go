@@ -66,6 +66,7 @@ type options struct {
 	dtype        reduce.DType
 	counts       dispatch.CountsMode
 	rows         dispatch.RowPath
+	wire         dispatch.WireFormat
 	metricsAddr  string
 	metricsPort  int
 	interval     time.Duration
@@ -102,7 +103,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 
 // textFlags are the flags given as text that options holds decoded.
 type textFlags struct {
-	skew, dtype, counts, rows string
+	skew, dtype, counts, rows, wire string
 }
 
 // register defines the flags on fs: most set o's fields, the others text's,
@@ -122,6 +123,7 @@ func (o *options) register(fs *flag.FlagSet, text *textFlags) {
 	fs.StringVar(&text.dtype, "dtype", "float32", "element type of token rows: float32 or bfloat16")
 	fs.StringVar(&text.counts, "counts", "inband", "how ranks learn receive counts: inband (data plane) or nats (control plane)")
 	fs.StringVar(&text.rows, "rows", "auto", "how rows travel: auto (shared memory when every rank is on this host) or alltoallv")
+	fs.StringVar(&text.wire, "wire", "same", "format of dispatched rows: same (the dtype) or fp8 (E4M3 with a float32 scale per 128 elements; needs --counts inband)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1", "host the /metrics servers listen on")
 	fs.IntVar(&o.metricsPort, "metrics-port", 0, "rank r serves /metrics on port BASE+r (0: any free port)")
 	fs.DurationVar(&o.interval, "interval", 0, "pause between steps")
@@ -152,6 +154,9 @@ func (o *options) decode(text textFlags) error {
 	if o.rows, err = dispatch.ParseRowPath(text.rows); err != nil {
 		return fmt.Errorf("--rows %q: auto or alltoallv", text.rows)
 	}
+	if o.wire, err = dispatch.ParseWireFormat(text.wire); err != nil {
+		return fmt.Errorf("--wire %q: same or fp8", text.wire)
+	}
 	return nil
 }
 
@@ -166,6 +171,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("--tokens, --hidden, --ffn and --steps must be positive")
 	case o.microbatches < 1 || o.microbatches > max(o.tokens, 1):
 		return fmt.Errorf("--microbatches %d: want 1..tokens", o.microbatches)
+	case o.wire == dispatch.WireFP8 && o.counts != dispatch.CountsInBand:
+		return fmt.Errorf("--wire fp8: needs --counts inband")
 	case o.metricsPort < 0 || o.metricsPort > 65535:
 		return fmt.Errorf("--metrics-port %d", o.metricsPort)
 	case o.killRank == 0 || o.killRank < -1 || (!o.worker && o.killRank >= o.ranks):

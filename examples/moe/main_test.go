@@ -145,6 +145,12 @@ func TestDemoInProcess(t *testing.T) {
 		{"rows-alltoallv-microbatches", 3, []string{"-n", "3", "--tokens", "30", "--hidden", "8", "--ffn", "8", "--steps", "2",
 			"--microbatches", "2", "--rows", "alltoallv"}},
 		{"one-rank", 1, []string{"-n", "1", "--experts", "4", "--tokens", "10", "--hidden", "4", "--ffn", "4", "--steps", "2"}},
+		// FP8 rows of more than one scale block, verified within the
+		// wire's bound and then against the reference on the FP8 rows.
+		{"wire-fp8-bf16-microbatches", 3, []string{"-n", "3", "--tokens", "24", "--hidden", "200", "--ffn", "16", "--steps", "2",
+			"--dtype", "bf16", "--wire", "fp8", "--skew", "1", "--microbatches", "2"}},
+		{"wire-fp8-f32-alltoallv", 3, []string{"-n", "3", "--tokens", "20", "--hidden", "130", "--ffn", "8", "--steps", "2",
+			"--wire", "fp8", "--rows", "alltoallv"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, errs := runInProcess(t, tc.args...)
@@ -255,6 +261,8 @@ func TestFlags(t *testing.T) {
 		{[]string{"--dtype", "int32"}, "--dtype"},
 		{[]string{"--counts", "carrier-pigeon"}, "--counts"},
 		{[]string{"--rows", "sneakernet"}, "--rows"},
+		{[]string{"--wire", "fp4"}, "--wire"},
+		{[]string{"--wire", "fp8", "--counts", "nats"}, "--wire fp8: needs --counts inband"},
 		{[]string{"-n", "0"}, "-n 0"},
 		{[]string{"--k", "17"}, "--k 17"},
 		{[]string{"--microbatches", "0"}, "--microbatches"},

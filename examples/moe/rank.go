@@ -67,7 +67,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	w.die = o.killReplace && c.Rank() == o.killRank
 	m.layer = dispatch.Config{
 		Experts: o.experts, K: o.k, Hidden: o.hidden, DType: o.dtype, Placement: pl,
-		CapacityFactor: o.capacity, Counts: o.counts, Rows: o.rows, Observer: obs, Logger: log,
+		CapacityFactor: o.capacity, Counts: o.counts, Rows: o.rows, Wire: o.wire, Observer: obs, Logger: log,
 		Rebalance: dispatch.Rebalance{Every: o.rebalance * o.microbatches, Threshold: o.threshold, Redundant: o.redundant, Mover: w},
 	}
 	if m.d, err = dispatch.New(ctx, c, m.layer); err != nil {
@@ -256,6 +256,9 @@ func printHeader(w io.Writer, o options, size int, pl *routing.Placement, urls [
 	}
 	fmt.Fprintf(w, "moe: %d ranks, %d experts (%s), top-%d, %d tokens per rank, hidden %d, ffn %d, %v, capacity %g, skew %g, counts %v, %s\n",
 		size, o.experts, expertsPerRank(pl), o.k, o.tokens, o.hidden, o.ffn, o.dtype, o.capacity, o.skew, o.counts, mb)
+	if o.wire != dispatch.WireSame {
+		rows += fmt.Sprintf(", dispatched as %v", o.wire)
+	}
 	fmt.Fprintf(w, "data plane %s; rows: %s\n", transport, rows)
 	if o.rebalance > 0 {
 		fmt.Fprintf(w, "re-placement: every %d steps, when the estimated imbalance exceeds %g, %d redundant slots; the experts' weights move between ranks\n",
@@ -357,6 +360,11 @@ type rankState struct {
 
 	// Views of the rows, and the reference's own buffers.
 	tokensV, outV, ref, row rows
+	// --wire fp8: the tokens as the FP8 wire delivers them, and scratch.
+	wireV  rows
+	q      []uint8
+	scales []float32
+	wide   []float32
 }
 
 func newRankState(o options, d *dispatch.Dispatcher, rank int, w *weights) (*rankState, error) {
@@ -377,6 +385,13 @@ func newRankState(o options, d *dispatch.Dispatcher, rank int, w *weights) (*ran
 	r.outV, errs[1] = viewRows(o.dtype, r.out, o.hidden)
 	r.ref, errs[2] = viewRows(o.dtype, make([]byte, o.tokens*rb), o.hidden)
 	r.row, errs[3] = viewRows(o.dtype, make([]byte, rb), o.hidden)
+	if o.wire == dispatch.WireFP8 {
+		var err error
+		r.wireV, err = viewRows(o.dtype, make([]byte, o.tokens*rb), o.hidden)
+		errs[3] = errors.Join(errs[3], err)
+		r.q, r.scales = make([]uint8, o.hidden), make([]float32, reduce.E4M3Scales(o.hidden))
+		r.wide = make([]float32, o.hidden)
+	}
 	return r, errors.Join(errs[:]...)
 }
 
@@ -416,7 +431,8 @@ func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
 		res.received += st.Received
 		res.dispatch += st.DispatchTime
 		res.combine += st.CombineTime
-		res.moved += st.SentBytes + st.ReceivedBytes // combine sends back what dispatch received
+		// Combine sends back the rows dispatch received, in the dtype.
+		res.moved += st.SentBytes + st.ReceivedBytes*int64(r.d.RowBytes())/int64(r.d.WireRowBytes())
 		for e, n := range h.ExpertLoad() {
 			res.load[e] += n
 		}
@@ -429,6 +445,15 @@ func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
 
 	// The reference: the same micro-batches routed and capped
 	// independently, every expert computed here, summed in slot order.
+	// With the FP8 wire the experts saw the tokens through it: so does the
+	// reference, after checking each element's FP8 error bound.
+	refIn := r.tokensV
+	if o.wire == dispatch.WireFP8 {
+		refIn = r.wireV
+		if err := r.fp8Tokens(res); err != nil {
+			return nil, err
+		}
+	}
 	for i := range r.decs {
 		lo, hi := r.span(i)
 		dec := &r.refDec
@@ -438,7 +463,7 @@ func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
 		if _, err := r.cap.Apply(dec, o.experts, nil); err != nil {
 			return nil, err
 		}
-		r.m.reference(r.tokensV.slice(lo, hi), dec, r.ref.slice(lo, hi), r.act, r.acc, r.row)
+		r.m.reference(refIn.slice(lo, hi), dec, r.ref.slice(lo, hi), r.act, r.acc, r.row)
 	}
 	for i := range r.outV.len() {
 		got, want := r.outV.at(i), r.ref.at(i)
@@ -451,6 +476,36 @@ func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
 	}
 	res.ok = res.mismatches == 0
 	return res, nil
+}
+
+// fp8Tokens fills r.wireV with the tokens as the FP8 wire delivers them to
+// the experts (reduce's E4M3 round trip, rounded to the dtype) and counts
+// as mismatches in res the elements beyond the wire's error bound, |x|/16
+// plus half the smallest subnormal step of the element's block
+// (scale*2^-10), against the token in float64.
+func (r *rankState) fp8Tokens(res *stepResult) error {
+	H := r.o.hidden
+	for t := range r.o.tokens {
+		for j := range H {
+			r.wide[j] = r.tokensV.at(t*H + j)
+		}
+		if err := reduce.QuantizeE4M3(r.q, r.scales, r.wide); err != nil {
+			return fmt.Errorf("token %d: %w", t, err)
+		}
+		for j, b := range r.q {
+			orig := float64(r.tokensV.at(t*H + j))
+			r.wireV.set(t*H+j, reduce.E4M3ToF32(b)*r.scales[j/reduce.E4M3Block])
+			got := float64(r.wireV.at(t*H + j))
+			bound := math.Abs(orig)/16 + float64(r.scales[j/reduce.E4M3Block])*0x1p-10
+			if math.Abs(got-orig) > bound {
+				if res.mismatches == 0 {
+					res.first = fmt.Sprintf("token %d element %d: FP8 wire gives %v for %v, beyond %v", t, j, got, orig, bound)
+				}
+				res.mismatches++
+			}
+		}
+	}
+	return nil
 }
 
 // matches reports whether got matches the reference want. The reference does
