@@ -486,7 +486,8 @@ func (d *Dispatcher) DispatchAsync(ctx context.Context, tokens []byte, decision 
 // Combine sends the expert outputs back to the ranks their tokens came from
 // and writes into out, in the original token order, the gate-weighted sum of
 // each token's expert outputs. expertOutputs has the layout and length of
-// h.Recv() (h.Output() or h.Recv() itself, computed in place); out holds the
+// h.Recv() (h.Output() or h.Recv() itself, computed in place; with
+// KeepFP8, whose Recv holds FP8 rows, those of h.Output()); out holds the
 // dispatched number of token rows (h.Tokens() * RowBytes bytes) and may be
 // the dispatched tokens buffer. The handle stays valid (its statistics
 // readable) until Release.
@@ -699,7 +700,7 @@ func (d *Dispatcher) prepareCombine(ctx context.Context, h *Handle, expertOutput
 	case h.state != stateDispatched:
 		return invalidf("handle's dispatch did not succeed")
 	case len(expertOutputs) != len(h.recv):
-		return invalidf("expert outputs hold %d bytes, want %d (the length of Recv: %d rows of %d bytes, plus %d header bytes)",
+		return invalidf("expert outputs hold %d bytes, want %d (the length of Output: %d rows of %d bytes, plus %d header bytes)",
 			len(expertOutputs), len(h.recv), h.Rows(), d.rowBytes, len(h.recv)-h.Rows()*d.rowBytes)
 	case len(out) != h.T*d.rowBytes:
 		return invalidf("combine output holds %d bytes, want %d (%d tokens x %d)", len(out), h.T*d.rowBytes, h.T, d.rowBytes)

@@ -315,3 +315,28 @@ func TestFP8Config(t *testing.T) {
 		}
 	}
 }
+
+// TestFP8MisalignedTokens: token rows at an odd address (no typed view)
+// are quantized through the scratch row, with the same result.
+func TestFP8MisalignedTokens(t *testing.T) {
+	const ranks = 2
+	url := startNATS(t)
+	comms := group(t, url, ranks, nil)
+	for _, dt := range []reduce.DType{reduce.Float32, reduce.BFloat16} {
+		l := layer{experts: 4, k: 2, hidden: 130, tokens: 9, dtype: dt, seed: 11, values: fp8Value}
+		c := dispatchCase{ranks: ranks, l: l}
+		pl := c.placement(t)
+		ds := newDispatchers(t, comms, Config{Experts: 4, K: 2, Hidden: 130, DType: dt, Wire: WireFP8, Logger: discard})
+		mustAll(t, onAll(ranks, func(r int) error {
+			tok := l.tokenRows(r, 0)
+			odd := make([]byte, len(tok)+1)[1:]
+			copy(odd, tok)
+			h, err := ds[r].Dispatch(t.Context(), odd, l.decision(r, 0))
+			if err != nil {
+				return err
+			}
+			defer h.Release()
+			return checkFP8Received(l, r, 0, ranks, pl, h, false)
+		}))
+	}
+}
