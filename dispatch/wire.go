@@ -166,7 +166,7 @@ func (h *Handle) peerRejected(src int, counts []byte) error {
 		return nil
 	}
 	return &a2a.Error{Kind: a2a.ErrAborted, Rank: src, Detail: fmt.Sprintf(
-		"dispatch: rank %d rejected its rows for this step (see its error); the step is abandoned on every rank and the Comm stays usable", src)}
+		"dispatch: rank %d rejected its rows for this step (see its error): every rank abandons the step, but the Comm itself was not aborted and stays usable", src)}
 }
 
 // growWire makes h.wire, the receive buffer of the FP8 wire, n bytes long,
