@@ -457,7 +457,9 @@ func (h *Handle) putDescriptors(seg *segment, block func(i int) (off, n int)) {
 // exchangeDescriptors sends h.descOut, receives every shared-memory peer's
 // descriptor for this rank and maps what it points at: the block of the
 // send layout for peer j, after its first skip[j] bytes (none if skip is
-// nil), is then rowSrc[j][pos-rowDelta[j]].
+// nil), is then rowSrc[j][pos-rowDelta[j]]. Dispatch passes nil: the
+// receivers offer room for wire rows (wireBytes of the DType layout).
+// Combine passes d.hdr, never nil: the outputs are in DType.
 func (h *Handle) exchangeDescriptors(what string, skip []int) error {
 	d := h.d
 	if err := d.comm.AllToAll(h.ctx, h.descOut, h.descIn); err != nil {
@@ -469,7 +471,7 @@ func (h *Handle) exchangeDescriptors(what string, skip []int) error {
 			continue
 		}
 		desc := getDescriptor(h.descIn[descriptorBytes*j:])
-		// The dispatch's descriptors (no skip) point at wire rows.
+		// The dispatch's descriptors (skip nil) point at wire rows.
 		want := h.wireBytes(h.sendCounts[j])
 		head := 0
 		if skip != nil {
