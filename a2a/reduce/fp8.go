@@ -81,19 +81,27 @@ func F32ToE4M3(f float32) uint8 {
 // divided by its scale, amax/448, so its largest magnitude maps to 448. A
 // block of zeros gets scale 0 and zero bytes. len(dst) must be len(src) and
 // len(scales) the number of blocks; a non-finite element (Inf, NaN) is
-// ErrInvalidArgument, naming its index, and leaves dst undefined.
+// ErrInvalidArgument, naming its index, and leaves dst undefined. On amd64
+// with AVX2 it runs vector kernels whose bytes and scales are those of the
+// portable code, bit for bit.
 func QuantizeE4M3(dst []uint8, scales []float32, src []float32) error {
+	return quantizeE4M3(dst, scales, src, useAVX2)
+}
+
+// quantizeE4M3 is QuantizeE4M3, with the vector kernels if vec (tests run
+// both paths by passing false and useAVX2).
+func quantizeE4M3(dst []uint8, scales []float32, src []float32, vec bool) error {
 	if err := checkE4M3(len(dst), len(scales), len(src)); err != nil {
 		return err
 	}
 	for blk := range scales {
 		lo := blk * E4M3Block
 		hi := min(lo+E4M3Block, len(src))
-		amax, err := blockAmax(src[lo:hi], lo)
+		amax, err := blockAmax(src[lo:hi], lo, vec)
 		if err != nil {
 			return err
 		}
-		scales[blk] = quantizeBlock(dst[lo:hi], src[lo:hi], amax)
+		scales[blk] = quantizeBlock(dst[lo:hi], src[lo:hi], amax, vec)
 	}
 	return nil
 }
@@ -101,6 +109,11 @@ func QuantizeE4M3(dst []uint8, scales []float32, src []float32) error {
 // QuantizeE4M3BF16 is QuantizeE4M3 for a bfloat16 source (the dtype MoE
 // activations usually have), widened on the fly.
 func QuantizeE4M3BF16(dst []uint8, scales []float32, src []uint16) error {
+	return quantizeE4M3BF16(dst, scales, src, useAVX2)
+}
+
+// quantizeE4M3BF16 is QuantizeE4M3BF16, with the vector kernels if vec.
+func quantizeE4M3BF16(dst []uint8, scales []float32, src []uint16, vec bool) error {
 	if err := checkE4M3(len(dst), len(scales), len(src)); err != nil {
 		return err
 	}
@@ -109,29 +122,42 @@ func QuantizeE4M3BF16(dst []uint8, scales []float32, src []uint16) error {
 		lo := blk * E4M3Block
 		hi := min(lo+E4M3Block, len(src))
 		w := wide[:hi-lo]
-		for i, h := range src[lo:hi] {
-			w[i] = BF16ToF32(h)
+		i := 0
+		if vec {
+			i = widenVec(w, src[lo:hi])
 		}
-		amax, err := blockAmax(w, lo)
+		for ; i < len(w); i++ {
+			w[i] = BF16ToF32(src[lo+i])
+		}
+		amax, err := blockAmax(w, lo, vec)
 		if err != nil {
 			return err
 		}
-		scales[blk] = quantizeBlock(dst[lo:hi], w, amax)
+		scales[blk] = quantizeBlock(dst[lo:hi], w, amax, vec)
 	}
 	return nil
 }
 
 // DequantizeE4M3 widens src, quantized with scales, back into dst (float32).
 func DequantizeE4M3(dst []float32, src []uint8, scales []float32) error {
+	return dequantizeE4M3(dst, src, scales, useAVX2)
+}
+
+// dequantizeE4M3 is DequantizeE4M3, with the vector kernels if vec.
+func dequantizeE4M3(dst []float32, src []uint8, scales []float32, vec bool) error {
 	if err := checkE4M3(len(src), len(scales), len(dst)); err != nil {
 		return err
 	}
 	for blk, s := range scales {
 		lo := blk * E4M3Block
 		hi := min(lo+E4M3Block, len(dst))
-		d := dst[lo:hi]
-		for i, q := range src[lo:hi] {
-			d[i] = e4m3Table[q] * s
+		d, q := dst[lo:hi], src[lo:hi]
+		i := 0
+		if vec {
+			i = dequantizeVec(d, q, s)
+		}
+		for ; i < len(d); i++ {
+			d[i] = e4m3Table[q[i]] * s
 		}
 	}
 	return nil
@@ -139,15 +165,24 @@ func DequantizeE4M3(dst []float32, src []uint8, scales []float32) error {
 
 // DequantizeE4M3BF16 is DequantizeE4M3 into bfloat16, rounded to nearest.
 func DequantizeE4M3BF16(dst []uint16, src []uint8, scales []float32) error {
+	return dequantizeE4M3BF16(dst, src, scales, useAVX2)
+}
+
+// dequantizeE4M3BF16 is DequantizeE4M3BF16, with the vector kernels if vec.
+func dequantizeE4M3BF16(dst []uint16, src []uint8, scales []float32, vec bool) error {
 	if err := checkE4M3(len(src), len(scales), len(dst)); err != nil {
 		return err
 	}
 	for blk, s := range scales {
 		lo := blk * E4M3Block
 		hi := min(lo+E4M3Block, len(dst))
-		d := dst[lo:hi]
-		for i, q := range src[lo:hi] {
-			d[i] = F32ToBF16(e4m3Table[q] * s)
+		d, q := dst[lo:hi], src[lo:hi]
+		i := 0
+		if vec {
+			i = dequantizeBF16Vec(d, q, s)
+		}
+		for ; i < len(d); i++ {
+			d[i] = F32ToBF16(e4m3Table[q[i]] * s)
 		}
 	}
 	return nil
@@ -169,10 +204,15 @@ func checkE4M3(n8, nScales, n int) error {
 // element first of the row, or an error naming a non-finite one. It compares
 // bit patterns: for non-negative floats their order is the integers' order,
 // and Inf and NaN lie above every finite pattern, so one check after the
-// loop finds them, and the loop has no branch.
-func blockAmax(x []float32, first int) (float32, error) {
+// loop finds them, and the loop has no branch. With vec, the vector kernel
+// takes all but the last len(x)%8 elements.
+func blockAmax(x []float32, first int, vec bool) (float32, error) {
 	var amax uint32
-	for _, v := range x {
+	i := 0
+	if vec {
+		amax, i = amaxVec(x)
+	}
+	for _, v := range x[i:] {
 		amax = max(amax, math.Float32bits(v)&0x7fffffff)
 	}
 	if amax >= 0x7f800000 {
@@ -187,14 +227,24 @@ func blockAmax(x []float32, first int) (float32, error) {
 
 // quantizeBlock encodes x scaled so that amax maps to 448, and returns the
 // scale, amax/448 (0 for a block of zeros, whose bytes are all zero).
-func quantizeBlock(dst []uint8, x []float32, amax float32) float32 {
+func quantizeBlock(dst []uint8, x []float32, amax float32, vec bool) float32 {
 	if amax == 0 {
 		clear(dst)
 		return 0
 	}
-	inv := E4M3Max / amax
-	for i, v := range x {
-		dst[i] = F32ToE4M3(v * inv)
-	}
+	quantizeScaled(dst, x, E4M3Max/amax, vec)
 	return amax / E4M3Max
+}
+
+// quantizeScaled encodes x[i]*inv into dst[i], x being finite. The vector
+// kernel leaves NaN out of its rounding, so it does not take an infinite inv
+// (amax a tiny subnormal), for which 0*inv is NaN: the portable loop does.
+func quantizeScaled(dst []uint8, x []float32, inv float32, vec bool) {
+	i := 0
+	if vec && inv <= math.MaxFloat32 {
+		i = quantizeVec(dst, x, inv)
+	}
+	for ; i < len(x); i++ {
+		dst[i] = F32ToE4M3(x[i] * inv)
+	}
 }

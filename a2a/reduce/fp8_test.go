@@ -64,6 +64,7 @@ func TestE4M3RoundTrip(t *testing.T) {
 // the midpoints between neighbours included.
 func TestE4M3Rounding(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
+	var fs []float32
 	for i := 0; i < 200000; i++ {
 		var f float32
 		switch i % 3 {
@@ -81,6 +82,17 @@ func TestE4M3Rounding(t *testing.T) {
 		if got, want := F32ToE4M3(f), e4m3Nearest(f); got != want {
 			t.Fatalf("F32ToE4M3(%v) = %#02x (%v), want %#02x (%v)", f, got, E4M3ToF32(got), want, E4M3ToF32(want))
 		}
+		fs = append(fs, f)
+	}
+	// The same values through each path's block kernel, scale 1.
+	for _, p := range fp8Paths(t) {
+		q := make([]uint8, len(fs))
+		quantizeScaled(q, fs, 1, p.vec)
+		for i, f := range fs {
+			if want := e4m3Nearest(f); q[i] != want {
+				t.Fatalf("%s: %v encoded as %#02x (%v), want %#02x (%v)", p.name, f, q[i], E4M3ToF32(q[i]), want, E4M3ToF32(want))
+			}
+		}
 	}
 }
 
@@ -88,6 +100,12 @@ func TestE4M3Rounding(t *testing.T) {
 // |x|/16 plus half the smallest subnormal step of its block (scale * 2^-10),
 // from float32 and from bfloat16 rows, for rows of every scale.
 func TestQuantizeE4M3Bound(t *testing.T) {
+	for _, p := range fp8Paths(t) {
+		t.Run(p.name, func(t *testing.T) { testQuantizeE4M3Bound(t, p.vec) })
+	}
+}
+
+func testQuantizeE4M3Bound(t *testing.T, vec bool) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, n := range []int{1, 127, 128, 129, 7168} {
 		for _, mag := range []float64{1e-6, 1, 3e4} {
@@ -98,22 +116,22 @@ func TestQuantizeE4M3Bound(t *testing.T) {
 				src[i] = BF16ToF32(bf[i])
 			}
 			q, scales, back := make([]uint8, n), make([]float32, E4M3Scales(n)), make([]float32, n)
-			if err := QuantizeE4M3(q, scales, src); err != nil {
+			if err := quantizeE4M3(q, scales, src, vec); err != nil {
 				t.Fatal(err)
 			}
-			if err := DequantizeE4M3(back, q, scales); err != nil {
+			if err := dequantizeE4M3(back, q, scales, vec); err != nil {
 				t.Fatal(err)
 			}
 			checkBound(t, src, back, scales)
 			q2, scales2 := make([]uint8, n), make([]float32, E4M3Scales(n))
-			if err := QuantizeE4M3BF16(q2, scales2, bf); err != nil {
+			if err := quantizeE4M3BF16(q2, scales2, bf, vec); err != nil {
 				t.Fatal(err)
 			}
 			if string(q2) != string(q) {
 				t.Errorf("n=%d: the bfloat16 path encodes differently from the float32 one", n)
 			}
 			back16 := make([]uint16, n)
-			if err := DequantizeE4M3BF16(back16, q2, scales2); err != nil {
+			if err := dequantizeE4M3BF16(back16, q2, scales2, vec); err != nil {
 				t.Fatal(err)
 			}
 			for i := range back16 {
@@ -137,6 +155,12 @@ func checkBound(t *testing.T, src, back, scales []float32) {
 }
 
 func TestQuantizeE4M3Edges(t *testing.T) {
+	for _, p := range fp8Paths(t) {
+		t.Run(p.name, func(t *testing.T) { testQuantizeE4M3Edges(t, p.vec) })
+	}
+}
+
+func testQuantizeE4M3Edges(t *testing.T, vec bool) {
 	// A block of zeros: scale 0, zero bytes, zeros back.
 	src := make([]float32, 200)
 	for i := 128; i < 200; i++ {
@@ -147,7 +171,7 @@ func TestQuantizeE4M3Edges(t *testing.T) {
 		q[i] = 0xff
 	}
 	scales := make([]float32, 2)
-	if err := QuantizeE4M3(q, scales, src); err != nil {
+	if err := quantizeE4M3(q, scales, src, vec); err != nil {
 		t.Fatal(err)
 	}
 	if scales[0] != 0 || strings.Trim(string(q[:128]), "\x00") != "" {
@@ -170,13 +194,15 @@ func TestQuantizeE4M3Edges(t *testing.T) {
 	} {
 		src := make([]float32, tc.n)
 		src[tc.n-1] = tc.bad
-		err := QuantizeE4M3(make([]uint8, tc.n8), make([]float32, tc.nScales), src)
+		err := quantizeE4M3(make([]uint8, tc.n8), make([]float32, tc.nScales), src, vec)
 		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want ErrInvalidArgument saying %q", tc.name, err, tc.want)
 		}
 	}
 }
 
+// BenchmarkQuantizeE4M3 times one 7168-wide row through each path:
+// portable, and avx2 where the CPU has it.
 func BenchmarkQuantizeE4M3(b *testing.B) {
 	const n = 7168 // DeepSeek-V3's hidden size
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -185,23 +211,35 @@ func BenchmarkQuantizeE4M3(b *testing.B) {
 		src[i] = float32(rng.NormFloat64())
 		bf[i] = F32ToBF16(src[i])
 	}
-	q, scales, back := make([]uint8, n), make([]float32, E4M3Scales(n)), make([]float32, n)
-	b.Run("float32", func(b *testing.B) {
-		b.SetBytes(4 * n)
-		for b.Loop() {
-			QuantizeE4M3(q, scales, src)
-		}
-	})
-	b.Run("bfloat16", func(b *testing.B) {
-		b.SetBytes(2 * n)
-		for b.Loop() {
-			QuantizeE4M3BF16(q, scales, bf)
-		}
-	})
-	b.Run("dequantize", func(b *testing.B) {
-		b.SetBytes(n)
-		for b.Loop() {
-			DequantizeE4M3(back, q, scales)
-		}
-	})
+	q, scales, back, back16 := make([]uint8, n), make([]float32, E4M3Scales(n)), make([]float32, n), make([]uint16, n)
+	paths := []fp8Path{{"portable", false}}
+	if useAVX2 {
+		paths = append(paths, fp8Path{"avx2", true})
+	}
+	for _, p := range paths {
+		b.Run("float32/"+p.name, func(b *testing.B) {
+			b.SetBytes(4 * n)
+			for b.Loop() {
+				quantizeE4M3(q, scales, src, p.vec)
+			}
+		})
+		b.Run("bfloat16/"+p.name, func(b *testing.B) {
+			b.SetBytes(2 * n)
+			for b.Loop() {
+				quantizeE4M3BF16(q, scales, bf, p.vec)
+			}
+		})
+		b.Run("dequantize/"+p.name, func(b *testing.B) {
+			b.SetBytes(n)
+			for b.Loop() {
+				dequantizeE4M3(back, q, scales, p.vec)
+			}
+		})
+		b.Run("dequantizeBF16/"+p.name, func(b *testing.B) {
+			b.SetBytes(n)
+			for b.Loop() {
+				dequantizeE4M3BF16(back16, q, scales, p.vec)
+			}
+		})
+	}
 }
