@@ -21,10 +21,10 @@ func widenBF16AVX2(dst *float32, src *uint16, n int)
 func quantizeE4M3AVX2(dst *uint8, src *float32, n int, inv float32)
 
 //go:noescape
-func dequantizeE4M3AVX2(dst *float32, src *uint8, n int, scale float32, table *[256]float32)
+func dequantizeE4M3AVX2(dst *float32, src *uint8, n int, scale float32)
 
 //go:noescape
-func dequantizeE4M3BF16AVX2(dst *uint16, src *uint8, n int, scale float32, table *[256]float32)
+func dequantizeE4M3BF16AVX2(dst *uint16, src *uint8, n int, scale float32)
 
 // amaxVec returns the largest magnitude bit pattern of x's first done elements.
 func amaxVec(x []float32) (amax uint32, done int) {
@@ -53,7 +53,7 @@ func quantizeVec(dst []uint8, x []float32, inv float32) (done int) {
 // dequantizeVec decodes src[i]*scale into dst[i] for the first done elements.
 func dequantizeVec(dst []float32, src []uint8, scale float32) (done int) {
 	if done = min(len(dst), len(src)) &^ 7; done > 0 {
-		dequantizeE4M3AVX2(&dst[0], &src[0], done, scale, &e4m3Table)
+		dequantizeE4M3AVX2(&dst[0], &src[0], done, scale)
 	}
 	return done
 }
@@ -61,7 +61,7 @@ func dequantizeVec(dst []float32, src []uint8, scale float32) (done int) {
 // dequantizeBF16Vec is dequantizeVec rounding into bfloat16.
 func dequantizeBF16Vec(dst []uint16, src []uint8, scale float32) (done int) {
 	if done = min(len(dst), len(src)) &^ 7; done > 0 {
-		dequantizeE4M3BF16AVX2(&dst[0], &src[0], done, scale, &e4m3Table)
+		dequantizeE4M3BF16AVX2(&dst[0], &src[0], done, scale)
 	}
 	return done
 }

@@ -23,12 +23,51 @@ DATA e4m3magic<>+0(SB)/4, $0x4b000000 // 2^23: rounds to an integer
 GLOBL e4m3magic<>(SB), RODATA|NOPTR, $4
 DATA e4m3bf16half<>+0(SB)/4, $0x00007fff
 GLOBL e4m3bf16half<>(SB), RODATA|NOPTR, $4
+DATA e4m3mag<>+0(SB)/4, $0x7f // E4M3 magnitude bits; 0x7f alone is NaN
+GLOBL e4m3mag<>(SB), RODATA|NOPTR, $4
+DATA e4m3sub<>+0(SB)/4, $8 // magnitudes below 8 are subnormals
+GLOBL e4m3sub<>(SB), RODATA|NOPTR, $4
+DATA e4m3bias<>+0(SB)/4, $0x3c000000 // 120 << 23: exponent bias 7 -> 127
+GLOBL e4m3bias<>(SB), RODATA|NOPTR, $4
+DATA e4m3step<>+0(SB)/4, $0x3b000000 // 2^-9, the subnormal step
+GLOBL e4m3step<>(SB), RODATA|NOPTR, $4
+DATA e4m3qnan<>+0(SB)/4, $0x7fc00000 // e4m3Table's NaN, whatever the sign
+GLOBL e4m3qnan<>(SB), RODATA|NOPTR, $4
 
 // e4m3pack moves byte 0 of each dword of a 128-bit lane to bytes 0-3 (VPSHUFB
 // zeroes the bytes whose index has the top bit set).
 DATA e4m3pack<>+0(SB)/8, $0x808080800c080400
 DATA e4m3pack<>+8(SB)/8, $0x8080808080808080
 GLOBL e4m3pack<>(SB), RODATA|NOPTR, $16
+
+// DECODE_E4M3 widens the 8 E4M3 bytes at (SI) into the float32 lanes of Y3,
+// the values of e4m3Table built from the bits rather than gathered (a gather
+// is microcoded and slow on AMD cores): a normal magnitude m (bits 0-6) is
+// m<<20 rebiased by 120<<23, a subnormal one m * 2^-9 (exact), 0x7f the
+// table's NaN; then the sign goes to bit 31. Uses Y1, Y2, Y4, Y14; Y9-Y13 hold
+// 0x7f, 8, 0x3c000000, 2^-9 and the NaN in every lane.
+#define DECODE_E4M3 \
+	VPMOVZXBD (SI), Y1        \
+	VPAND     Y9, Y1, Y2      \
+	VPXOR     Y2, Y1, Y1      \
+	VPSLLD    $24, Y1, Y1     \
+	VPSLLD    $20, Y2, Y3     \
+	VPADDD    Y11, Y3, Y3     \
+	VCVTDQ2PS Y2, Y4          \
+	VMULPS    Y12, Y4, Y4     \
+	VPCMPGTD  Y2, Y10, Y14    \
+	VPBLENDVB Y14, Y4, Y3, Y3 \
+	VPOR      Y1, Y3, Y3      \
+	VPCMPEQD  Y9, Y2, Y14     \
+	VPBLENDVB Y14, Y13, Y3, Y3
+
+// DECODE_CONSTS loads the constants of DECODE_E4M3.
+#define DECODE_CONSTS \
+	VPBROADCASTD e4m3mag<>(SB), Y9    \
+	VPBROADCASTD e4m3sub<>(SB), Y10   \
+	VPBROADCASTD e4m3bias<>(SB), Y11  \
+	VPBROADCASTD e4m3step<>(SB), Y12  \
+	VPBROADCASTD e4m3qnan<>(SB), Y13
 
 // func amaxF32AVX2(x *float32, n int) uint32
 // The largest |x[i]| as a bit pattern: for non-negative floats the unsigned
@@ -142,22 +181,20 @@ quantdone:
 	VZEROUPPER
 	RET
 
-// func dequantizeE4M3AVX2(dst *float32, src *uint8, n int, scale float32, table *[256]float32)
-// dst[i] = table[src[i]] * scale, the table value being the first operand of
-// the product as in Go (it decides which NaN comes out if both are NaN).
-TEXT ·dequantizeE4M3AVX2(SB), NOSPLIT, $0-40
+// func dequantizeE4M3AVX2(dst *float32, src *uint8, n int, scale float32, )
+// dst[i] = e4m3Table[src[i]] * scale, the table value being the first operand
+// of the product as in Go (it decides which NaN comes out if both are NaN).
+TEXT ·dequantizeE4M3AVX2(SB), NOSPLIT, $0-28
 	MOVQ         dst+0(FP), DI
 	MOVQ         src+8(FP), SI
 	MOVQ         n+16(FP), CX
 	VBROADCASTSS scale+24(FP), Y0
-	MOVQ         table+32(FP), DX
+	DECODE_CONSTS
 
 dequantloop:
 	CMPQ       CX, $8
 	JLT        dequantdone
-	VPMOVZXBD  (SI), Y1
-	VPCMPEQD   Y2, Y2, Y2             // gather every lane (the mask is consumed)
-	VGATHERDPS Y2, (DX)(Y1*4), Y3
+	DECODE_E4M3
 	VMULPS     Y0, Y3, Y3
 	VMOVUPS    Y3, (DI)
 	ADDQ       $8, SI
@@ -169,26 +206,24 @@ dequantdone:
 	VZEROUPPER
 	RET
 
-// func dequantizeE4M3BF16AVX2(dst *uint16, src *uint8, n int, scale float32, table *[256]float32)
+// func dequantizeE4M3BF16AVX2(dst *uint16, src *uint8, n int, scale float32, )
 // As dequantizeE4M3AVX2, then F32ToBF16: add 0x7fff plus the lowest kept
 // bit and keep the top half (ties to even). NaN lanes are truncated instead:
 // a product that is NaN is a quiet NaN, so its top half keeps the quiet bit,
 // which is what F32ToBF16 makes of it.
-TEXT ·dequantizeE4M3BF16AVX2(SB), NOSPLIT, $0-40
+TEXT ·dequantizeE4M3BF16AVX2(SB), NOSPLIT, $0-28
 	MOVQ         dst+0(FP), DI
 	MOVQ         src+8(FP), SI
 	MOVQ         n+16(FP), CX
 	VBROADCASTSS scale+24(FP), Y0
-	MOVQ         table+32(FP), DX
+	DECODE_CONSTS
 	VPBROADCASTD e4m3bf16half<>(SB), Y7
 	VPBROADCASTD e4m3one<>(SB), Y8
 
 dequant16loop:
 	CMPQ         CX, $8
 	JLT          dequant16done
-	VPMOVZXBD    (SI), Y1
-	VPCMPEQD     Y2, Y2, Y2
-	VGATHERDPS   Y2, (DX)(Y1*4), Y3
+	DECODE_E4M3
 	VMULPS       Y0, Y3, Y3
 	VPSRLD       $16, Y3, Y4
 	VPAND        Y8, Y4, Y4
