@@ -154,6 +154,10 @@ type Config struct {
 	// scales, for experts that compute in FP8. Expert outputs and Combine
 	// stay in DType.
 	KeepFP8 bool
+	// MaxTokens > 0 turns on the decode mode (decode.go): at most MaxTokens
+	// tokens per rank per step, received into fixed worst-case buffers with
+	// the counts in the same round as the rows; see DispatchSend.
+	MaxTokens int
 	// Rebalance, when its Every is set, re-places the experts from the
 	// load estimate inside Dispatch (see Dispatcher.Replace). Off by default.
 	Rebalance Rebalance
@@ -186,6 +190,7 @@ type Dispatcher struct {
 	hdrSelf  int   // header bytes of the blocks this rank receives
 	rt       *route
 	replicas replicaState // replace.go, load.go
+	ll       *decodeMode  // Config.MaxTokens > 0 (decode.go)
 
 	// Shared memory (shared.go), chosen at New by every rank alike:
 	// sharedWith[j] says that rows to and from rank j travel through it;
@@ -244,6 +249,9 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 	if err := d.probeShared(ctx); err != nil {
 		return nil, err
 	}
+	if err := d.initDecodeIf(ctx); err != nil {
+		return nil, err
+	}
 	d.views.byPeer = make([][]peerView, size)
 	d.jobs = make(chan *Handle, 16)
 	d.workerDone = make(chan struct{})
@@ -285,7 +293,10 @@ func (cfg Config) validate() error {
 	case cfg.Hidden > math.MaxInt32/cfg.DType.Size():
 		return invalidf("hidden size %d: rows over 2 GiB", cfg.Hidden)
 	}
-	return cfg.validateWire()
+	if err := cfg.validateWire(); err != nil {
+		return err
+	}
+	return cfg.validateDecode()
 }
 
 // placement returns the layer's placement over ranks ranks: cfg.Placement,
@@ -310,7 +321,7 @@ func (cfg Config) placement(ranks int) (*routing.Placement, error) {
 }
 
 // layerFields is how many fields of a Config agree compares.
-const layerFields = 13
+const layerFields = 14
 
 // layer returns the fields of the layer every rank must configure alike,
 // as agree exchanges them: Experts, K, Hidden, DType, Counts, Rows,
@@ -324,7 +335,7 @@ func (d *Dispatcher) layer() [layerFields]uint64 {
 	return [layerFields]uint64{uint64(d.cfg.Experts), uint64(d.cfg.K), uint64(d.cfg.Hidden), uint64(d.cfg.DType),
 		uint64(d.cfg.Counts), uint64(d.cfg.Rows), math.Float64bits(max(d.cfg.CapacityFactor, 0)),
 		uint64(rb.Every), math.Float64bits(rb.Threshold), uint64(rb.Redundant),
-		uint64(d.cfg.Wire), boolBits(d.cfg.KeepFP8), placementHash(d.pl)}
+		uint64(d.cfg.Wire), boolBits(d.cfg.KeepFP8), uint64(d.cfg.MaxTokens), placementHash(d.pl)}
 }
 
 // layerField names field i of layer and shows its value v.
@@ -354,6 +365,8 @@ func layerField(i int, v uint64) (name, value string) {
 		return "Wire", WireFormat(v).String()
 	case 11:
 		return "KeepFP8", strconv.FormatBool(v != 0)
+	case 12:
+		return "MaxTokens", strconv.FormatUint(v, 10)
 	}
 	return "Placement", fmt.Sprintf("slot table %#x (fingerprint of every slot's expert, replicas included)", v)
 }
@@ -404,6 +417,9 @@ func (d *Dispatcher) Close() error {
 	d.mu.Unlock()
 	<-d.workerDone
 	d.views.close()
+	if d.ll != nil {
+		d.ll.close()
+	}
 	d.mu.Lock()
 	for _, h := range d.free {
 		h.freeSegments()
@@ -449,7 +465,9 @@ func (d *Dispatcher) LocalExperts() []int { return d.rt.locals }
 // owns the returned handle until it calls Release; on failure there is no
 // handle.
 func (d *Dispatcher) Dispatch(ctx context.Context, tokens []byte, decision *routing.Decision) (*Handle, error) {
-	if err := d.autoReplace(ctx); err != nil {
+	if d.ll != nil {
+		return d.dispatchDecode(ctx, tokens, decision, true)
+	} else if err := d.autoReplace(ctx); err != nil {
 		return nil, err
 	}
 	h, err := d.prepare(ctx, tokens, decision)
@@ -469,7 +487,9 @@ func (d *Dispatcher) Dispatch(ctx context.Context, tokens []byte, decision *rout
 // may be reused at once). Argument errors are returned here, exchange errors
 // by Wait.
 func (d *Dispatcher) DispatchAsync(ctx context.Context, tokens []byte, decision *routing.Decision) (*Handle, error) {
-	if err := d.autoReplace(ctx); err != nil {
+	if d.ll != nil {
+		return d.dispatchDecode(ctx, tokens, decision, false)
+	} else if err := d.autoReplace(ctx); err != nil {
 		return nil, err
 	}
 	h, err := d.prepare(ctx, tokens, decision)
@@ -492,7 +512,9 @@ func (d *Dispatcher) DispatchAsync(ctx context.Context, tokens []byte, decision 
 // the dispatched tokens buffer. The handle stays valid (its statistics
 // readable) until Release.
 func (d *Dispatcher) Combine(ctx context.Context, h *Handle, expertOutputs, out []byte) error {
-	if err := d.prepareCombine(ctx, h, expertOutputs, out); err != nil {
+	if d.ll != nil {
+		return d.combineDecode(ctx, h, expertOutputs, out, true)
+	} else if err := d.prepareCombine(ctx, h, expertOutputs, out); err != nil {
 		return err
 	}
 	err := d.submit(h, true)
@@ -505,7 +527,9 @@ func (d *Dispatcher) Combine(ctx context.Context, h *Handle, expertOutputs, out 
 // h.Wait returns when out is ready. expertOutputs must stay unchanged until
 // then.
 func (d *Dispatcher) CombineAsync(ctx context.Context, h *Handle, expertOutputs, out []byte) error {
-	if err := d.prepareCombine(ctx, h, expertOutputs, out); err != nil {
+	if d.ll != nil {
+		return d.combineDecode(ctx, h, expertOutputs, out, false)
+	} else if err := d.prepareCombine(ctx, h, expertOutputs, out); err != nil {
 		return err
 	}
 	return d.submit(h, false)
@@ -608,42 +632,65 @@ func (d *Dispatcher) recycle(h *Handle) {
 // prepare validates a dispatch, copies the decision, enforces capacity and
 // plans the permutation, on the caller's goroutine.
 func (d *Dispatcher) prepare(ctx context.Context, tokens []byte, dec *routing.Decision) (*Handle, error) {
+	T, err := d.checkStep(ctx, tokens, dec)
+	if err != nil {
+		return nil, err
+	}
+	h := d.handle()
+	if err := d.planStep(h, T, dec); err != nil {
+		d.recycle(h)
+		return nil, err
+	}
+	h.ctx, h.tokens = ctx, tokens
+	h.state = stateDispatching
+	d.opened(h)
+	return h, nil
+}
+
+// checkStep validates a dispatch's arguments and returns its number of
+// tokens.
+func (d *Dispatcher) checkStep(ctx context.Context, tokens []byte, dec *routing.Decision) (int, error) {
 	if ctx == nil {
-		return nil, invalidf("nil context")
+		return 0, invalidf("nil context")
 	}
 	if dec == nil {
-		return nil, invalidf("nil routing decision")
+		return 0, invalidf("nil routing decision")
 	}
 	rb := d.rowBytes
 	if len(tokens)%rb != 0 {
-		return nil, invalidf("token buffer of %d bytes is not a multiple of the row size %d (hidden %d x %d-byte %v)",
+		return 0, invalidf("token buffer of %d bytes is not a multiple of the row size %d (hidden %d x %d-byte %v)",
 			len(tokens), rb, d.cfg.Hidden, d.cfg.DType.Size(), d.cfg.DType)
 	}
 	T := len(tokens) / rb
 	if dec.K != d.cfg.K {
-		return nil, invalidf("decision has k=%d slots per token, the layer's top-k is %d", dec.K, d.cfg.K)
+		return 0, invalidf("decision has k=%d slots per token, the layer's top-k is %d", dec.K, d.cfg.K)
 	}
 	if dec.Tokens != T {
-		return nil, invalidf("decision routes %d tokens, the token buffer holds %d rows", dec.Tokens, T)
+		return 0, invalidf("decision routes %d tokens, the token buffer holds %d rows", dec.Tokens, T)
 	}
 	if T > math.MaxInt32/d.cfg.K {
-		return nil, invalidf("%d tokens x k %d is more than %d assignments", T, d.cfg.K, math.MaxInt32)
+		return 0, invalidf("%d tokens x k %d is more than %d assignments", T, d.cfg.K, math.MaxInt32)
 	}
 	n := T * d.cfg.K
 	if len(dec.Expert) != n || len(dec.Weight) != n {
-		return nil, invalidf("decision has %d expert ids and %d weights, want %d each (%d tokens x k %d)",
+		return 0, invalidf("decision has %d expert ids and %d weights, want %d each (%d tokens x k %d)",
 			len(dec.Expert), len(dec.Weight), n, T, d.cfg.K)
 	}
 	if err := checkAssignments(dec, d.cfg.Experts); err != nil {
-		return nil, err
+		return 0, err
 	}
 	d.mu.Lock()
 	closed := d.closed
 	d.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("%w: dispatch: dispatcher closed", a2a.ErrClosed)
+		return 0, fmt.Errorf("%w: dispatch: dispatcher closed", a2a.ErrClosed)
 	}
-	h := d.handle()
+	return T, nil
+}
+
+// planStep copies the decision of T tokens into h, enforces capacity and
+// plans the permutation.
+func (d *Dispatcher) planStep(h *Handle, T int, dec *routing.Decision) error {
 	h.dec.Tokens, h.dec.K = T, d.cfg.K
 	h.dec.Expert = append(h.dec.Expert[:0], dec.Expert...)
 	h.dec.Weight = append(h.dec.Weight[:0], dec.Weight...)
@@ -658,14 +705,11 @@ func (d *Dispatcher) prepare(ctx context.Context, tokens []byte, dec *routing.De
 		err = h.plan.Build(&h.slotDec, d.rt.slots)
 	}
 	if err != nil {
-		d.recycle(h)
-		return nil, wrapInvalid(err, "routing")
+		return wrapInvalid(err, "routing")
 	}
 	d.rt.expertRows(h.plan.ExpertRows, h.expertLoad)
-	h.ctx, h.tokens, h.T, h.dropped = ctx, tokens, T, dropped
-	h.state = stateDispatching
-	d.opened(h)
-	return h, nil
+	h.T, h.dropped = T, dropped
+	return nil
 }
 
 // checkAssignments reports the first expert id out of range, expert named

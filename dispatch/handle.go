@@ -65,6 +65,7 @@ type Stats struct {
 // past Release.
 type Handle struct {
 	d       *Dispatcher
+	ll      *decodeSet // the decode mode's buffer set (decode.go); nil in the other modes
 	state   handleState
 	pending bool       // an operation was queued on the worker and not yet waited for
 	done    chan error // the worker's completion of that operation
@@ -135,10 +136,13 @@ type Handle struct {
 	sentBytes, recvBytes      int64
 }
 
-// Wait blocks until the operation started by DispatchAsync or CombineAsync is
-// done and returns its error; without one in flight it returns the last
+// Wait blocks until the operation started by DispatchAsync or CombineAsync
+// (DispatchSend or CombineSend) is done and returns its error; without one in flight it returns the last
 // operation's error at once. After an error the handle can only be released.
 func (h *Handle) Wait() error {
+	if h.ll != nil {
+		return h.waitDecode()
+	}
 	if h.pending {
 		h.err = <-h.done
 		h.pending = false
@@ -154,6 +158,9 @@ func (h *Handle) Wait() error {
 // Segments, Decision, ExpertLoad) or 0, and releasing it again is a no-op.
 func (h *Handle) Release() {
 	if h == nil || h.state == stateIdle {
+		return
+	} else if h.ll != nil {
+		h.releaseDecode()
 		return
 	}
 	h.Wait()
@@ -193,7 +200,10 @@ func (h *Handle) Rows() int {
 // WireFP8 the rows were dequantized to Config.DType on arrival. With
 // KeepFP8 it holds the rows' E4M3 bytes instead, Hidden per row in the same
 // order (the row at Segment offset off is row off/RowBytes), and Scales
-// their scales. Nil once released.
+// their scales. In the decode mode (Config.MaxTokens) it is the fixed
+// buffer of the handle's set: one block per source rank, in rank order, of
+// room for its worst case, the rows at the front of each after a gap; only
+// the segments' rows are meaningful. Nil once released.
 func (h *Handle) Recv() []byte {
 	if h.released() {
 		return nil
@@ -210,6 +220,8 @@ func (h *Handle) Recv() []byte {
 func (h *Handle) Output() []byte {
 	if h.released() {
 		return nil
+	} else if h.ll != nil {
+		return h.ll.out
 	}
 	if h.d.hostPeers {
 		out, err := h.sharedBuffer(&h.outSeg, len(h.recv), 0)

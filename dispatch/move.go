@@ -95,6 +95,8 @@ func source(pl *routing.Placement, spr, e, to int, host func(int) int) int {
 func (d *Dispatcher) Replace(ctx context.Context, pl *routing.Placement, m ExpertMover) error {
 	if ctx == nil {
 		return invalidf("nil context")
+	} else if d.ll != nil {
+		return invalidf("replace: the decode mode's buffers are laid out for one placement")
 	}
 	d.mu.Lock()
 	closed := d.closed

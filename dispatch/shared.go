@@ -55,6 +55,13 @@ const segmentAlign = 2 << 20
 // the mapping takes anyway): the caller decides how much room to leave for
 // growth, so that a small segment such as New's probe costs one page.
 func newSegment(size int, gen uint64) (*segment, error) {
+	return newSegmentFlags(size, gen, unix.MAP_POPULATE)
+}
+
+// newSegmentFlags is newSegment with the mapping's extra flags: the decode
+// mode's worst-case buffers (decode.go) leave out MAP_POPULATE, so that only
+// the pages the steps write are ever allocated.
+func newSegmentFlags(size int, gen uint64, flags int) (*segment, error) {
 	size = alignUp(max(size, 1), os.Getpagesize())
 	fd, err := unix.MemfdCreate(segmentName, unix.MFD_CLOEXEC)
 	if err != nil {
@@ -66,7 +73,7 @@ func newSegment(size int, gen uint64) (*segment, error) {
 	}
 	// Populated now: the pages are touched by the first step anyway, and
 	// faulting shared pages in one at a time is slower than this.
-	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|flags)
 	if err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("mmap memfd of %d bytes: %w", size, err)
@@ -204,6 +211,11 @@ func (v *views) close() {
 // mapPeer maps size bytes of the memfd a process on this host holds open at
 // fd.
 func mapPeer(pid, fd, size int) ([]byte, error) {
+	return mapPeerFlags(pid, fd, size, unix.MAP_POPULATE)
+}
+
+// mapPeerFlags is mapPeer with the mapping's extra flags (see newSegmentFlags).
+func mapPeerFlags(pid, fd, size, flags int) ([]byte, error) {
 	path := fmt.Sprintf("/proc/%d/fd/%d", pid, fd)
 	// Only ever a dispatcher's memfd: a corrupt descriptor must not get rows
 	// written into some other file the peer has open.
@@ -222,7 +234,7 @@ func mapPeer(pid, fd, size int) ([]byte, error) {
 	if st.Size != int64(size) {
 		return nil, fmt.Errorf("%s holds %d bytes, the descriptor says %d", path, st.Size, size)
 	}
-	mem, err := unix.Mmap(f, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	mem, err := unix.Mmap(f, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|flags)
 	if err != nil {
 		return nil, fmt.Errorf("mmap %s: %w", path, err)
 	}
