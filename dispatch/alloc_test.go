@@ -13,7 +13,8 @@ import (
 
 // TestSteadyStateAllocations: once warm, a dispatch + combine step allocates
 // nothing, in the synchronous form and in the pipelined asynchronous one,
-// with rows in their dtype and in FP8 (CountsInBand; the NATS mode allocates in the control plane). As in the a2a
+// with rows in their dtype and in FP8, in the normal and the decode mode
+// (CountsInBand; the NATS mode allocates in the control plane). As in the a2a
 // package's test, heartbeats are slowed down because their messages are the
 // only other allocations the process-wide counter sees.
 func TestSteadyStateAllocations(t *testing.T) {
@@ -22,10 +23,17 @@ func TestSteadyStateAllocations(t *testing.T) {
 	comms := group(t, url, ranks, func(c *a2a.Config) { c.HeartbeatInterval, c.PeerTimeout, c.Report = 10*time.Second, 30*time.Second, -1 })
 	l := layer{experts: 6, k: 2, hidden: 16, tokens: 64, dtype: reduce.BFloat16, capacity: 1.25, skew: 1, seed: 5}
 	for _, wire := range []WireFormat{WireSame, WireFP8} {
-		t.Run(wire.String(), func(t *testing.T) {
-			ds := newDispatchers(t, comms, Config{Experts: 6, K: 2, Hidden: 16, DType: reduce.BFloat16, CapacityFactor: 1.25, Wire: wire, Logger: discard})
-			steadyState(t, ds, l)
-		})
+		for _, maxTokens := range []int{0, 72} {
+			name := wire.String()
+			if maxTokens > 0 {
+				name += "/decode"
+			}
+			t.Run(name, func(t *testing.T) {
+				ds := newDispatchers(t, comms, Config{Experts: 6, K: 2, Hidden: 16, DType: reduce.BFloat16, CapacityFactor: 1.25,
+					Wire: wire, MaxTokens: maxTokens, Logger: discard})
+				steadyState(t, ds, l)
+			})
+		}
 	}
 }
 

@@ -34,7 +34,8 @@ import (
 // writes its rows and their counts straight into the receiver's block for
 // it and then stores the step number into the receiver's flag for it;
 // combine stores the step number into the rank's ready word once its expert
-// outputs are in its out region, where their senders read them. Between
+// outputs are in its out region, where their senders read them (or, computed
+// in place, in its rows region: the word's low bit). Between
 // other ranks the same blocks travel as point-to-point messages, posted
 // together: the counts are the block's header, in the same message as the
 // rows.
@@ -320,6 +321,9 @@ func (h *Handle) packDecode() {
 	}
 	h.slotOff = growInts(h.slotOff, len(p.Row))
 	K, owner, rb, wb, hb := p.K, d.rt.slots.Owner, d.rowBytes, d.wireRow, ll.wireHdr
+	// As pack does: rows another core reads are written without reading
+	// their lines first.
+	stream := p.Rows*wb >= streamBytes
 	for a, r := range p.Row {
 		if r < 0 {
 			h.slotOff[a] = -1
@@ -332,8 +336,15 @@ func (h *Handle) packDecode() {
 		}
 		j := owner[h.slotDec.Expert[a]]
 		idx := int(r) - p.RankStart[j]
-		copy(set.dst[j][hb+idx*wb:hb+(idx+1)*wb], src)
+		if dst := set.dst[j][hb+idx*wb : hb+(idx+1)*wb]; stream {
+			copyStream(dst, src)
+		} else {
+			copy(dst, src)
+		}
 		h.slotOff[a] = ll.recvHdr + idx*rb // in j's out block for this rank (combine.go's slotRow)
+	}
+	if stream {
+		storeFence()
 	}
 	if ll.peers != nil {
 		for j := range P {

@@ -31,13 +31,18 @@ func (d *Dispatcher) combineDecode(ctx context.Context, h *Handle, expertOutputs
 	}
 	ll, set, rb := d.ll, h.ll, d.rowBytes
 	set.start = time.Now()
-	if len(expertOutputs) > 0 && &expertOutputs[0] != &set.out[0] {
+	// Outputs computed in place in Recv (its rows region, without FP8)
+	// are read there; the ready word's low bit says so.
+	outs, inRows := set.out, !d.fp8 && len(expertOutputs) > 0 && &expertOutputs[0] == &set.rows[0]
+	if inRows {
+		outs = set.rows
+	} else if len(expertOutputs) > 0 && &expertOutputs[0] != &set.out[0] {
 		for i, n := range set.total {
 			off := i*ll.block + ll.recvHdr
 			copy(set.out[off:off+n*rb], expertOutputs[off:off+n*rb])
 		}
 	}
-	atomic.StoreUint64(readyOf(set.ctl), set.seq)
+	atomic.StoreUint64(readyOf(set.ctl), set.seq<<1|uint64(boolBits(inRows)))
 	tag := decodeTag + 2*int(set.seq&1) + 1
 	for j := range d.size {
 		set.recvReq[j], set.sendReq[j] = nil, nil
@@ -47,7 +52,7 @@ func (d *Dispatcher) combineDecode(ctx context.Context, h *Handle, expertOutputs
 		back := ll.recvHdr + h.plan.RankRows[j]*rb
 		set.recvReq[j] = d.comm.Irecv(ctx, set.back[j][ll.recvHdr:back], j, tag)
 		off := j*ll.block + ll.recvHdr
-		set.sendReq[j] = d.comm.Isend(ctx, set.out[off:off+set.total[j]*rb], j, tag)
+		set.sendReq[j] = d.comm.Isend(ctx, outs[off:off+set.total[j]*rb], j, tag)
 	}
 	h.pending = true
 	if sync {
@@ -91,7 +96,7 @@ func (h *Handle) releaseDecode() {
 	}
 	h.Wait()
 	if h.state == stateDispatched {
-		atomic.StoreUint64(readyOf(h.ll.ctl), h.ll.seq)
+		atomic.StoreUint64(readyOf(h.ll.ctl), h.ll.seq<<1)
 	}
 	h.state, h.err = stateIdle, nil
 	h.ctx, h.tokens, h.expertOut, h.out = nil, nil, nil, nil
@@ -205,15 +210,24 @@ func (h *Handle) finishCombine() error {
 	for j := range P {
 		switch {
 		case j == me:
-			h.rowSrc[j] = set.out[me*ll.block : (me+1)*ll.block]
+			outs := set.out
+			if atomic.LoadUint64(readyOf(set.ctl))&1 != 0 {
+				outs = set.rows
+			}
+			h.rowSrc[j] = outs[me*ll.block : (me+1)*ll.block]
 		case d.sharedWith[j]:
 			peer := ll.peers[j][s]
-			for r := readyOf(peer.ctl); h.plan.RankRows[j] > 0 && atomic.LoadUint64(r) < set.seq; {
+			r := readyOf(peer.ctl)
+			for h.plan.RankRows[j] > 0 && atomic.LoadUint64(r)>>1 < set.seq {
 				if err := w.idle(h, "outputs", j); err != nil {
 					return err
 				}
 			}
-			h.rowSrc[j] = peer.out[me*ll.block : (me+1)*ll.block]
+			outs := peer.out
+			if atomic.LoadUint64(r)&1 != 0 {
+				outs = peer.rows
+			}
+			h.rowSrc[j] = outs[me*ll.block : (me+1)*ll.block]
 		default:
 			h.rowSrc[j] = set.back[j]
 		}
@@ -353,7 +367,7 @@ func (h *Handle) awaitReady(want uint64) error {
 		if j == d.rank || !d.sharedWith[j] {
 			continue
 		}
-		for r := readyOf(ll.peers[j][s].ctl); atomic.LoadUint64(r) < want; {
+		for r := readyOf(ll.peers[j][s].ctl); atomic.LoadUint64(r)>>1 < want; {
 			if err := w.idle(h, "release of step's rows", j); err != nil {
 				return err
 			}
