@@ -50,24 +50,39 @@ func (h *Handle) weightedSum() {
 			H := d.cfg.Hidden
 			h.acc, h.tmp = growFloats(h.acc, H), growFloats(h.tmp, H)
 			for i := range n {
-				widen(dt, h.tmp, h.expertRow(i))
-				w := h.ws[i]
-				if i == 0 {
-					for j, v := range h.tmp {
-						h.acc[j] = w * v
-					}
-				} else {
-					for j, v := range h.tmp {
-						h.acc[j] += float32(w * v)
-					}
-				}
+				accumulate(dt, h.acc, h.tmp, h.expertRow(i), h.ws[i], i == 0)
 			}
-			narrow(dt, dst, h.acc)
+			narrowAcc(dt, dst, h.acc)
 		}
 	}
 	if stream {
 		storeFence()
 	}
+}
+
+// accumulate adds one term of a weighted sum of three or more rows to the
+// float32 accumulator row: acc = w*a (first) or acc += w*a, the product and
+// the sum each rounded to float32. The vector kernels do the leading whole
+// vectors, with the same bits; tmp is scratch of acc's length.
+func accumulate(dt reduce.DType, acc, tmp []float32, a []byte, w float32, first bool) {
+	v := vecAcc(dt, acc, a, w, first)
+	acc, tmp = acc[v:], tmp[v:]
+	widen(dt, tmp, a[v*dt.Size():])
+	if first {
+		for j, x := range tmp {
+			acc[j] = w * x
+		}
+		return
+	}
+	for j, x := range tmp {
+		acc[j] += float32(w * x)
+	}
+}
+
+// narrowAcc rounds the accumulator row into dst, a row of dt elements.
+func narrowAcc(dt reduce.DType, dst []byte, acc []float32) {
+	v := vecNarrow(dt, dst, acc)
+	narrow(dt, dst[v*dt.Size():], acc[v:])
 }
 
 // expertRow is the expert output row of the i-th kept slot collected in h.offs.

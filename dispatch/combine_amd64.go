@@ -6,6 +6,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/cpu"
+
+	"github.com/a2a-moe/a2a/a2a/reduce"
 )
 
 // useAVX2 selects the vector kernels of combine_amd64.s. It is fixed when
@@ -123,4 +125,51 @@ func prefetchRow(row []byte) {
 	if len(row) > 0 {
 		prefetchT0(&row[0], len(row))
 	}
+}
+
+//go:noescape
+func accBF16AVX2(acc *float32, a *byte, n int, w float32, first bool)
+
+//go:noescape
+func accF32AVX2(acc *float32, a *byte, n int, w float32, first bool)
+
+//go:noescape
+func narrowBF16AVX2(dst *byte, acc *float32, n int)
+
+// vecAcc computes the leading whole vectors of one row's term of the
+// weighted sum of three or more rows, acc = w*a (first) or acc += w*a, and
+// returns how many elements it did (0 without AVX2, and for float16).
+func vecAcc(dt reduce.DType, acc []float32, a []byte, w float32, first bool) int {
+	n := len(acc) / 8 * 8
+	if !useAVX2 || n == 0 {
+		return 0
+	}
+	switch dt {
+	case reduce.BFloat16:
+		accBF16AVX2(&acc[0], &a[0], n, w, first)
+	case reduce.Float32:
+		accF32AVX2(&acc[0], &a[0], n, w, first)
+	default:
+		return 0
+	}
+	return n
+}
+
+// vecNarrow rounds the leading whole vectors of acc into dst, a row of dt
+// elements, and returns how many elements it did (0 without AVX2, and for
+// float16; float32 needs no rounding but is copied here too).
+func vecNarrow(dt reduce.DType, dst []byte, acc []float32) int {
+	n := len(acc) / 8 * 8
+	if !useAVX2 || n == 0 {
+		return 0
+	}
+	switch dt {
+	case reduce.BFloat16:
+		narrowBF16AVX2(&dst[0], &acc[0], n)
+	case reduce.Float32:
+		copy(dst[:4*n], unsafe.Slice((*byte)(unsafe.Pointer(&acc[0])), 4*n))
+	default:
+		return 0
+	}
+	return n
 }

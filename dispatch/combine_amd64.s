@@ -328,3 +328,85 @@ prefetchLoop:
 	SUBQ       $64, CX
 	JGT        prefetchLoop
 	RET
+
+// func accBF16AVX2(acc *float32, a *byte, n int, w float32, first bool)
+// acc = w*a (first) or acc += w*a, for n bfloat16 elements of a, n a
+// multiple of 8: float32 product and sum, no fused multiply-add.
+TEXT ·accBF16AVX2(SB), NOSPLIT, $0-29
+	MOVQ         acc+0(FP), DI
+	MOVQ         a+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS w+24(FP), Y0
+	MOVBQZX      first+28(FP), R8
+
+accBF16loop:
+	CMPQ      CX, $8
+	JLT       accBF16done
+	VPMOVZXWD (SI), Y2
+	VPSLLD    $16, Y2, Y2
+	VMULPS    Y0, Y2, Y2
+	TESTQ     R8, R8
+	JNZ       accBF16store
+	VADDPS    (DI), Y2, Y2
+
+accBF16store:
+	VMOVUPS Y2, (DI)
+	ADDQ    $16, SI
+	ADDQ    $32, DI
+	SUBQ    $8, CX
+	JMP     accBF16loop
+
+accBF16done:
+	VZEROUPPER
+	RET
+
+// func accF32AVX2(acc *float32, a *byte, n int, w float32, first bool)
+// accBF16AVX2 for float32 elements.
+TEXT ·accF32AVX2(SB), NOSPLIT, $0-29
+	MOVQ         acc+0(FP), DI
+	MOVQ         a+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS w+24(FP), Y0
+	MOVBQZX      first+28(FP), R8
+
+accF32loop:
+	CMPQ    CX, $8
+	JLT     accF32done
+	VMULPS  (SI), Y0, Y2
+	TESTQ   R8, R8
+	JNZ     accF32store
+	VADDPS  (DI), Y2, Y2
+
+accF32store:
+	VMOVUPS Y2, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DI
+	SUBQ    $8, CX
+	JMP     accF32loop
+
+accF32done:
+	VZEROUPPER
+	RET
+
+// func narrowBF16AVX2(dst *byte, acc *float32, n int)
+// Rounds n float32 elements of acc, a multiple of 8, to bfloat16 at dst.
+TEXT ·narrowBF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ         dst+0(FP), DI
+	MOVQ         acc+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VPBROADCASTD bf16half<>(SB), Y7
+	VPBROADCASTD bf16one<>(SB), Y8
+
+narrowBF16loop:
+	CMPQ    CX, $8
+	JLT     narrowBF16done
+	VMOVUPS (SI), Y2
+	ROUND_BF16
+	ADDQ    $32, SI
+	ADDQ    $16, DI
+	SUBQ    $8, CX
+	JMP     narrowBF16loop
+
+narrowBF16done:
+	VZEROUPPER
+	RET

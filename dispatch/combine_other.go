@@ -2,6 +2,8 @@
 
 package dispatch
 
+import "github.com/a2a-moe/a2a/a2a/reduce"
+
 // Without vector kernels the Go kernels do all the work.
 
 var useAVX512 bool // what the amd64 kernels' tests toggle
@@ -15,3 +17,7 @@ func copyStream(dst, src []byte) { copy(dst, src) }
 func storeFence() {}
 
 func prefetchRow(row []byte) {}
+
+func vecAcc(dt reduce.DType, acc []float32, a []byte, w float32, first bool) int { return 0 }
+
+func vecNarrow(dt reduce.DType, dst []byte, acc []float32) int { return 0 }

@@ -92,6 +92,47 @@ func testKernels(t *testing.T) {
 	}
 }
 
+// TestAccumulateMatchesReference checks the weighted sum of three or more
+// rows (accumulate, then narrowAcc) against the plain float32 formula,
+// rounded once, bit for bit: rows with tails off the vector width and
+// special values, float32, bfloat16 and float16 (no vector kernel).
+func TestAccumulateMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	specials := []float32{0, float32(math.Copysign(0, -1)), float32(math.Inf(1)), float32(math.NaN()), 1e-40, math.MaxFloat32, -1}
+	for _, dt := range []reduce.DType{reduce.Float32, reduce.BFloat16, reduce.Float16} {
+		for _, hidden := range []int{1, 7, 8, 9, 16, 23, 64, 1027} {
+			for trial := range 30 {
+				k := 3 + trial%6
+				rows, ws := make([][]byte, k), make([]float32, k)
+				for i := range rows {
+					rows[i], ws[i] = make([]byte, hidden*dt.Size()), float32(rng.Float64())
+					for j := range hidden {
+						v := float32(rng.NormFloat64() * 4)
+						if trial%5 == 0 && rng.IntN(4) == 0 {
+							v = specials[rng.IntN(len(specials))]
+						}
+						putElem(dt, rows[i], j, v)
+					}
+				}
+				acc, tmp, got := make([]float32, hidden), make([]float32, hidden), make([]byte, hidden*dt.Size())
+				for i := range rows {
+					accumulate(dt, acc, tmp, rows[i], ws[i], i == 0)
+				}
+				narrowAcc(dt, got, acc)
+				for j := range hidden {
+					want := ws[0] * getElem(dt, rows[0], j)
+					for i := 1; i < k; i++ {
+						want += float32(ws[i] * getElem(dt, rows[i], j))
+					}
+					if !sameBits(dt, got, j, want) && !(want != want && getElem(dt, got, j) != getElem(dt, got, j)) {
+						t.Fatalf("%v hidden %d k %d element %d: got %v, want %v", dt, hidden, k, j, getElem(dt, got, j), roundTo(dt, want))
+					}
+				}
+			}
+		}
+	}
+}
+
 // sameBits reports whether element j of buf is want encoded in dt.
 func sameBits(dt reduce.DType, buf []byte, j int, want float32) bool {
 	enc := make([]byte, 4)
