@@ -325,10 +325,13 @@ func (w *decodeWaiter) idle(h *Handle, what string, peer int) error {
 		}
 	}
 	ll.drive()
+	// Ranks may be goroutines of one process (in-process groups), with
+	// fewer Ps than ranks: a poll that kept its P would hold up the rank
+	// it waits for until the scheduler preempts it, 10 ms later.
+	runtime.Gosched()
 	switch {
 	case w.since < ll.spin:
 	case w.since < ll.spin+time.Millisecond:
-		runtime.Gosched()
 		unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 	default:
 		time.Sleep(20 * time.Microsecond)
