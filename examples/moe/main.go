@@ -60,6 +60,7 @@ type options struct {
 	ffn          int
 	steps        int
 	microbatches int
+	maxTokens    int
 	skew         float64
 	capacity     float64
 	seed         uint64
@@ -117,6 +118,7 @@ func (o *options) register(fs *flag.FlagSet, text *textFlags) {
 	fs.IntVar(&o.ffn, "ffn", 128, "inner size of each expert's feed-forward network")
 	fs.IntVar(&o.steps, "steps", 5, "steps")
 	fs.IntVar(&o.microbatches, "microbatches", 1, "micro-batches per step; with 2 or more, the exchange of one overlaps the expert compute of the previous")
+	fs.IntVar(&o.maxTokens, "max-tokens", 0, "decode mode: at most this many tokens per micro-batch, received into fixed buffers with the counts in the same round as the rows (0: off; needs --counts inband, at most 2 micro-batches)")
 	fs.StringVar(&text.skew, "skew", "0", "router skew: S or zipf:S, the Zipf exponent of the experts' popularity (0: uniform)")
 	fs.Float64Var(&o.capacity, "capacity", 1.25, "capacity factor: each expert takes at most ceil(T*k/E*factor) of a rank's T tokens (<= 0: unlimited)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of tokens, router logits and expert weights")
@@ -173,6 +175,10 @@ func (o *options) validate() error {
 		return fmt.Errorf("--microbatches %d: want 1..tokens", o.microbatches)
 	case o.wire == dispatch.WireFP8 && o.counts != dispatch.CountsInBand:
 		return fmt.Errorf("--wire fp8: needs --counts inband")
+	case o.maxTokens < 0 || (o.maxTokens > 0 && (o.counts != dispatch.CountsInBand || o.microbatches > 2 || o.rebalance > 0)):
+		return fmt.Errorf("--max-tokens %d: want >= 0; the decode mode needs --counts inband, at most 2 micro-batches and no --rebalance-every", o.maxTokens)
+	case o.maxTokens > 0 && (o.tokens+o.microbatches-1)/o.microbatches > o.maxTokens:
+		return fmt.Errorf("--max-tokens %d: micro-batches of %d tokens do not fit", o.maxTokens, (o.tokens+o.microbatches-1)/o.microbatches)
 	case o.metricsPort < 0 || o.metricsPort > 65535:
 		return fmt.Errorf("--metrics-port %d", o.metricsPort)
 	case o.killRank == 0 || o.killRank < -1 || (!o.worker && o.killRank >= o.ranks):

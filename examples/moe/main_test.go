@@ -149,6 +149,11 @@ func TestDemoInProcess(t *testing.T) {
 		// wire's bound and then against the reference on the FP8 rows.
 		{"wire-fp8-bf16-microbatches", 3, []string{"-n", "3", "--tokens", "24", "--hidden", "200", "--ffn", "16", "--steps", "2",
 			"--dtype", "bf16", "--wire", "fp8", "--skew", "1", "--microbatches", "2"}},
+		// The decode mode: two micro-batches of 128 tokens, both sent
+		// before either is awaited, on shared memory and point to point.
+		{"decode-microbatches", 4, []string{"--steps", "3", "--microbatches", "2", "--max-tokens", "128"}},
+		{"decode-fp8-alltoallv", 3, []string{"-n", "3", "--tokens", "40", "--hidden", "130", "--ffn", "8", "--steps", "3",
+			"--wire", "fp8", "--rows", "alltoallv", "--microbatches", "2", "--max-tokens", "20", "--skew", "1"}},
 		{"wire-fp8-f32-alltoallv", 3, []string{"-n", "3", "--tokens", "20", "--hidden", "130", "--ffn", "8", "--steps", "2",
 			"--wire", "fp8", "--rows", "alltoallv"}},
 	} {
@@ -166,6 +171,9 @@ func TestDemoInProcess(t *testing.T) {
 				}
 			}
 			checkOutput(t, out, tc.ranks, steps)
+			if slices.Contains(tc.args, "--max-tokens") && !strings.Contains(out, "decode mode (fixed buffers for") {
+				t.Errorf("the header does not name the decode mode:\n%s", out)
+			}
 		})
 	}
 }
@@ -267,6 +275,9 @@ func TestFlags(t *testing.T) {
 		{[]string{"--k", "17"}, "--k 17"},
 		{[]string{"--microbatches", "0"}, "--microbatches"},
 		{[]string{"--metrics-port", "70000"}, "--metrics-port"},
+		{[]string{"--max-tokens", "100"}, "--max-tokens 100: micro-batches of 256 tokens"},
+		{[]string{"--max-tokens", "128", "--microbatches", "3"}, "--max-tokens 128: want >= 0; the decode mode needs"},
+		{[]string{"--max-tokens", "-1"}, "--max-tokens -1"},
 		{[]string{"extra"}, "unexpected arguments"},
 		{[]string{"--redundant", "4"}, "--redundant 4 --rebalance-every 0"},
 		{[]string{"--rebalance-every", "2", "--redundant", "3"}, "--redundant 3: experts 16 plus"},

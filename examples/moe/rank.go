@@ -67,7 +67,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	w.die = o.killReplace && c.Rank() == o.killRank
 	m.layer = dispatch.Config{
 		Experts: o.experts, K: o.k, Hidden: o.hidden, DType: o.dtype, Placement: pl,
-		CapacityFactor: o.capacity, Counts: o.counts, Rows: o.rows, Wire: o.wire, Observer: obs, Logger: log,
+		CapacityFactor: o.capacity, Counts: o.counts, Rows: o.rows, Wire: o.wire, MaxTokens: o.maxTokens, Observer: obs, Logger: log,
 		Rebalance: dispatch.Rebalance{Every: o.rebalance * o.microbatches, Threshold: o.threshold, Redundant: o.redundant, Mover: w},
 	}
 	if m.d, err = dispatch.New(ctx, c, m.layer); err != nil {
@@ -253,6 +253,9 @@ func printHeader(w io.Writer, o options, size int, pl *routing.Placement, urls [
 	mb := "1 micro-batch"
 	if o.microbatches > 1 {
 		mb = fmt.Sprintf("%d micro-batches (exchange overlaps expert compute)", o.microbatches)
+	}
+	if o.maxTokens > 0 {
+		mb += fmt.Sprintf(", decode mode (fixed buffers for %d tokens, split send/receive)", o.maxTokens)
 	}
 	fmt.Fprintf(w, "moe: %d ranks, %d experts (%s), top-%d, %d tokens per rank, hidden %d, ffn %d, %v, capacity %g, skew %g, counts %v, %s\n",
 		size, o.experts, expertsPerRank(pl), o.k, o.tokens, o.hidden, o.ffn, o.dtype, o.capacity, o.skew, o.counts, mb)
@@ -533,6 +536,9 @@ func matches(dt reduce.DType, got, want float32) bool {
 // sequence (D0 D1 C0 D2 C1 ... ), which is what keeps the collectives
 // matched.
 func (r *rankState) pipeline(ctx context.Context) error {
+	if r.d.DecodeMode() {
+		return r.pipelineDecode(ctx)
+	}
 	rb := r.d.RowBytes()
 	M := len(r.hs)
 	lo, hi := r.span(0)
@@ -557,6 +563,40 @@ func (r *rankState) pipeline(ctx context.Context) error {
 		}
 		lo, hi := r.span(i)
 		if err := r.d.CombineAsync(ctx, r.hs[i], r.hs[i].Output(), r.out[lo*rb:hi*rb]); err != nil {
+			return err
+		}
+	}
+	for _, h := range r.hs {
+		if err := h.Wait(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pipelineDecode is pipeline in the decode mode, all on this goroutine:
+// every micro-batch's rows are sent before any is awaited, and each one's
+// combine is sent as soon as its experts are done, so the exchanges of one
+// overlap the compute of the other with no goroutine of the dispatcher's.
+// Every rank makes the same calls in the same order (D0 D1 C0 C1).
+func (r *rankState) pipelineDecode(ctx context.Context) error {
+	rb := r.d.RowBytes()
+	var err error
+	for i := range r.hs {
+		lo, hi := r.span(i)
+		if r.hs[i], err = r.d.DispatchSend(ctx, r.tokens[lo*rb:hi*rb], &r.decs[i]); err != nil {
+			return err
+		}
+	}
+	for i, h := range r.hs {
+		if err := h.Wait(); err != nil {
+			return err
+		}
+		if err := r.experts(h); err != nil {
+			return err
+		}
+		lo, hi := r.span(i)
+		if err := r.d.CombineSend(ctx, h, h.Output(), r.out[lo*rb:hi*rb]); err != nil {
 			return err
 		}
 	}
