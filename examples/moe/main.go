@@ -175,10 +175,6 @@ func (o *options) validate() error {
 		return fmt.Errorf("--microbatches %d: want 1..tokens", o.microbatches)
 	case o.wire == dispatch.WireFP8 && o.counts != dispatch.CountsInBand:
 		return fmt.Errorf("--wire fp8: needs --counts inband")
-	case o.maxTokens < 0 || (o.maxTokens > 0 && (o.counts != dispatch.CountsInBand || o.microbatches > 2 || o.rebalance > 0)):
-		return fmt.Errorf("--max-tokens %d: want >= 0; the decode mode needs --counts inband, at most 2 micro-batches and no --rebalance-every", o.maxTokens)
-	case o.maxTokens > 0 && (o.tokens+o.microbatches-1)/o.microbatches > o.maxTokens:
-		return fmt.Errorf("--max-tokens %d: micro-batches of %d tokens do not fit", o.maxTokens, (o.tokens+o.microbatches-1)/o.microbatches)
 	case o.metricsPort < 0 || o.metricsPort > 65535:
 		return fmt.Errorf("--metrics-port %d", o.metricsPort)
 	case o.killRank == 0 || o.killRank < -1 || (!o.worker && o.killRank >= o.ranks):
@@ -186,7 +182,21 @@ func (o *options) validate() error {
 	case o.killRank > 0 && (o.killStep < 0 || o.killStep >= o.steps):
 		return fmt.Errorf("--kill-step %d: want 0..steps-1", o.killStep)
 	}
+	if err := o.validateDecode(); err != nil {
+		return err
+	}
 	return o.validateRebalance()
+}
+
+// validateDecode checks --max-tokens against the other flags.
+func (o *options) validateDecode() error {
+	switch mb := (o.tokens + o.microbatches - 1) / o.microbatches; {
+	case o.maxTokens < 0 || (o.maxTokens > 0 && (o.counts != dispatch.CountsInBand || o.microbatches > 2 || o.rebalance > 0)):
+		return fmt.Errorf("--max-tokens %d: want >= 0; the decode mode needs --counts inband, at most 2 micro-batches and no --rebalance-every", o.maxTokens)
+	case o.maxTokens > 0 && mb > o.maxTokens:
+		return fmt.Errorf("--max-tokens %d: micro-batches of %d tokens do not fit", o.maxTokens, mb)
+	}
+	return nil
 }
 
 // validateRebalance checks the re-placement flags.
