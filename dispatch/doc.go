@@ -202,6 +202,50 @@
 // calling goroutine when nothing is queued, and behind the queued operations
 // otherwise.
 //
+// # Decode mode
+//
+// Decode steps carry few tokens (1-128 per rank), so the counts exchange and
+// the per-step collectives, not the bytes, set their time. With
+// [Config.MaxTokens] > 0 the dispatcher runs the low-latency mode of
+// DeepEP's and pplx's decode kernels: at New every rank lays out two fixed
+// buffer sets, each with one block per source rank of room for its worst
+// case (MaxTokens*min(K, slots) rows), and the per-slot row counts travel
+// in front of each block, in the same round as the rows. Between ranks of a
+// host the sets are memfd segments the peers map once: a sender writes its
+// rows and counts into the receiver's block and stores the step number in a
+// flag word the receiver polls; combine publishes a ready word and the
+// senders read the outputs where the experts wrote them (Output, or Recv
+// computed in place). Other pairs send the block and the outputs as
+// point-to-point messages. Consecutive steps alternate the two sets, so no
+// barrier sits between steps: a rank writes into a peer's set only once the
+// peer's ready word says the step before last is done there.
+//
+// The split form overlaps two micro-batches on one goroutine:
+//
+//	h0, _ := d.DispatchSend(ctx, tok0, &dec0) // rows of 0 posted
+//	h1, _ := d.DispatchSend(ctx, tok1, &dec1) // rows of 1 posted
+//	h0.Wait()                                 // rows of 0 received
+//	compute(h0)
+//	d.CombineSend(ctx, h0, h0.Output(), out0)
+//	h1.Wait()
+//	compute(h1)
+//	d.CombineSend(ctx, h1, h1.Output(), out1)
+//	h0.Wait(); h1.Wait()                      // out0, out1 summed
+//	h0.Release(); h1.Release()                // before the next step's DispatchSend
+//
+// Dispatch, DispatchAsync, Combine and CombineAsync work unchanged in the
+// mode (the synchronous forms are the split ones plus Wait), and the
+// handle's accessors mean the same: Recv is the handle's fixed buffer, its
+// blocks in source rank order with room between them, and Segments say
+// where the rows are. At most two steps are held at once (the handle of
+// the step before last must be released first); a step over MaxTokens is
+// [a2a.ErrInvalidArgument] before anything is sent. Every rank makes the
+// same calls in the same order, and combines every step or none. Not with
+// [CountsNATS] or [Config.Rebalance] (nor [Dispatcher.Replace]): the
+// buffers are laid out for one placement; [Dispatcher.Load] is not updated.
+// A wait fails with the Comm's abort, the context's end or after the
+// Comm's timeout, and aborts the Comm so that no peer waits for this rank.
+//
 // # Steady state
 //
 // Handles come from a per-dispatcher free list ([Handle.Release] returns
