@@ -196,7 +196,9 @@ func (c *Comm) Abort(err error) error {
 // ErrAborted, wrapping the first cause), or a peer left, even once it is
 // closed; ErrClosed when it was closed healthy; nil otherwise.
 func (c *Comm) Err() error {
-	if err := c.causeAt(^uint64(0)); err != nil {
+	// Every operation from now on: the last sequence number but one, as
+	// FailedAt compares seq+1 with a leaver's first missed operation.
+	if err := c.causeAt(^uint64(0) - 1); err != nil {
 		return err
 	}
 	if c.life.closed.Load() {

@@ -125,3 +125,22 @@ func TestShrinkRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestErrNamesDepartedPeer: once a rank closes its Comm, the others' Err
+// says so (ErrPeerLost naming it) without any call of theirs failing first:
+// what a library polling memory a peer writes (dispatch's decode mode) waits on.
+func TestErrNamesDepartedPeer(t *testing.T) {
+	url := startNATS(t)
+	comms := group(t, url, 2, nil)
+	if err := comms[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for comms[0].Err() == nil && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	var e *Error
+	if err := comms[0].Err(); !errors.Is(err, ErrPeerLost) || !errors.As(err, &e) || e.Rank != 1 {
+		t.Errorf("Err after rank 1 closed: %v, want ErrPeerLost naming rank 1", err)
+	}
+}
