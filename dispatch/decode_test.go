@@ -336,3 +336,51 @@ func TestDecodeArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeFailures: no rank waits past its deadline or for a rank that is
+// gone. A rank that never dispatches leaves its peers' steps to fail with
+// ErrTimeout at their context's deadline; a rank that closes its Comm
+// instead of dispatching fails their waits with ErrPeerLost at once.
+func TestDecodeFailures(t *testing.T) {
+	url := startNATS(t)
+	l := layer{experts: 6, k: 2, hidden: 8, tokens: 10, dtype: reduce.Float32, seed: 11}
+	cfg := Config{Experts: 6, K: 2, Hidden: 8, MaxTokens: 16, Logger: discard}
+	t.Run("deadline", func(t *testing.T) {
+		comms := group(t, url, 3, nil)
+		ds := newDispatchers(t, comms, cfg)
+		mustAll(t, onAll(2, func(r int) error { // rank 2 never dispatches
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			_, err := ds[r].Dispatch(ctx, l.tokenRows(r, 0), l.decision(r, 0))
+			if !errors.Is(err, a2a.ErrTimeout) {
+				return fmt.Errorf("waiting for a rank that never dispatches: %v, want ErrTimeout", err)
+			}
+			if took := time.Since(start); took > 5*time.Second {
+				return fmt.Errorf("failed after %v, the deadline was 300ms", took)
+			}
+			return nil
+		}))
+	})
+	t.Run("peer-left", func(t *testing.T) {
+		comms := group(t, url, 3, nil)
+		ds := newDispatchers(t, comms, cfg)
+		mustAll(t, onAll(3, func(r int) error {
+			if r == 2 {
+				time.Sleep(100 * time.Millisecond)
+				return comms[2].Close()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			start := time.Now()
+			_, err := ds[r].Dispatch(ctx, l.tokenRows(r, 0), l.decision(r, 0))
+			if !errors.Is(err, a2a.ErrPeerLost) {
+				return fmt.Errorf("waiting for a rank that left: %v, want ErrPeerLost", err)
+			}
+			if took := time.Since(start); took > 5*time.Second {
+				return fmt.Errorf("failed after %v", took)
+			}
+			return nil
+		}))
+	})
+}

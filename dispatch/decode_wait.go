@@ -67,6 +67,11 @@ func (h *Handle) waitDecode() error {
 		return h.err
 	}
 	h.pending = false
+	if h.d.isClosed() {
+		// Close unmapped the sets: nothing of the step may be read.
+		h.state, h.err = stateFailed, fmt.Errorf("%w: dispatch: dispatcher closed with the step in flight", a2a.ErrClosed)
+		return h.err
+	}
 	var err error
 	switch h.state {
 	case stateDispatching:
@@ -95,7 +100,7 @@ func (h *Handle) releaseDecode() {
 		return
 	}
 	h.Wait()
-	if h.state == stateDispatched {
+	if h.state == stateDispatched && !h.d.isClosed() {
 		atomic.StoreUint64(readyOf(h.ll.ctl), h.ll.seq<<1)
 	}
 	h.state, h.err = stateIdle, nil
@@ -377,4 +382,11 @@ func (h *Handle) awaitReady(want uint64) error {
 		}
 	}
 	return nil
+}
+
+// isClosed reports whether Close ran.
+func (d *Dispatcher) isClosed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.closed
 }
