@@ -15,8 +15,9 @@ import (
 
 // BenchmarkDecode is issue 19's decode target: 8 in-process ranks on one
 // host, 128 tokens per rank of 7168 bfloat16 elements, 64 experts, top-8;
-// and a smaller step of the same group (16 tokens of 1024 elements), where
-// the exchanges' latency rather than the copies and sums dominates. Each
+// and smaller steps of the same group (16 tokens of 1024 elements, 1 token
+// of 7168), where the exchanges' latency rather than the copies and sums
+// weighs most. Each
 // iteration runs one group step of each kind on the same Comms, in turn (so
 // load changes hit all three alike): a dispatch + combine of the normal
 // mode, one of the decode mode (MaxTokens = the step's tokens) and the bare
@@ -30,6 +31,7 @@ func BenchmarkDecode(b *testing.B) {
 	for _, s := range []benchShape{
 		{8, 64, 8, 128, 7168, reduce.BFloat16, 1},
 		{8, 64, 8, 16, 1024, reduce.BFloat16, 1},
+		{8, 64, 8, 1, 7168, reduce.BFloat16, 1},
 	} {
 		b.Run(s.String(), func(b *testing.B) { benchDecode(b, s) })
 	}
