@@ -138,6 +138,7 @@ type membership struct {
 func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out io.Writer) error {
 	agg := newAggregate(o, m.c.Size())
 	var times stepTimes
+	fig := newFigures(o, m.d)
 	for step := 0; step < o.steps; {
 		if step == o.killStep && r.rank == o.killRank && !o.killReplace {
 			// As kill -9 from outside would: no leave, no flush, no cleanup.
@@ -166,6 +167,7 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 		}
 		agg.print(out, step)
 		times.add(step, agg.slowest(), replaced)
+		fig.add(step, agg)
 		if err := verified(agg, res, step); err != nil {
 			return err
 		}
@@ -178,6 +180,9 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 	}
 	if o.rebalance > 0 {
 		times.print(out)
+	}
+	if o.preset != "" {
+		fig.print(out)
 	}
 	return nil
 }
@@ -333,6 +338,7 @@ type stepResult struct {
 	received          int // rows this rank's experts processed
 	dispatch, combine time.Duration
 	moved             int64         // bytes sent to other ranks, dispatch and combine
+	sent              int64         // of which dispatch's, in the wire format
 	took              time.Duration // dispatch, experts and combine (a re-placement inside Dispatch too)
 	load              []int         // kept rows per global expert
 }
@@ -431,6 +437,7 @@ func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
 		res.combine += st.CombineTime
 		// Combine sends back the rows dispatch received, in the dtype.
 		res.moved += st.SentBytes + st.ReceivedBytes*int64(r.d.RowBytes())/int64(r.d.WireRowBytes())
+		res.sent += st.SentBytes
 		for e, n := range h.ExpertLoad() {
 			res.load[e] += n
 		}
