@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"time"
 
 	"github.com/a2a-moe/a2a/dispatch"
@@ -134,18 +135,21 @@ func (f *figures) print(w io.Writer) {
 	n := time.Duration(f.samples)
 	fmt.Fprintf(w, "%s: %d experts, top-%d, hidden %d, %d ranks x %d tokens; %s%s, per rank as DeepEP reports (logical: every token->expert row, to its own rank and host too):\n",
 		o.preset, o.experts, o.k, o.hidden, f.ranks, o.tokens, steps, warm)
-	fmt.Fprintf(w, "  dispatch  avg %9s  logical %7.2f GB/s  (%s rows, %d B each)\n",
+	fmt.Fprintf(w, "  dispatch  avg %9s  logical %7s GB/s  (%s rows, %d B each)\n",
 		round(f.dispTime/n), gbps(f.dispBytes, f.dispTime), wire, f.wireRow)
-	fmt.Fprintf(w, "  combine   avg %9s  logical %7.2f GB/s  (%v rows, %d B each)\n",
+	fmt.Fprintf(w, "  combine   avg %9s  logical %7s GB/s  (%v rows, %d B each)\n",
 		round(f.combTime/n), gbps(f.combBytes, f.combTime), o.dtype, f.rowBytes)
 	fmt.Fprintf(w, "  step      median %s (slowest rank: dispatch, experts, combine); dispatched between ranks %s per step\n",
 		round(median(f.took)), bytesString(f.sent/int64(f.steps)))
 }
 
-// gbps is bytes over d in GB/s (10^9 bytes, as DeepEP counts).
-func gbps(bytes float64, d time.Duration) float64 {
-	if d <= 0 {
-		return 0
+// gbps formats bytes over d in GB/s (10^9 bytes, as DeepEP counts): two
+// decimals, or three significant digits below 1 GB/s, so that a small run
+// on a crowded machine does not print 0.00.
+func gbps(bytes float64, d time.Duration) string {
+	if d <= 0 || bytes <= 0 {
+		return "0"
 	}
-	return bytes / d.Seconds() / 1e9
+	g := bytes / d.Seconds() / 1e9
+	return fmt.Sprintf("%.*f", max(2, 2-int(math.Floor(math.Log10(g)))), g)
 }
