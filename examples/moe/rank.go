@@ -188,8 +188,8 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 }
 
 // shrink carries on without the peer whose loss failed step: it shrinks the
-// group to the survivors, re-places the experts on them and builds the
-// dispatcher anew.
+// group to the survivors, settles the placement, re-places the experts on
+// them and builds the dispatcher anew.
 func (m *membership) shrink(ctx context.Context, o options, step int, lossErr error, out io.Writer) error {
 	start := time.Now()
 	m.d.Close()
@@ -198,6 +198,12 @@ func (m *membership) shrink(ctx context.Context, o options, step int, lossErr er
 		return fmt.Errorf("step %d: shrinking after %v: %w", step, lossErr, err)
 	}
 	m.c = shrunk
+	// A rank lost while voting in a re-placement may have left some
+	// survivors switched and others not: agree first on which placement
+	// the shrink starts from.
+	if err := m.d.Settle(ctx, m.c); err != nil {
+		return fmt.Errorf("step %d: settling the placement after %v: %w", step, lossErr, err)
+	}
 	pl, err := m.d.Placement().Shrink(m.c.FormerRanks())
 	if err != nil {
 		return err
