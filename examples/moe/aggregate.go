@@ -32,7 +32,7 @@ func newAggregate(o options, size int) *aggregate {
 	return a
 }
 
-const recordFields = 11 // ok, mismatches, routed, kept, dropped, received, dispatch, combine, moved, took, sent
+const recordFields = 12 // ok, mismatches, routed, kept, dropped, received, dispatch, combine, moved, took, sent, cpu
 
 func (a *aggregate) recordBytes() int { return 8 * (recordFields + a.o.experts) }
 
@@ -44,7 +44,7 @@ func (a *aggregate) gather(ctx context.Context, c *a2a.Comm, res *stepResult) er
 		ok = 1
 	}
 	for i, v := range []uint64{ok, uint64(res.mismatches), uint64(res.routed), uint64(res.kept), uint64(res.dropped),
-		uint64(res.received), uint64(res.dispatch), uint64(res.combine), uint64(res.moved), uint64(res.took), uint64(res.sent)} {
+		uint64(res.received), uint64(res.dispatch), uint64(res.combine), uint64(res.moved), uint64(res.took), uint64(res.sent), uint64(res.cpu)} {
 		le.PutUint64(rec[8*i:], v)
 	}
 	for e, n := range res.load {
@@ -63,7 +63,7 @@ func (a *aggregate) gather(ctx context.Context, c *a2a.Comm, res *stepResult) er
 		s.ok, s.mismatches = f(0) == 1, int(f(1))
 		s.routed, s.kept, s.dropped, s.received = int(f(2)), int(f(3)), int(f(4)), int(f(5))
 		s.dispatch, s.combine, s.moved, s.took = time.Duration(f(6)), time.Duration(f(7)), int64(f(8)), time.Duration(f(9))
-		s.sent = int64(f(10))
+		s.sent, s.cpu = int64(f(10)), time.Duration(f(11))
 		for e := range s.load {
 			s.load[e] = int(f(recordFields + e))
 		}

@@ -502,8 +502,18 @@ func TestDemoRebalance(t *testing.T) {
 			after = max(after, imb)
 		}
 	}
-	if !regexp.MustCompile(`(?m)^step time, slowest rank \(dispatch, experts, combine\): median \S+ over 2 steps before the re-placement at step 3, \S+ over 3 after$`).MatchString(out) {
+	if !regexp.MustCompile(`(?m)^step time, slowest rank \(dispatch, experts, combine\): median \S+ over 2 steps before the re-placement at step 3, \S+ over 3 after \([+-]\d+%\)$`).MatchString(out) {
 		t.Errorf("no step time summary in:\n%s", out)
+	}
+	cpu := regexp.MustCompile(`(?m)^CPU time in the step: busiest rank \(the step with a core per rank\) median (\S+) before, (\S+) after \([+-]\d+%\); all ranks (\S+) before, (\S+) after; cores the ranks used ([\d.]+) before, ([\d.]+) after$`).FindStringSubmatch(out)
+	if cpu == nil {
+		t.Errorf("no CPU time summary in:\n%s", out)
+	} else {
+		for _, s := range cpu[1:5] {
+			if d, err := time.ParseDuration(s); err != nil || d <= 0 {
+				t.Errorf("CPU time %q in %q: want a positive duration", s, cpu[0])
+			}
+		}
 	}
 	mre := regexp.MustCompile(`(?m)^metrics: a2a_moe_replacements_total 1, a2a_moe_replace_bytes_total (\d+) \(rank 0\), a2a_moe_rank_imbalance ([\d.]+)$`)
 	if mm := mre.FindStringSubmatch(out); mm == nil {

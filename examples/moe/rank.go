@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -166,7 +167,7 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 			printReplace(out, step, m.d.LastReplace(), before, m.d.Placement(), load)
 		}
 		agg.print(out, step)
-		times.add(step, agg.slowest(), replaced)
+		times.add(step, agg, replaced)
 		fig.add(step, agg)
 		if err := verified(agg, res, step); err != nil {
 			return err
@@ -346,6 +347,7 @@ type stepResult struct {
 	moved             int64         // bytes sent to other ranks, dispatch and combine
 	sent              int64         // of which dispatch's, in the wire format
 	took              time.Duration // dispatch, experts and combine (a re-placement inside Dispatch too)
+	cpu               time.Duration // this rank's CPU time during took
 	load              []int         // kept rows per global expert
 }
 
@@ -424,14 +426,17 @@ func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
 			return nil, err
 		}
 	}
-	start := time.Now()
-	if err := r.pipeline(ctx); err != nil {
+	runtime.LockOSThread() // for threadCPU
+	start, cpu0 := time.Now(), threadCPU()
+	err := r.pipeline(ctx)
+	took, cpu := time.Since(start), threadCPU()-cpu0
+	runtime.UnlockOSThread()
+	if err != nil {
 		return nil, err
 	}
-	took := time.Since(start)
 
 	res := &r.res
-	*res = stepResult{ok: true, load: res.load, took: took}
+	*res = stepResult{ok: true, load: res.load, took: took, cpu: cpu}
 	clear(res.load)
 	for i, h := range r.hs {
 		st := h.Stats()
