@@ -112,12 +112,14 @@ func (d *Dispatcher) Replace(ctx context.Context, pl *routing.Placement, m Exper
 		return invalidf("replace: a step is in flight; replace between steps (after combine and Wait, or Release)")
 	}
 	start := time.Now()
-	d.replicas.doubt = nil // every rank got past the last one, or this call could not run
 	x := &replacement{d: d, to: pl, m: m}
 	prepErr := x.prepare()
 	if err := x.agree(ctx, prepErr); err != nil {
-		return err
+		return err // a doubt stays for Settle: the Comm that failed the vote fails this too
 	}
+	// Every rank got this far, so every rank's last vote completed: none
+	// is in doubt of it any more.
+	d.replicas.doubt = nil
 	if err := d.comm.AllToAllV(ctx, x.send, x.sendCounts, x.recv, x.recvCounts); err != nil {
 		return fmt.Errorf("dispatch: replace: moving the parameters: %w", err)
 	}
