@@ -179,3 +179,31 @@ func TestJoinOverConnectionLimit(t *testing.T) {
 		t.Fatalf("join over the job's connection limit: %v, want ErrResource naming --job-conns", err)
 	}
 }
+
+// TestJoinOverSubscriptionLimit: a rank whose job (its NATS account) may
+// hold fewer subscriptions per connection than a member makes fails Join at
+// once with ErrResource naming --job-subs, instead of waiting out its
+// deadline for replies the server will never deliver.
+func TestJoinOverSubscriptionLimit(t *testing.T) {
+	clearEnv(t)
+	clearCredsEnv(t)
+	ts, err := natsd.StartTenants(natsd.Config{Users: []natsd.User{natsd.NewUser("admin", nil)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { ts.Shutdown(); ts.WaitForShutdown() }()
+	u := natsd.NewUser("job-1", nil)
+	if err := ts.AddAccount(natsd.Account{Name: "job-1", Users: []natsd.User{u}, Limits: natsd.Limits{Subs: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = Join(ctx, Config{NATSURL: ts.ClientURL(), NATSUser: u.Name, NATSPassword: u.Password, Group: "g", Rank: 0, WorldSize: 1})
+	if !errors.Is(err, ErrResource) || !strings.Contains(err.Error(), "--job-subs") {
+		t.Fatalf("join over the job's subscription limit: %v, want ErrResource naming --job-subs", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("join took %v to fail, want it at once", d)
+	}
+}

@@ -2,7 +2,6 @@ package a2a
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/control"
 	"github.com/a2a-moe/a2a/a2a/internal/engine"
-	"github.com/a2a-moe/a2a/a2a/internal/fault"
 	"github.com/a2a-moe/a2a/internal/cpus"
 )
 
@@ -120,34 +118,17 @@ func (c *Comm) connectData(ctx context.Context, dp *dataPlane) error {
 	stop()
 	cancel()
 	if err != nil {
-		if merr := explainedLoss(m, err); merr != nil {
-			err = merr
+		// A peer that closed its links because a third rank aborted the
+		// group is not lost: the abort, heard within moments, is the cause.
+		if c.awaitPeerCause(0, err) {
+			if merr := m.Err(); merr != nil {
+				err = merr
+			}
 		}
 		m.Abort(err)
 		return err
 	}
 	return nil
-}
-
-// lossGrace is how long a rank that saw a peer's connections close waits for
-// the control plane to say why. A peer closes when it was aborted, and the
-// abort message reaches every rank within milliseconds of the first one.
-const lossGrace = 500 * time.Millisecond
-
-// explainedLoss returns the member's own failure (an abort, a departure)
-// when it explains err, or nil. A peer that closed its links because a third
-// rank aborted the group is not lost: waiting briefly for that abort keeps
-// the cause, instead of naming the healthy peer.
-func explainedLoss(m *control.Member, err error) error {
-	if merr := m.Err(); merr != nil || !errors.Is(err, fault.ErrPeerLost) {
-		return merr
-	}
-	select {
-	case <-m.Done():
-		return m.Err()
-	case <-time.After(lossGrace):
-		return nil
-	}
 }
 
 // startEngine makes the engine and what runs on it: the progress queue, the

@@ -174,7 +174,9 @@
 // a fingerprint exchange first refuses a placement the ranks disagree on
 // ([a2a.ErrMismatch]), and a vote after the moves makes every rank switch or
 // none (a failed import, or a rank lost before its vote, leaves every rank
-// on the old placement with a typed error). [Dispatcher.LastReplace] reports
+// on the old placement with a typed error; after a rank lost while voting,
+// the survivors call [Dispatcher.Settle] on the shrunk Comm, which puts them
+// all on one placement). [Dispatcher.LastReplace] reports
 // the bytes and the time. [Config.Rebalance] runs it inside Dispatch every
 // Every dispatches when the estimated max/mean rank load exceeds Threshold,
 // placing with routing.Balance over Experts+Redundant slots.

@@ -85,13 +85,17 @@ func source(pl *routing.Placement, spr, e, to int, host func(int) int) int {
 // whose pl differs fails every rank with a2a.ErrMismatch, one that cannot
 // take part, for a bad argument or a failed Export, with its error here and
 // a2a.ErrAborted elsewhere); the parameters, one AllToAllV; and a vote on
-// the imports. Only when every rank voted yes does any rank switch: a
+// the imports. A rank switches only when it heard every rank vote yes: a
 // failed Import, or a rank lost before its vote, leaves every rank on the
 // old placement with a typed error (the failing rank's own, a2a.ErrAborted
-// or the Comm's a2a.ErrPeerLost). Parameters imported by a Replace that
-// then failed are left with the mover. Experts a rank no longer hosts after
-// a successful Replace are not removed: the caller may drop those not in
-// Placement().
+// or the Comm's a2a.ErrPeerLost). A rank lost while it sends its votes
+// (one message per peer) may leave the peers it told switched and the
+// others not: after Comm.Shrink the survivors call [Dispatcher.Settle],
+// which puts them all on one placement before they read Placement().
+// Parameters imported by a Replace that then failed are left with the
+// mover (Settle may still switch to them). Experts a rank no longer hosts
+// after a successful Replace are not removed: the caller may drop those
+// not in Placement().
 func (d *Dispatcher) Replace(ctx context.Context, pl *routing.Placement, m ExpertMover) error {
 	if ctx == nil {
 		return invalidf("nil context")
@@ -113,18 +117,19 @@ func (d *Dispatcher) Replace(ctx context.Context, pl *routing.Placement, m Exper
 	x := &replacement{d: d, to: pl, m: m}
 	prepErr := x.prepare()
 	if err := x.agree(ctx, prepErr); err != nil {
-		return err
+		return err // a doubt stays for Settle: the Comm that failed the vote fails this too
 	}
+	// Every rank got this far, so every rank's last vote completed: none
+	// is in doubt of it any more.
+	d.replicas.doubt = nil
 	if err := d.comm.AllToAllV(ctx, x.send, x.sendCounts, x.recv, x.recvCounts); err != nil {
 		return fmt.Errorf("dispatch: replace: moving the parameters: %w", err)
 	}
 	if err := x.vote(ctx, x.imports()); err != nil {
 		return err
 	}
-	d.switchTo(pl)
 	x.stats.Duration = time.Since(start)
-	d.replicas.last = x.stats
-	d.replicas.replacements++
+	d.switched(pl, x.stats)
 	if o, ok := d.cfg.Observer.(ReplaceObserver); ok {
 		o.ObserveReplace(x.stats.ChangedSlots, x.stats.SentBytes, x.stats.Duration)
 	}
@@ -274,26 +279,58 @@ func (x *replacement) imports() error {
 	return nil
 }
 
-// vote runs the last exchange: every rank says whether its imports
-// succeeded, and all switch only if every one did.
+// voteTag is the point-to-point tag of Replace's vote.
+const voteTag = 0x52504c56 // "RPLV"
+
+// vote runs the last exchange: every rank tells every peer whether its
+// imports succeeded, one message per peer, and all switch only if every
+// one did. The messages go one after another (each send done before the
+// next starts), so a rank lost while voting has told some peers and not
+// the others: those that heard every vote switch, the others fail, and
+// Settle reconciles them on the survivors' Comm. A rank that voted yes and
+// heard no "no" before the exchange failed is in doubt: some peer may
+// have switched. It keeps the proposed placement for Settle.
 func (x *replacement) vote(ctx context.Context, importErr error) error {
 	d := x.d
-	send, recv := make([]byte, 8*d.size), make([]byte, 8*d.size)
+	P := d.size
+	mine := []byte{0}
 	if importErr != nil {
-		for j := range d.size {
-			send[8*j] = 1
+		mine[0] = 1
+	}
+	votes := make([]byte, P)
+	recvs := make([]*a2a.Request, 0, P-1)
+	for i := range P {
+		if i != d.rank {
+			recvs = append(recvs, d.comm.Irecv(ctx, votes[i:i+1], i, voteTag))
 		}
 	}
-	if err := d.comm.AllToAll(ctx, send, recv); err != nil {
-		return fmt.Errorf("dispatch: replace: agreeing to switch: %w", err)
+	var err error
+	for k := 1; k <= P && err == nil; k++ {
+		if hook := d.replicas.voteSent; hook != nil {
+			hook(k - 1) // the tests lose the rank after k-1 of its votes
+		}
+		if k < P {
+			err = d.comm.Send(ctx, mine, (d.rank+k)%P, voteTag)
+		}
+	}
+	for _, r := range recvs {
+		// Waited for even after a failure: the receive buffers are
+		// ours until every request has ended.
+		if _, rerr := r.Wait(ctx); rerr != nil && err == nil {
+			err = rerr
+		}
 	}
 	if importErr != nil {
 		return importErr
 	}
-	for i := range d.size {
-		if recv[8*i] != 0 {
+	for i, v := range votes {
+		if v != 0 {
 			return fmt.Errorf("%w: dispatch: replace: rank %d could not import its experts (see its error); the placement is unchanged", a2a.ErrAborted, i)
 		}
+	}
+	if err != nil {
+		d.replicas.doubt = &doubt{pl: x.to, stats: x.stats}
+		return fmt.Errorf("dispatch: replace: agreeing to switch (in doubt until Settle): %w", err)
 	}
 	return nil
 }

@@ -83,6 +83,15 @@ type replicaState struct {
 	load         loadState
 	last         ReplaceStats
 	replacements int
+	doubt        *doubt         // the last Replace's placement, if this rank is in doubt of it
+	voteSent     func(sent int) // tests: runs before each vote sent, and after the last
+}
+
+// doubt is a Replace this rank voted for whose vote exchange failed: a peer
+// may have heard every vote and switched. Settle resolves it.
+type doubt struct {
+	pl    *routing.Placement
+	stats ReplaceStats
 }
 
 // setRoute makes rt the layer's route.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/a2a-moe/a2a/a2a"
@@ -26,7 +27,13 @@ func replaceConfig(l layer, pl *routing.Placement) Config {
 // every rank's Rebalance with its store as the mover.
 func replaceGroup(t *testing.T, ranks int, l layer, rb *Rebalance) ([]*Dispatcher, []*paramStore, *routing.Placement) {
 	t.Helper()
-	comms := group(t, startNATS(t), ranks, nil)
+	return replaceGroupOn(t, startNATS(t), ranks, l, rb)
+}
+
+// replaceGroupOn is replaceGroup on the NATS server at url.
+func replaceGroupOn(t *testing.T, url string, ranks int, l layer, rb *Rebalance) ([]*Dispatcher, []*paramStore, *routing.Placement) {
+	t.Helper()
+	comms := group(t, url, ranks, nil)
 	pl0, _ := routing.Contiguous(l.experts, ranks)
 	stores := make([]*paramStore, ranks)
 	for r := range stores {
@@ -335,4 +342,153 @@ func TestReplaceBetweenSteps(t *testing.T) {
 		h.Release()
 		return replicaStep(ds[r], l, r, 1, stores[r])
 	}))
+}
+
+// TestReplaceLostInVote loses a rank in Replace's vote (its Comm closes)
+// after it sent its vote to none, one, two or all three of its peers, for
+// every rank of four, so that some survivors heard every vote and switched
+// while others did not. Every survivor ends Replace switched with no error
+// (its next step then fails with a typed error) or on the old placement with
+// a typed error; after Shrink and Settle they all report the same
+// Placement(), the dispatcher built on its Shrink starts, and a step on it
+// verifies.
+func TestReplaceLostInVote(t *testing.T) {
+	const ranks = 4
+	l := replaceLayer
+	url := startNATS(t)
+	pl1, _ := routing.FromSlots(l.experts, ranks, []int{0, 1, 7, 0, 2, 3, 0, 4, 5, 1, 6, 7})
+	var mixed, forward, kept atomic.Int32
+	for lost := range ranks {
+		for sent := range ranks {
+			t.Run(fmt.Sprintf("rank %d after %d votes", lost, sent), func(t *testing.T) {
+				ds, stores, pl0 := replaceGroupOn(t, url, ranks, l, nil)
+				ds[lost].replicas.voteSent = func(n int) {
+					if n == sent {
+						ds[lost].comm.Close()
+					}
+				}
+				mustAll(t, onAll(ranks, func(r int) error { return replicaStep(ds[r], l, r, 0, stores[r]) }))
+				errs := onAll(ranks, func(r int) error { return ds[r].Replace(context.Background(), pl1, stores[r]) })
+				// The survivors' Comm after the loss. A closed Comm is a
+				// peer that left, which does not abort the others as a
+				// killed one does, so there is nothing to Shrink: the
+				// survivors join a group of their own in their old order
+				// (TestDemoKilledInVote kills a process and shrinks).
+				var survivors []int
+				switched := 0
+				for r, err := range errs {
+					if r != lost {
+						survivors = append(survivors, r)
+						if err == nil {
+							switched++
+						}
+					}
+				}
+				mustAll(t, onAll(ranks, func(r int) error {
+					if r == lost {
+						return nil
+					}
+					return checkLostInVote(ds[r], errs[r], pl0, pl1, l, r)
+				}))
+				shrunk := group(t, url, ranks-1, nil)
+				mustAll(t, onAll(ranks-1, func(i int) error { return ds[survivors[i]].Settle(context.Background(), shrunk[i]) }))
+				var want *routing.Placement
+				for r, d := range ds {
+					if r == lost {
+						continue
+					}
+					if want == nil {
+						want = d.Placement()
+					}
+					if d.Placement() != want {
+						t.Errorf("rank %d settled on another placement than the other survivors (the new one: %v)", r, d.Placement() == pl1)
+					}
+				}
+				if switched > 0 && switched < ranks-1 {
+					mixed.Add(1)
+				}
+				if want == pl1 {
+					forward.Add(1)
+				} else {
+					kept.Add(1)
+				}
+				if !t.Failed() {
+					shrunkStep(t, shrunk, survivors, l, want)
+				}
+			})
+		}
+	}
+	t.Logf("%d of %d runs left some survivors switched and others not before Settle; settled on the new placement %d times, the old %d",
+		mixed.Load(), ranks*ranks, forward.Load(), kept.Load())
+	if mixed.Load() == 0 {
+		t.Errorf("no run lost the rank with its vote heard by some survivors only: the window was not exercised")
+	}
+}
+
+// checkLostInVote checks a survivor's Replace outcome err: switched with no
+// error, the loss then failing its next step, or a typed error and no
+// switch. It closes the dispatcher, as the demo does before it shrinks:
+// Settle works on a closed one.
+func checkLostInVote(d *Dispatcher, err error, pl0, pl1 *routing.Placement, l layer, r int) error {
+	defer d.Close()
+	switch {
+	case err == nil && d.Placement() != pl1:
+		return fmt.Errorf("Replace succeeded without switching")
+	case err == nil:
+		if err := replicaStep(d, l, r, 1, nil); !errors.Is(err, a2a.ErrPeerLost) {
+			return fmt.Errorf("the step after the loss: %v, want ErrPeerLost", err)
+		}
+	case !errors.Is(err, a2a.ErrPeerLost) && !errors.Is(err, a2a.ErrAborted):
+		return fmt.Errorf("Replace: %v, want ErrPeerLost or ErrAborted", err)
+	case d.Placement() != pl0:
+		return fmt.Errorf("Replace failed (%v) and switched", err)
+	}
+	return nil
+}
+
+// shrunkStep builds the dispatchers of the survivors' Comms (survivors
+// their old ranks) on pl's Shrink,
+// each rank with the parameters of its experts (as from a checkpoint), and
+// runs a verified step on them.
+func shrunkStep(t *testing.T, comms []*a2a.Comm, survivors []int, l layer, pl *routing.Placement) {
+	t.Helper()
+	spl, err := pl.Shrink(survivors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs, stores := make([]Config, len(comms)), make([]*paramStore, len(comms))
+	for r := range comms {
+		cfgs[r], stores[r] = replaceConfig(l, spl), newParamStore(spl, r)
+	}
+	ds := newDispatchersOf(t, comms, cfgs)
+	mustAll(t, onAll(len(comms), func(r int) error { return replicaStep(ds[r], l, r, 2, stores[r]) }))
+}
+
+// TestSettle: with no Replace interrupted Settle changes nothing; a rank in
+// doubt of a placement no survivor switched to stays where it is; and
+// survivors on placements that no doubt links fail with ErrMismatch.
+func TestSettle(t *testing.T) {
+	const ranks = 3
+	l := replaceLayer
+	url := startNATS(t)
+	ds, _, pl0 := replaceGroupOn(t, url, ranks, l, nil)
+	other, _ := routing.FromSlots(l.experts, ranks, []int{0, 1, 2, 3, 4, 0, 5, 6, 7})
+	settle := func() []error {
+		c := group(t, url, ranks, nil)
+		return onAll(ranks, func(r int) error { return ds[r].Settle(context.Background(), c[r]) })
+	}
+	mustAll(t, settle())
+	ds[1].replicas.doubt = &doubt{pl: other}
+	mustAll(t, settle())
+	for r, d := range ds {
+		if d.Placement() != pl0 || d.replicas.doubt != nil || d.Replacements() != 0 {
+			t.Errorf("rank %d: switched %v, in doubt %v, after a Settle no survivor switched in", r, d.Placement() != pl0, d.replicas.doubt != nil)
+		}
+	}
+	ds[0].switchTo(other)
+	for r, err := range settle() {
+		if !errors.Is(err, a2a.ErrMismatch) {
+			t.Errorf("rank %d: Settle of unrelated placements: %v, want ErrMismatch", r, err)
+		}
+	}
 }

@@ -7,6 +7,8 @@
 #                      [--check-only] [--timeout SECS] [--keep-logs]
 #   scripts/testbed.sh [-H HOSTS] [-L RANKS_PER_HOST] --soak DURATION [--seed N] [--soak-bin PATH]
 #   scripts/testbed.sh [-H HOSTS] [-L RANKS_PER_HOST] --link-cut [--soak-bin PATH]
+#   scripts/testbed.sh [-H HOSTS] [-L RANKS_PER_HOST] [--delay D] [--rate R] [--timeout SECS]
+#                      --run -- PROGRAM [ARGS...]
 #
 # Topology (nothing outside these namespaces is touched; needs root):
 #
@@ -67,6 +69,16 @@
 # the cut (the script prints each rank's error and detection time); then the link comes back
 # and every rank must join the same group again, in the same process, and verify 20 rounds.
 #
+# --run -- PROGRAM ARGS runs, instead, your own program as the job's ranks: every host runs
+# `a2ad run -n L -- PROGRAM ARGS` in its namespace, so each rank gets the A2A_* variables as
+# a2ad run sets them (A2A_NATS_URL, A2A_GROUP, A2A_SECRET, A2A_RANK, A2A_WORLD_SIZE = H*L,
+# A2A_LOCAL_RANK, A2A_LOCAL_SIZE, and those of serve's credentials file), and A2A_HOST=host<i>
+# and A2A_LISTEN (its host's address) besides: a2a.ConfigFromEnv joins the job. Every rank's
+# output is printed as it comes, each line prefixed "[rank k] " as a2ad run prefixes it
+# (stdout to stdout, stderr to stderr); --timeout limits the job. PROGRAM is found as a shell
+# finds it (a path, or a name on PATH). The run passes when every rank exits 0; the exit
+# status is 1 when any rank fails (the others are stopped 5 s after it) or --timeout ends it.
+#
 # Exit status: 0 all checks passed; 1 a check failed; 2 usage or setup error (not root,
 # iproute2 missing after trying to install it, no netns, no netem and no go to build the
 # delay line for --delay, ...);
@@ -91,9 +103,10 @@ SOAK=""
 SEED=""
 LINK_CUT=0
 SOAK_BIN=""
+RUN_PROG=() # --run: the user's program and its arguments
 
 usage() {
-	sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
 	cat <<'EOF'
   -H HOSTS             network namespaces ("hosts"), default 4
   -L RANKS_PER_HOST    ranks started in each, default 2
@@ -122,6 +135,8 @@ usage() {
   --seed N             the soak's seed (default: random, printed)
   --link-cut           run the link-cut test instead of the checks
   --soak-bin PATH      soak binary, default bin/soak (make build)
+  --run -- PROG ARGS   run PROG ARGS as the job's ranks (A2A_* set as a2ad run sets them),
+                       every rank's output prefixed [rank k], instead of the checks
 EOF
 }
 
@@ -194,6 +209,13 @@ while [ $# -gt 0 ]; do
 	--seed) need_arg "$opt" $#; SEED=$2; shift 2 ;;
 	--link-cut) LINK_CUT=1; shift ;;
 	--soak-bin) need_arg "$opt" $#; SOAK_BIN=$2; shift 2 ;;
+	--run)
+		shift
+		[ "${1:-}" = -- ] && shift
+		[ $# -gt 0 ] || die 2 "--run needs a program: --run -- PROGRAM [ARGS...]"
+		RUN_PROG=("$@")
+		break
+		;;
 	-h | --help) usage; exit 0 ;;
 	*) usage >&2; die 2 "unknown argument: $opt" ;;
 	esac
@@ -230,6 +252,9 @@ if [ -n "$SOAK" ]; then
 fi
 [ -n "$SOAK" ] && [ "$LINK_CUT" = 1 ] && die 2 "--soak and --link-cut: one at a time"
 [ "$LINK_CUT" = 1 ] && [ "$HOSTS" -lt 2 ] && die 2 "--link-cut needs at least 2 hosts"
+if [ ${#RUN_PROG[@]} -gt 0 ] && { [ -n "$SOAK" ] || [ "$LINK_CUT" = 1 ]; }; then
+	die 2 "--run: not with --soak or --link-cut (one at a time)"
+fi
 for a in "${ALGO_LIST[@]}"; do
 	[[ $a =~ ^[a-z0-9_-]+$ ]] || die 2 "--algos: bad algorithm name '$a'"
 done
@@ -292,6 +317,17 @@ need_exe A2AD a2ad "run make build, or pass --a2ad PATH"
 if [ -n "$SOAK" ] || [ "$LINK_CUT" = 1 ]; then
 	[ -n "$SOAK_BIN" ] || SOAK_BIN=$ROOT/bin/soak
 	need_exe SOAK_BIN soak "run make build, or pass --soak-bin PATH"
+fi
+if [ ${#RUN_PROG[@]} -gt 0 ]; then
+	# As a shell finds it, then absolute: the ranks start in other namespaces.
+	case ${RUN_PROG[0]} in
+	*/*) need_exe "RUN_PROG[0]" "--run: program" ;;
+	*)
+		prog=$(command -v -- "${RUN_PROG[0]}") || die 2 "--run: program ${RUN_PROG[0]} not found on PATH"
+		RUN_PROG[0]=$prog
+		need_exe "RUN_PROG[0]" "--run: program"
+		;;
+	esac
 fi
 if [ -n "$MOE" ]; then
 	need_exe MOE MoE
@@ -568,7 +604,9 @@ ROW_RE='^\[rank 0\] +[0-9]+ +[0-9]+ '
 # started by `a2ad run` in its namespace, all hosts in parallel, and returns. WORKER is the
 # caller's local array (bash scoping is dynamic): call it through bench_job, moe_job or a
 # function of that kind. JOB_TAG names the job's logs: $LOGDIR/<JOB_TAG>.h<i>.{out,err};
-# JOB_OUT is host 0's stdout. wait_job waits for it.
+# JOB_OUT is host 0's stdout. With JOB_STREAM=1 (also the caller's local) the ranks' output
+# goes to this script's stdout and stderr instead, as it comes, and there are no logs.
+# wait_job waits for it.
 start_job() {
 	JOB_NAME=$1
 	shift
@@ -579,15 +617,26 @@ start_job() {
 	JOB_PIDS=()
 	JOB_T0=$(now_us)
 	for ((i = 0; i < HOSTS; i++)); do
-		"${PDEATH[@]}" ip netns exec "$(host_ns "$i")" \
-			env A2A_HOST="host$i" A2A_LISTEN="$(host_ip "$i"):0" \
-			"$A2AD" run -n "$LOCAL" --world "$WORLD" --rank-offset $((i * LOCAL)) \
-			--nats "$NATS_URL" --group "$group" --creds "$CREDS" --bind none -- \
-			"${WORKER[@]}" "$@" \
-			>"$LOGDIR/$JOB_TAG.h$i.out" 2>"$LOGDIR/$JOB_TAG.h$i.err" &
+		if [ "${JOB_STREAM:-0}" = 1 ]; then
+			host_run "$i" "$group" "$@" &
+		else
+			host_run "$i" "$group" "$@" >"$LOGDIR/$JOB_TAG.h$i.out" 2>"$LOGDIR/$JOB_TAG.h$i.err" &
+		fi
 		JOB_PIDS[i]=$!
 		PIDS+=("$!")
 	done
+}
+
+# host_run I GROUP ARGS...: host I's part of start_job's job, `a2ad run` of its ranks in its
+# namespace. It replaces the shell it runs in (exec), so the pid start_job keeps is the run's.
+host_run() {
+	local i=$1 group=$2
+	shift 2
+	exec "${PDEATH[@]}" ip netns exec "$(host_ns "$i")" \
+		env A2A_HOST="host$i" A2A_LISTEN="$(host_ip "$i"):0" \
+		"$A2AD" run -n "$LOCAL" --world "$WORLD" --rank-offset $((i * LOCAL)) \
+		--nats "$NATS_URL" --group "$group" --creds "$CREDS" --bind none -- \
+		"${WORKER[@]}" "$@"
 }
 
 # wait_job waits for the job start_job started. Returns 0 when every host's run exits 0, 3
@@ -632,7 +681,7 @@ wait_job() {
 	JOB_US=$(($(now_us) - t0))
 	# a2ad validates --algo when a rank joins: every rank fails at once with this message.
 	local rej
-	if [ -n "$first_fail" ] && rej=$(grep -h -E 'invalid argument.*(A2A_ALGO|algorithm)' "$LOGDIR/$tag".h*.err); then
+	if [ -n "$first_fail" ] && rej=$(grep -s -h -E 'invalid argument.*(A2A_ALGO|algorithm)' "$LOGDIR/$tag".h*.err); then
 		rej=${rej%%$'\n'*}
 		REJECT_MSG=${rej#\[rank *\] }
 		return 3
@@ -657,7 +706,7 @@ wait_job() {
 	fi
 	FAILED+=("$name: $why")
 	warn "FAIL $name: $why"
-	if [ -n "$first_fail" ]; then
+	if [ -n "$first_fail" ] && [ -f "$LOGDIR/$tag.h$first_fail.err" ]; then
 		warn "  stderr of host $first_fail ($(host_ns "$first_fail")), the first to fail:"
 		tail -n 15 "$LOGDIR/$tag.h$first_fail.err" | sed 's/^/    /' >&2
 	fi
@@ -733,6 +782,21 @@ finish() {
 	say "PASS $detail"
 	exit 0
 }
+
+# user_job NAME: run_job with the user's program (--run) as the ranks, their output
+# streamed with a2ad run's prefixes.
+user_job() {
+	local WORKER=("${RUN_PROG[@]}") JOB_STREAM=1
+	run_job "$@"
+}
+
+if [ ${#RUN_PROG[@]} -gt 0 ]; then
+	say "run: $WORLD ranks ($HOSTS hosts x $LOCAL) of ${RUN_PROG[*]}"
+	if user_job run; then
+		say "ok   run in $(secs "$JOB_US"): every rank exited 0"
+	fi
+	finish "shaping=[$SHAPING] run=[${RUN_PROG[*]}]"
+fi
 
 if [ -n "$SOAK" ]; then
 	say "soak: $WORLD ranks for $SOAK, seed $SEED (reproduce: scripts/testbed.sh -H $HOSTS -L $LOCAL --soak $SOAK --seed $SEED)"

@@ -316,7 +316,14 @@ func (m *Member) subscribe(ctx context.Context) error {
 	if err := flushSubscriptions(ctx, m.nc); err != nil {
 		return err
 	}
-	if err := m.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) {
+	err = m.nc.LastError()
+	if errors.Is(err, nats.ErrMaxSubscriptionsExceeded) {
+		// The server dropped a subscription over the account's limit, so
+		// this member would never hear some of its replies.
+		return fault.Wrap(fault.ErrResource, -1, err, "control: the NATS server refused a subscription over its limit "+
+			"(a2ad serve gives each connection of a job --job-subs subscriptions per connection)")
+	}
+	if errors.Is(err, nats.ErrPermissionViolation) {
 		for _, subj := range []string{m.subs.groupSub.Subject, m.subs.ctlInbox, m.subs.countsInbox} {
 			if strings.Contains(err.Error(), `"`+subj+`"`) {
 				return fault.Wrap(fault.ErrAuth, -1, err, "control: the NATS user may not subscribe to %s (its permissions must allow %v)",

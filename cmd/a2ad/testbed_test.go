@@ -42,7 +42,8 @@ func testbedCmd(t *testing.T, ctx context.Context, args ...string) *exec.Cmd {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(ctx, script, append(args, "--a2ad", a2adBin, "--moe", moeBin)...)
+	// The binaries first: after --run's "--" every argument is the program's.
+	cmd := exec.CommandContext(ctx, script, append([]string{"--a2ad", a2adBin, "--moe", moeBin}, args...)...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 15 * time.Second
 	return cmd

@@ -23,6 +23,11 @@
 // copies of the experts it hosts (weights.go), so a moved expert runs on the
 // weights that came over the data plane.
 //
+// With --preset deepseek-v3, qwen3-30b-a3b or mixtral-8x7b, the layer has
+// that model's experts, top-k and hidden size (preset.go), and rank 0 prints
+// DeepEP-style figures after the run: each rank's average dispatch and
+// combine time and "logical" GB/s.
+//
 // The command re-executes itself once per rank with --worker, as `a2ad demo`
 // does; a worker can also be started by `a2ad run -n N -- moe --worker ...`.
 package main
@@ -81,6 +86,7 @@ type options struct {
 	redundant    int     // slots beyond one per expert, for the re-placement
 	rebalance    int     // steps between re-placement checks; 0: never
 	threshold    float64 // re-place above this estimated max/mean rank load
+	preset       string  // a model's layer (preset.go); "" none
 }
 
 // parseFlags parses and checks the command line.
@@ -95,6 +101,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := o.applyPreset(fs, &text); err != nil {
+		return o, err
 	}
 	if err := o.decode(text); err != nil {
 		return o, err
@@ -111,6 +120,7 @@ type textFlags struct {
 // which decode reads into o.
 func (o *options) register(fs *flag.FlagSet, text *textFlags) {
 	fs.IntVar(&o.ranks, "n", 4, "local ranks")
+	fs.StringVar(&o.preset, "preset", "", "a model's MoE layer: "+presetNames+"; sets --experts, --k and --hidden from it, and --dtype bf16, --capacity 0 and --ffn "+strconv.Itoa(presetFFN)+" (flags given win), and prints DeepEP-style dispatch and combine figures")
 	fs.IntVar(&o.experts, "experts", 16, "experts E in the layer")
 	fs.IntVar(&o.k, "k", 2, "experts per token (top-k)")
 	fs.IntVar(&o.tokens, "tokens", 256, "tokens per rank per step")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -10,8 +9,8 @@ import (
 	"math"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -140,6 +139,7 @@ type membership struct {
 func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out io.Writer) error {
 	agg := newAggregate(o, m.c.Size())
 	var times stepTimes
+	fig := newFigures(o, m.d)
 	for step := 0; step < o.steps; {
 		if step == o.killStep && r.rank == o.killRank && !o.killReplace {
 			// As kill -9 from outside would: no leave, no flush, no cleanup.
@@ -167,7 +167,8 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 			printReplace(out, step, m.d.LastReplace(), before, m.d.Placement(), load)
 		}
 		agg.print(out, step)
-		times.add(step, agg.slowest(), replaced)
+		times.add(step, agg, replaced)
+		fig.add(step, agg)
 		if err := verified(agg, res, step); err != nil {
 			return err
 		}
@@ -181,12 +182,15 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 	if o.rebalance > 0 {
 		times.print(out)
 	}
+	if o.preset != "" {
+		fig.print(out)
+	}
 	return nil
 }
 
 // shrink carries on without the peer whose loss failed step: it shrinks the
-// group to the survivors, re-places the experts on them and builds the
-// dispatcher anew.
+// group to the survivors, settles the placement, re-places the experts on
+// them and builds the dispatcher anew.
 func (m *membership) shrink(ctx context.Context, o options, step int, lossErr error, out io.Writer) error {
 	start := time.Now()
 	m.d.Close()
@@ -195,6 +199,12 @@ func (m *membership) shrink(ctx context.Context, o options, step int, lossErr er
 		return fmt.Errorf("step %d: shrinking after %v: %w", step, lossErr, err)
 	}
 	m.c = shrunk
+	// A rank lost while voting in a re-placement may have left some
+	// survivors switched and others not: agree first on which placement
+	// the shrink starts from.
+	if err := m.d.Settle(ctx, m.c); err != nil {
+		return fmt.Errorf("step %d: settling the placement after %v: %w", step, lossErr, err)
+	}
 	pl, err := m.d.Placement().Shrink(m.c.FormerRanks())
 	if err != nil {
 		return err
@@ -338,7 +348,9 @@ type stepResult struct {
 	received          int // rows this rank's experts processed
 	dispatch, combine time.Duration
 	moved             int64         // bytes sent to other ranks, dispatch and combine
+	sent              int64         // of which dispatch's, in the wire format
 	took              time.Duration // dispatch, experts and combine (a re-placement inside Dispatch too)
+	cpu               time.Duration // this rank's CPU time during took
 	load              []int         // kept rows per global expert
 }
 
@@ -417,14 +429,17 @@ func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
 			return nil, err
 		}
 	}
-	start := time.Now()
-	if err := r.pipeline(ctx); err != nil {
+	runtime.LockOSThread() // for threadCPU
+	start, cpu0 := time.Now(), threadCPU()
+	err := r.pipeline(ctx)
+	took, cpu := time.Since(start), threadCPU()-cpu0
+	runtime.UnlockOSThread()
+	if err != nil {
 		return nil, err
 	}
-	took := time.Since(start)
 
 	res := &r.res
-	*res = stepResult{ok: true, load: res.load, took: took}
+	*res = stepResult{ok: true, load: res.load, took: took, cpu: cpu}
 	clear(res.load)
 	for i, h := range r.hs {
 		st := h.Stats()
@@ -436,6 +451,7 @@ func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
 		res.combine += st.CombineTime
 		// Combine sends back the rows dispatch received, in the dtype.
 		res.moved += st.SentBytes + st.ReceivedBytes*int64(r.d.RowBytes())/int64(r.d.WireRowBytes())
+		res.sent += st.SentBytes
 		for e, n := range h.ExpertLoad() {
 			res.load[e] += n
 		}
@@ -632,126 +648,6 @@ func (r *rankState) experts(h *dispatch.Handle) error {
 		}
 	}
 	return nil
-}
-
-// aggregate collects every rank's stepResult on every rank (a small
-// AllToAll), so that all ranks know whether the step verified and rank 0 can
-// print the totals.
-type aggregate struct {
-	o          options
-	size       int
-	send, recv []byte
-	all        []stepResult
-}
-
-func newAggregate(o options, size int) *aggregate {
-	a := &aggregate{o: o, size: size, all: make([]stepResult, size)}
-	a.send, a.recv = make([]byte, size*a.recordBytes()), make([]byte, size*a.recordBytes())
-	for i := range a.all {
-		a.all[i].load = make([]int, o.experts)
-	}
-	return a
-}
-
-const recordFields = 10 // ok, mismatches, routed, kept, dropped, received, dispatch, combine, moved, took
-
-func (a *aggregate) recordBytes() int { return 8 * (recordFields + a.o.experts) }
-
-func (a *aggregate) gather(ctx context.Context, c *a2a.Comm, res *stepResult) error {
-	le := binary.LittleEndian
-	rec := a.send[:a.recordBytes()]
-	ok := uint64(0)
-	if res.ok {
-		ok = 1
-	}
-	for i, v := range []uint64{ok, uint64(res.mismatches), uint64(res.routed), uint64(res.kept), uint64(res.dropped),
-		uint64(res.received), uint64(res.dispatch), uint64(res.combine), uint64(res.moved), uint64(res.took)} {
-		le.PutUint64(rec[8*i:], v)
-	}
-	for e, n := range res.load {
-		le.PutUint64(rec[8*(recordFields+e):], uint64(n))
-	}
-	for j := 1; j < a.size; j++ {
-		copy(a.send[j*len(rec):], rec)
-	}
-	if err := c.AllToAll(ctx, a.send, a.recv); err != nil {
-		return err
-	}
-	for r := range a.size {
-		b := a.recv[r*len(rec):]
-		f := func(i int) uint64 { return le.Uint64(b[8*i:]) }
-		s := &a.all[r]
-		s.ok, s.mismatches = f(0) == 1, int(f(1))
-		s.routed, s.kept, s.dropped, s.received = int(f(2)), int(f(3)), int(f(4)), int(f(5))
-		s.dispatch, s.combine, s.moved, s.took = time.Duration(f(6)), time.Duration(f(7)), int64(f(8)), time.Duration(f(9))
-		for e := range s.load {
-			s.load[e] = int(f(recordFields + e))
-		}
-	}
-	return nil
-}
-
-// failed lists the ranks whose outputs differed.
-func (a *aggregate) failed() []int {
-	var bad []int
-	for r, s := range a.all {
-		if !s.ok {
-			bad = append(bad, r)
-		}
-	}
-	return bad
-}
-
-// print writes the step's line: totals over ranks, the slowest rank's
-// dispatch and combine time, and the imbalance of rows processed per rank.
-func (a *aggregate) print(w io.Writer, step int) {
-	var routed, kept, dropped int
-	var moved int64
-	var disp, comb time.Duration
-	load := make([]int, a.o.experts)
-	perRank := make([]int, a.size)
-	for r, s := range a.all {
-		routed += s.routed
-		kept += s.kept
-		dropped += s.dropped
-		moved += s.moved
-		disp, comb = max(disp, s.dispatch), max(comb, s.combine)
-		perRank[r] = s.received
-		for e, n := range s.load {
-			load[e] += n
-		}
-	}
-	result := "verified"
-	if bad := a.failed(); len(bad) > 0 {
-		result = fmt.Sprintf("FAILED on ranks %v", bad)
-	}
-	loads := make([]string, len(load))
-	for e, n := range load {
-		loads[e] = strconv.Itoa(n)
-	}
-	fmt.Fprintf(w, "%4d %13s %8d %9.2f %9s %9s %9s  %-8s  [%s]\n",
-		step, fmt.Sprintf("%d/%d", kept, routed), dropped, routing.Imbalance(perRank),
-		round(disp), round(comb), bytesString(moved), result, strings.Join(loads, " "))
-}
-
-func round(d time.Duration) string {
-	switch {
-	case d >= 10*time.Millisecond:
-		return d.Round(100 * time.Microsecond).String()
-	case d >= time.Millisecond:
-		return d.Round(10 * time.Microsecond).String()
-	}
-	return d.Round(time.Microsecond).String()
-}
-
-func bytesString(n int64) string {
-	switch {
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1fKiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%dB", n)
 }
 
 // gatherStrings gives every rank the string s of every rank (each at most
