@@ -77,6 +77,11 @@ func TestDecodeMode(t *testing.T) {
 					if !ds[r].DecodeMode() {
 						return errors.New("DecodeMode() false with MaxTokens set")
 					}
+					// Each transport exercises the path it names: flags in
+					// shared memory, point-to-point blocks, or both.
+					if shm, p2p := ds[r].SharedMemory(), ds[r].UsesAllToAllV(); shm != (tr.name != "p2p") || p2p != (tr.name != "shm") {
+						return fmt.Errorf("shared memory %v, point to point %v on %s", shm, p2p, tr.name)
+					}
 					for step := range 5 {
 						if err := decodeStep(ds[r], dc, c, pl, r, step); err != nil {
 							return fmt.Errorf("step %d: %w", step, err)
