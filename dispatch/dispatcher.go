@@ -154,6 +154,11 @@ type Config struct {
 	// scales, for experts that compute in FP8. Expert outputs and Combine
 	// stay in DType.
 	KeepFP8 bool
+	// Hierarchy says whether a token crosses to a remote host once,
+	// through a relay rank there that forwards it to its experts on that
+	// host, or once per expert (see HierarchyMode; default
+	// HierarchyAuto: where the cost model prices it lower).
+	Hierarchy HierarchyMode
 	// Rebalance, when its Every is set, re-places the experts from the
 	// load estimate inside Dispatch (see Dispatcher.Replace). Off by default.
 	Rebalance Rebalance
@@ -186,6 +191,7 @@ type Dispatcher struct {
 	hdrSelf  int   // header bytes of the blocks this rank receives
 	rt       *route
 	replicas replicaState // replace.go, load.go
+	hier     *hierarchy   // the relay path (hier.go), nil when off
 
 	// Shared memory (shared.go), chosen at New by every rank alike:
 	// sharedWith[j] says that rows to and from rank j travel through it;
@@ -238,10 +244,16 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 		return nil, err
 	}
 	d.setRoute(newRoute(pl, rank, c.Host, cfg.Counts))
+	if d.hier, err = d.newHierarchy(); err != nil {
+		return nil, err
+	}
 	if err := d.agree(ctx); err != nil {
 		return nil, err
 	}
 	if err := d.probeShared(ctx); err != nil {
+		return nil, err
+	}
+	if err := d.newInner(ctx); err != nil {
 		return nil, err
 	}
 	d.views.byPeer = make([][]peerView, size)
@@ -249,7 +261,8 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 	d.workerDone = make(chan struct{})
 	go d.work()
 	d.log.Debug("dispatch: layer ready", "rank", rank, "ranks", size, "experts", cfg.Experts, "k", cfg.K,
-		"hidden", cfg.Hidden, "dtype", cfg.DType, "wire", cfg.Wire, "local_experts", d.nLocal, "counts", cfg.Counts, "shared_memory", d.shared)
+		"hidden", cfg.Hidden, "dtype", cfg.DType, "wire", cfg.Wire, "local_experts", d.nLocal, "counts", cfg.Counts, "shared_memory", d.shared,
+		"hierarchy", d.hier != nil)
 	return d, nil
 }
 
@@ -280,6 +293,8 @@ func (cfg Config) validate() error {
 		return invalidf("counts mode %v", cfg.Counts)
 	case cfg.Rows != RowsAuto && cfg.Rows != RowsAllToAllV:
 		return invalidf("row path %v", cfg.Rows)
+	case cfg.Hierarchy > HierarchyOff:
+		return invalidf("hierarchy %v", cfg.Hierarchy)
 	case math.IsNaN(cfg.CapacityFactor) || math.IsInf(cfg.CapacityFactor, 0):
 		return invalidf("capacity factor %v, want finite (<= 0: unlimited)", cfg.CapacityFactor)
 	case cfg.Hidden > math.MaxInt32/cfg.DType.Size():
@@ -310,7 +325,7 @@ func (cfg Config) placement(ranks int) (*routing.Placement, error) {
 }
 
 // layerFields is how many fields of a Config agree compares.
-const layerFields = 13
+const layerFields = 14
 
 // layer returns the fields of the layer every rank must configure alike,
 // as agree exchanges them: Experts, K, Hidden, DType, Counts, Rows,
@@ -318,13 +333,16 @@ const layerFields = 13
 // its Mover), Wire and KeepFP8 (a sender's wire format is what its
 // receivers decode) and a fingerprint of the placement's slot table, replicas
 // included: placements with the same primaries but other replicas route
-// rows differently.
+// rows differently; and Hierarchy with whether this rank chose the relay
+// path (the cost model's inputs are the same on every rank, but a
+// difference would leave the ranks in different collectives).
 func (d *Dispatcher) layer() [layerFields]uint64 {
 	rb := d.cfg.Rebalance
 	return [layerFields]uint64{uint64(d.cfg.Experts), uint64(d.cfg.K), uint64(d.cfg.Hidden), uint64(d.cfg.DType),
 		uint64(d.cfg.Counts), uint64(d.cfg.Rows), math.Float64bits(max(d.cfg.CapacityFactor, 0)),
 		uint64(rb.Every), math.Float64bits(rb.Threshold), uint64(rb.Redundant),
-		uint64(d.cfg.Wire), boolBits(d.cfg.KeepFP8), placementHash(d.pl)}
+		uint64(d.cfg.Wire), boolBits(d.cfg.KeepFP8), placementHash(d.pl),
+		uint64(d.cfg.Hierarchy) | boolBits(d.hier != nil)<<8}
 }
 
 // layerField names field i of layer and shows its value v.
@@ -354,6 +372,8 @@ func layerField(i int, v uint64) (name, value string) {
 		return "Wire", WireFormat(v).String()
 	case 11:
 		return "KeepFP8", strconv.FormatBool(v != 0)
+	case 13:
+		return "Hierarchy", fmt.Sprintf("%v (relay path chosen: %v)", HierarchyMode(v&0xff), v>>8 != 0)
 	}
 	return "Placement", fmt.Sprintf("slot table %#x (fingerprint of every slot's expert, replicas included)", v)
 }
@@ -403,6 +423,9 @@ func (d *Dispatcher) Close() error {
 	close(d.jobs)
 	d.mu.Unlock()
 	<-d.workerDone
+	if d.hier != nil {
+		d.hier.inner.Close()
+	}
 	d.views.close()
 	d.mu.Lock()
 	for _, h := range d.free {
@@ -591,6 +614,7 @@ func (d *Dispatcher) handle() *Handle {
 }
 
 func (d *Dispatcher) recycle(h *Handle) {
+	h.releaseHier()
 	h.ctx, h.tokens, h.expertOut, h.out = nil, nil, nil, nil
 	h.state = stateIdle
 	d.settled(h)
@@ -728,6 +752,20 @@ func boolBits(b bool) uint64 {
 }
 
 func alignUp(n, a int) int { return (n + a - 1) / a * a }
+
+func growInts(s []int, n int) []int {
+	if cap(s) < n {
+		return make([]int, n)
+	}
+	return s[:n]
+}
+
+func growFloats(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
 
 // grow returns b resliced to n bytes, or new memory (contents lost) if b
 // is too small.

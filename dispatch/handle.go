@@ -46,6 +46,10 @@ type Stats struct {
 	// Imbalance is max/mean of the rows this rank sent per destination rank
 	// (1 is even; see routing.Imbalance).
 	Imbalance float64
+	// CrossHostBytes is the dispatch payload (rows, in the wire format)
+	// this rank sent to ranks on other hosts: a row per (token, expert)
+	// on the flat path, a row per (token, host) on the relay path.
+	CrossHostBytes int64
 	// SentBytes and ReceivedBytes are the dispatch payload exchanged with
 	// other ranks (the local block and count exchanges are not counted), in
 	// the wire format; combine moves the same rows the other way in DType
@@ -131,8 +135,14 @@ type Handle struct {
 	scales            []float32
 	rowF, rowS        []float32
 
-	dispatchTime, combineTime time.Duration
-	sentBytes, recvBytes      int64
+	// The relay path (hier.go): its step state, and on the inner
+	// dispatcher's handles, the wire rows to send from (not quantized
+	// again).
+	hs   *hierStep
+	preq []byte
+
+	dispatchTime, combineTime        time.Duration
+	sentBytes, recvBytes, crossBytes int64
 }
 
 // Wait blocks until the operation started by DispatchAsync or CombineAsync is
@@ -210,6 +220,12 @@ func (h *Handle) Recv() []byte {
 func (h *Handle) Output() []byte {
 	if h.released() {
 		return nil
+	}
+	if h.d.hier != nil {
+		if h.hs == nil || h.hs.in == nil {
+			return nil // the dispatch failed
+		}
+		return h.hs.in.Output()
 	}
 	if h.d.hostPeers {
 		out, err := h.sharedBuffer(&h.outSeg, len(h.recv), 0)
@@ -309,8 +325,8 @@ func (h *Handle) Stats() Stats {
 	}
 	return Stats{
 		Tokens: h.T, Kept: h.plan.Rows, Dropped: h.dropped, Received: h.Rows(),
-		Imbalance:    routing.Imbalance(h.plan.RankRows),
-		SentBytes:    h.sentBytes,
+		Imbalance: routing.Imbalance(h.plan.RankRows),
+		SentBytes: h.sentBytes, CrossHostBytes: h.crossBytes,
 		DispatchTime: h.dispatchTime, CombineTime: h.combineTime, ReceivedBytes: h.recvBytes,
 	}
 }
@@ -359,6 +375,9 @@ func (h *Handle) exec() error {
 func (h *Handle) runDispatch() error {
 	start := time.Now()
 	d := h.d
+	if d.hier != nil {
+		return h.runHierDispatch(start)
+	}
 	sendLayout := h.layoutSend()
 	if d.fp8 {
 		if err := h.quantizeTokens(); err != nil {
@@ -600,7 +619,7 @@ func (h *Handle) indexSegments() {
 	d := h.d
 	P, rb, nLocal := d.size, d.rowBytes, d.nLocal
 	clear(h.expertRows)
-	h.sentBytes, h.recvBytes = 0, 0
+	h.sentBytes, h.recvBytes, h.crossBytes = 0, 0, 0
 	for i := range P {
 		pos := h.recvDispl[i] + d.hdrSelf
 		if i == d.rank {
@@ -613,6 +632,9 @@ func (h *Handle) indexSegments() {
 			pos += n * rb
 		}
 		h.sentBytes += int64(h.wireBytes(h.sendCounts[i]))
+		if d.comm.Host(i) != d.comm.Host(d.rank) {
+			h.crossBytes += int64(h.wireBytes(h.sendCounts[i]))
+		}
 		h.recvBytes += int64(h.wireBytes(h.recvCounts[i]))
 	}
 }
@@ -682,9 +704,11 @@ func (h *Handle) pack() {
 			continue
 		}
 		t := a / K
-		src := h.tokens[t*rb : (t+1)*rb]
+		var src []byte
 		if fp8 {
 			src = h.qtok[t*wb : (t+1)*wb]
+		} else {
+			src = h.tokens[t*rb : (t+1)*rb]
 		}
 		j := owner[h.slotDec.Expert[a]]
 		pos := h.rowBase[j] + int(r)*rb
@@ -731,6 +755,9 @@ func (h *Handle) mismatch(src int, format string, args ...any) error {
 func (h *Handle) runCombine() error {
 	start := time.Now()
 	d := h.d
+	if d.hier != nil {
+		return h.runHierCombine(start)
+	}
 	if d.shared {
 		// The outputs of shared-memory peers are read where their experts
 		// wrote them. Before anyone reads, every rank must have mapped
@@ -762,18 +789,4 @@ func (h *Handle) runCombine() error {
 		o.ObserveCombine(h.combineTime)
 	}
 	return nil
-}
-
-func growInts(s []int, n int) []int {
-	if cap(s) < n {
-		return make([]int, n)
-	}
-	return s[:n]
-}
-
-func growFloats(s []float32, n int) []float32 {
-	if cap(s) < n {
-		return make([]float32, n)
-	}
-	return s[:n]
 }

@@ -51,7 +51,7 @@ func TestSharedMemoryChoice(t *testing.T) {
 				l: layer{experts: 7, k: 2, hidden: 24, tokens: 40, dtype: reduce.BFloat16, skew: 1, capacity: 1.2, seed: uint64(200 + i)}}
 			pl := c.placement(t)
 			ds := newDispatchers(t, comms, Config{Experts: 7, K: 2, Hidden: 24, DType: reduce.BFloat16, CapacityFactor: 1.2,
-				Rows: tc.rows, Counts: tc.counts, Logger: discard})
+				Rows: tc.rows, Counts: tc.counts, Hierarchy: HierarchyOff, Logger: discard}) // the flat path's choice (hier_test.go: the relay path)
 			// Ranks are numbered by host at join: compare through each Comm's view.
 			any := false
 			for r, d := range ds {
@@ -215,7 +215,7 @@ func TestSharedTrafficObserved(t *testing.T) {
 	mustAll(t, onAll(ranks, func(r int) error {
 		obs[r] = new(trafficRecorder)
 		var err error
-		ds[r], err = New(t.Context(), comms[r], Config{Experts: 8, K: 2, Hidden: 16, Observer: obs[r], Logger: discard})
+		ds[r], err = New(t.Context(), comms[r], Config{Experts: 8, K: 2, Hidden: 16, Observer: obs[r], Hierarchy: HierarchyOff, Logger: discard})
 		return err
 	}))
 	t.Cleanup(func() {
