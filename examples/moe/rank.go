@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -42,6 +43,9 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 		return err
 	}
 	cfg.Observer, cfg.Logger = obs, log
+	if o.hosts > 1 && cfg.Rank >= 0 && cfg.WorldSize > 0 {
+		cfg.Host = fmt.Sprintf("moe-host%d", cfg.Rank*o.hosts/cfg.WorldSize)
+	}
 	c, err := a2a.Join(ctx, cfg)
 	if err != nil {
 		return err
@@ -66,7 +70,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	w.die = o.killReplace && c.Rank() == o.killRank
 	m.layer = dispatch.Config{
 		Experts: o.experts, K: o.k, Hidden: o.hidden, DType: o.dtype, Placement: pl,
-		CapacityFactor: o.capacity, Counts: o.counts, Rows: o.rows, Wire: o.wire, Observer: obs, Logger: log,
+		CapacityFactor: o.capacity, Counts: o.counts, Rows: o.rows, Wire: o.wire, Hierarchy: o.hierarchy, Observer: obs, Logger: log,
 		Rebalance: dispatch.Rebalance{Every: o.rebalance * o.microbatches, Threshold: o.threshold, Redundant: o.redundant, Mover: w},
 	}
 	if m.d, err = dispatch.New(ctx, c, m.layer); err != nil {
@@ -146,6 +150,7 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
 		before, load := m.d.Placement(), m.d.Load()
+		stepStart := time.Now()
 		res, err := r.step(ctx, step)
 		if err == nil {
 			err = agg.gather(ctx, m.c, res)
@@ -154,7 +159,7 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 			if o.killRank < 0 || !errors.Is(err, a2a.ErrPeerLost) {
 				return fmt.Errorf("step %d: %w", step, err)
 			}
-			if err := m.shrink(ctx, o, step, err, out); err != nil {
+			if err := m.shrink(ctx, o, step, err, time.Since(stepStart), out); err != nil {
 				return err
 			}
 			r.d, agg = m.d, newAggregate(o, m.c.Size())
@@ -191,7 +196,7 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 // shrink carries on without the peer whose loss failed step: it shrinks the
 // group to the survivors, settles the placement, re-places the experts on
 // them and builds the dispatcher anew.
-func (m *membership) shrink(ctx context.Context, o options, step int, lossErr error, out io.Writer) error {
+func (m *membership) shrink(ctx context.Context, o options, step int, lossErr error, failedAfter time.Duration, out io.Writer) error {
 	start := time.Now()
 	m.d.Close()
 	shrunk, err := m.c.Shrink(ctx)
@@ -204,6 +209,21 @@ func (m *membership) shrink(ctx context.Context, o options, step int, lossErr er
 	// the shrink starts from.
 	if err := m.d.Settle(ctx, m.c); err != nil {
 		return fmt.Errorf("step %d: settling the placement after %v: %w", step, lossErr, err)
+	}
+	// How long the slowest survivor's step ran before it failed with
+	// ErrPeerLost (the lost rank died as the step began).
+	mine, all := make([]byte, 8), make([]byte, 8*m.c.Size())
+	binary.LittleEndian.PutUint64(mine, uint64(failedAfter))
+	if err := m.c.AllGather(ctx, mine, all); err != nil {
+		return err
+	}
+	var slowest time.Duration
+	for i := range m.c.Size() {
+		slowest = max(slowest, time.Duration(binary.LittleEndian.Uint64(all[8*i:])))
+	}
+	fmt.Fprintf(out, "step %d: every survivor failed with ErrPeerLost within %v of the step's start\n", step, slowest.Round(time.Millisecond))
+	if m.layer.Hierarchy == dispatch.HierarchyOn {
+		m.layer.Hierarchy = dispatch.HierarchyAuto // the survivors' hosts may no longer hold equal numbers of ranks
 	}
 	pl, err := m.d.Placement().Shrink(m.c.FormerRanks())
 	if err != nil {
@@ -251,6 +271,8 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // rowPaths says how rows travel in this layer.
 func rowPaths(d *dispatch.Dispatcher) string {
 	switch {
+	case d.Hierarchical():
+		return "one crossing per host: a row per (token, remote host) to a relay rank there by AllToAllV, forwarded to its experts through shared memory; one partial row back"
 	case !d.SharedMemory():
 		return "AllToAllV, reverse AllToAllV to combine"
 	case d.UsesAllToAllV():
