@@ -192,6 +192,9 @@ type Dispatcher struct {
 	rt       *route
 	replicas replicaState // replace.go, load.go
 	hier     *hierarchy   // the relay path (hier.go), nil when off
+	// An inner dispatcher of the relay path whose rows all go through
+	// shared memory skips its combine's reverse AllToAllV (hier.go).
+	relayed bool
 
 	// Shared memory (shared.go), chosen at New by every rank alike:
 	// sharedWith[j] says that rows to and from rank j travel through it;

@@ -775,7 +775,7 @@ func (h *Handle) runCombine() error {
 			return err
 		}
 	}
-	if d.exchange {
+	if d.exchange && !d.relayed {
 		// The reverse of the dispatch: what came from rank i goes back to
 		// it, landing where this rank's rows for it were packed. The
 		// outputs for this rank's own rows stay where they are.

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -624,12 +625,8 @@ func (h *Handle) sumPartials() {
 		case n == 2 && dt != reduce.Float16:
 			axpbyRow(dt, dst, hs.rows[0], hs.rows[1], 1, 1, false)
 		default:
-			widen(dt, hs.acc, hs.rows[0])
-			for _, row := range hs.rows[1:] {
-				widen(dt, hs.tmp, row)
-				for j, v := range hs.tmp {
-					hs.acc[j] += v
-				}
+			for i, row := range hs.rows {
+				accumulate(dt, hs.acc, hs.tmp, row, 1, i == 0)
 			}
 			narrow(dt, dst, hs.acc)
 		}
@@ -695,6 +692,23 @@ func (d *Dispatcher) newInner(ctx context.Context) error {
 		return err
 	}
 	d.hier.inner = inner
+	// When every rank forwards through shared memory only, the inner
+	// combine's reverse AllToAllV carries no row: it only keeps a rank
+	// from finishing before the others have mapped its outputs, which the
+	// outer reverse AllToAllV that follows it does too (no rank sends its
+	// part of that one before its inner weighted sum is done).
+	mine := []byte{1}
+	for j, shared := range inner.sharedWith {
+		if j != d.rank && d.comm.Host(j) == d.comm.Host(d.rank) && !shared {
+			mine[0] = 0
+		}
+	}
+	all := make([]byte, d.size)
+	if err := d.comm.AllGather(ctx, mine, all); err != nil {
+		inner.Close()
+		return err
+	}
+	inner.relayed = !slices.Contains(all, 0)
 	return nil
 }
 

@@ -24,7 +24,8 @@ func fakeHosts(hostOf func(r int) int) func(*a2a.Config) {
 // its segment by source rank, and every combined element within the bound
 // of summing per-host partial rows rounded to DType. Synchronous and
 // pipelined steps, capacity drops, caller drops, top-3 and top-4 (the
-// general sum), float16, and the FP8 wire.
+// general sum), float16, the FP8 wire, and the forward inside a host by
+// AllToAllV (RowsAllToAllV) instead of shared memory.
 func TestHierarchy(t *testing.T) {
 	groups := []struct {
 		name   string
@@ -40,10 +41,13 @@ func TestHierarchy(t *testing.T) {
 		l    layer
 		wire WireFormat
 		keep bool
+		rows RowPath
 	}{
 		{name: "bf16/capacity/skew", l: layer{experts: 16, k: 4, hidden: 40, tokens: 30, dtype: reduce.BFloat16, capacity: 1.1, skew: 1.2}},
 		{name: "f32/k3/drops", l: layer{experts: 12, k: 3, hidden: 24, tokens: 25, dtype: reduce.Float32, preDrop: true}},
 		{name: "f16/k2", l: layer{experts: 8, k: 2, hidden: 16, tokens: 20, dtype: reduce.Float16, skew: 0.5}},
+		// The forward by AllToAllV inside the host, and its reverse.
+		{name: "bf16/k3/forward-by-alltoallv", l: layer{experts: 12, k: 3, hidden: 20, tokens: 22, dtype: reduce.BFloat16, capacity: 1.2}, rows: RowsAllToAllV},
 		{name: "fp8/bf16", l: layer{experts: 16, k: 4, hidden: 260, tokens: 20, dtype: reduce.BFloat16, capacity: 1.25, skew: 1, values: fp8Value}, wire: WireFP8},
 		{name: "fp8/f32/keep", l: layer{experts: 8, k: 3, hidden: 200, tokens: 16, dtype: reduce.Float32, values: fp8Value}, wire: WireFP8, keep: true},
 	}
@@ -57,7 +61,7 @@ func TestHierarchy(t *testing.T) {
 				c := dispatchCase{ranks: g.ranks, l: l}
 				pl := c.placement(t)
 				ds := newDispatchers(t, comms, Config{Experts: l.experts, K: l.k, Hidden: l.hidden, DType: l.dtype,
-					CapacityFactor: l.capacity, Wire: lc.wire, KeepFP8: lc.keep, Hierarchy: HierarchyOn, Logger: discard})
+					CapacityFactor: l.capacity, Wire: lc.wire, KeepFP8: lc.keep, Rows: lc.rows, Hierarchy: HierarchyOn, Logger: discard})
 				for r, d := range ds {
 					if !d.Hierarchical() {
 						t.Fatalf("rank %d: Hierarchical() = false with HierarchyOn", r)
