@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -87,6 +88,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	if err != nil {
 		return err
 	}
+	rs.c = c
 	if err := m.runSteps(ctx, o, rs, out); err != nil {
 		return err
 	}
@@ -162,7 +164,7 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 			if err := m.shrink(ctx, o, step, err, time.Since(stepStart), out); err != nil {
 				return err
 			}
-			r.d, agg = m.d, newAggregate(o, m.c.Size())
+			r.d, r.c, agg = m.d, m.c, newAggregate(o, m.c.Size())
 			r.w.load(m.d.Placement(), m.c.Rank())
 			continue
 		}
@@ -389,6 +391,8 @@ type rankState struct {
 	hs     []*dispatch.Handle
 	act    []float32
 	acc    []float32
+	part   []float32 // referenceRelay's partial row
+	c      *a2a.Comm // the group: hosts of the relay path's reference
 	res    stepResult
 	w      *weights // the experts this rank hosts
 
@@ -500,6 +504,13 @@ func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
 		dec.Weight = append(dec.Weight[:0], r.decs[i].Weight...)
 		if _, err := r.cap.Apply(dec, o.experts, nil); err != nil {
 			return nil, err
+		}
+		if r.d.Hierarchical() {
+			pl, c := r.d.Placement(), r.c
+			r.part = slices.Grow(r.part[:0], o.hidden)[:o.hidden]
+			r.m.referenceRelay(refIn.slice(lo, hi), dec, r.ref.slice(lo, hi), r.act, r.acc, r.part, r.row,
+				func(e int) int { return c.Host(pl.Owner[e]) }, c.Host(c.Rank()))
+			continue
 		}
 		r.m.reference(refIn.slice(lo, hi), dec, r.ref.slice(lo, hi), r.act, r.acc, r.row)
 	}
