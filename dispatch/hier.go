@@ -683,8 +683,8 @@ func (d *Dispatcher) newInner(ctx context.Context) error {
 	}
 	cfg := d.cfg
 	cfg.Hierarchy, cfg.CapacityFactor, cfg.Rebalance, cfg.Observer = HierarchyOff, 0, Rebalance{}, nil
-	if o, ok := d.cfg.Observer.(SharedTrafficObserver); ok {
-		cfg.Observer = sharedOnly{o} // the forward's rows through shared memory
+	if d.cfg.Observer != nil {
+		cfg.Observer = innerObserver{d.cfg.Observer}
 	}
 	cfg.Placement = d.pl
 	inner, err := New(ctx, d.comm, cfg)
@@ -712,9 +712,23 @@ func (d *Dispatcher) newInner(ctx context.Context) error {
 	return nil
 }
 
-// sharedOnly passes an Observer's shared-memory traffic on and drops the
-// inner dispatcher's steps: the outer one reports those.
-type sharedOnly struct{ SharedTrafficObserver }
+// innerObserver passes the inner dispatcher's shared-memory traffic (the
+// forward's rows) and load estimate (every row reaches its expert through
+// the forward) on to the caller's Observer, if it wants them, and drops
+// its steps: the outer dispatcher reports those.
+type innerObserver struct{ o Observer }
 
-func (sharedOnly) ObserveDispatch(time.Duration, []int, int, float64) {}
-func (sharedOnly) ObserveCombine(time.Duration)                       {}
+func (innerObserver) ObserveDispatch(time.Duration, []int, int, float64) {}
+func (innerObserver) ObserveCombine(time.Duration)                       {}
+
+func (i innerObserver) ObserveSharedTraffic(sent, received int64) {
+	if o, ok := i.o.(SharedTrafficObserver); ok {
+		o.ObserveSharedTraffic(sent, received)
+	}
+}
+
+func (i innerObserver) ObserveLoad(load []float64, imbalance float64) {
+	if o, ok := i.o.(LoadObserver); ok {
+		o.ObserveLoad(load, imbalance)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -404,6 +405,83 @@ func mustAllHier(t *testing.T, errs []error) {
 	for r, err := range errs {
 		if err != nil {
 			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// hierRecorder counts what an Observer hears.
+type hierRecorder struct {
+	mu                         sync.Mutex
+	dispatches, combines, load int
+	shared                     int64
+}
+
+func (o *hierRecorder) ObserveDispatch(time.Duration, []int, int, float64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.dispatches++
+}
+
+func (o *hierRecorder) ObserveCombine(time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.combines++
+}
+
+func (o *hierRecorder) ObserveSharedTraffic(sent, received int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.shared += sent + received
+}
+
+func (o *hierRecorder) ObserveLoad([]float64, float64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.load++
+}
+
+// TestHierarchyObserver: on the relay path an Observer hears one dispatch
+// and one combine per step (not the inner dispatcher's too), the forward's
+// rows through shared memory, and the load estimate, which Load returns
+// summed over the group.
+func TestHierarchyObserver(t *testing.T) {
+	const ranks, steps = 4, 4
+	comms := group(t, startNATS(t), ranks, fakeHosts(func(r int) int { return r / 2 }))
+	l := layer{experts: 8, k: 3, hidden: 16, tokens: 24, dtype: reduce.Float32, seed: 12}
+	obs := make([]*hierRecorder, ranks)
+	cfgs := make([]Config, ranks)
+	for r := range ranks {
+		obs[r] = new(hierRecorder)
+		cfgs[r] = Config{Experts: 8, K: 3, Hidden: 16, Hierarchy: HierarchyOn, Observer: obs[r], Logger: discard}
+	}
+	ds := newDispatchersOf(t, comms, cfgs)
+	mustAll(t, onAll(ranks, func(r int) error {
+		for step := range steps {
+			h, err := ds[r].Dispatch(t.Context(), l.tokenRows(r, step), l.decision(r, step))
+			if err != nil {
+				return err
+			}
+			err = ds[r].Combine(t.Context(), h, h.Recv(), make([]byte, h.Tokens()*ds[r].RowBytes()))
+			h.Release()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	for r, o := range obs {
+		if o.dispatches != steps || o.combines != steps {
+			t.Errorf("rank %d: %d dispatches and %d combines observed, want %d each", r, o.dispatches, o.combines, steps)
+		}
+		if o.shared == 0 || o.load == 0 {
+			t.Errorf("rank %d: shared traffic %d B, %d load estimates observed: want some", r, o.shared, o.load)
+		}
+		total := 0.0
+		for _, v := range ds[r].Load() {
+			total += v
+		}
+		if total <= 0 {
+			t.Errorf("rank %d: Load sums to %v", r, total)
 		}
 	}
 }
