@@ -47,6 +47,7 @@ func TestHierarchy(t *testing.T) {
 		{name: "bf16/capacity/skew", l: layer{experts: 16, k: 4, hidden: 40, tokens: 30, dtype: reduce.BFloat16, capacity: 1.1, skew: 1.2}},
 		{name: "f32/k3/drops", l: layer{experts: 12, k: 3, hidden: 24, tokens: 25, dtype: reduce.Float32, preDrop: true}},
 		{name: "f16/k2", l: layer{experts: 8, k: 2, hidden: 16, tokens: 20, dtype: reduce.Float16, skew: 0.5}},
+		{name: "f32/no-tokens", l: layer{experts: 8, k: 2, hidden: 8, tokens: 0, dtype: reduce.Float32}},
 		// The forward by AllToAllV inside the host, and its reverse.
 		{name: "bf16/k3/forward-by-alltoallv", l: layer{experts: 12, k: 3, hidden: 20, tokens: 22, dtype: reduce.BFloat16, capacity: 1.2}, rows: RowsAllToAllV},
 		{name: "fp8/bf16", l: layer{experts: 16, k: 4, hidden: 260, tokens: 20, dtype: reduce.BFloat16, capacity: 1.25, skew: 1, values: fp8Value}, wire: WireFP8},
@@ -68,7 +69,7 @@ func TestHierarchy(t *testing.T) {
 						t.Fatalf("rank %d: Hierarchical() = false with HierarchyOn", r)
 					}
 				}
-				mustAllHier(t, onAll(g.ranks, func(r int) error {
+				reportAll(t, onAll(g.ranks, func(r int) error {
 					for step := range 4 {
 						if err := runHierStep(ds[r], c, pl, r, step, lc.wire, lc.keep, g.hostOf); err != nil {
 							return fmt.Errorf("step %d: %w", step, err)
@@ -401,7 +402,10 @@ func TestHierarchyChoice(t *testing.T) {
 	}
 }
 
-func mustAllHier(t *testing.T, errs []error) {
+// reportAll is mustAll reporting every rank's error: the first rank's is
+// often only a timeout waiting for the one that failed.
+func reportAll(t *testing.T, errs []error) {
+	t.Helper()
 	for r, err := range errs {
 		if err != nil {
 			t.Errorf("rank %d: %v", r, err)
