@@ -431,6 +431,7 @@ func (h *Handle) runDispatch() error {
 	h.combineTime = 0
 	if o := d.cfg.Observer; o != nil {
 		o.ObserveDispatch(h.dispatchTime, h.expertLoad, h.dropped, routing.Imbalance(h.plan.RankRows))
+		h.observeRows()
 	}
 	return nil
 }
