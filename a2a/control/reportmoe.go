@@ -54,8 +54,10 @@ type MoEReport struct {
 	// Dropped counts the token assignments dropped over capacity.
 	Dropped uint64
 	// DispatchTime and CombineTime count the steps by duration, in the
-	// buckets of MoEBucketBound (MoEBuckets entries each, or none).
-	DispatchTime, CombineTime []uint64
+	// buckets of MoEBucketBound (MoEBuckets entries each, or none);
+	// DispatchTotal and CombineTotal are the durations summed.
+	DispatchTime, CombineTime   []uint64
+	DispatchTotal, CombineTotal time.Duration
 	// Local[j] is the bytes this rank moved to rank j through shared memory
 	// (rows and expert outputs), which its transport never sees.
 	Local []uint64
@@ -91,6 +93,8 @@ type moeMsg struct {
 	Replacements uint64
 	ReplaceBytes uint64
 	Imbalance    float64
+	DispatchNS   int64
+	CombineNS    int64
 }
 
 type wireMsg struct {
@@ -107,7 +111,7 @@ func moeMsgOf(m *MoEReport, n int) (*moeMsg, bool) {
 	}
 	msg := &moeMsg{Dispatches: m.Dispatches, Combines: m.Combines, Tokens: m.Tokens, RankRows: m.RankRows, Dropped: m.Dropped,
 		DispatchTime: m.DispatchTime, CombineTime: m.CombineTime, Local: m.Local, Replacements: m.Replacements,
-		ReplaceBytes: m.ReplaceBytes, Imbalance: m.RankImbalance}
+		ReplaceBytes: m.ReplaceBytes, Imbalance: m.RankImbalance, DispatchNS: int64(m.DispatchTotal), CombineNS: int64(m.CombineTotal)}
 	for _, w := range m.Wire {
 		msg.Wire = append(msg.Wire, wireMsg{Format: w.Format, DType: w.DType, Wire: w.Wire})
 	}
@@ -166,7 +170,8 @@ func (k *moeReports) update(m *moeMsg, dt float64) {
 	}
 	k.latest = MoEReport{Dispatches: m.Dispatches, Combines: m.Combines, Tokens: m.Tokens, RankRows: m.RankRows,
 		Dropped: m.Dropped, DispatchTime: m.DispatchTime, CombineTime: m.CombineTime, Local: m.Local,
-		Replacements: m.Replacements, ReplaceBytes: m.ReplaceBytes, RankImbalance: m.Imbalance}
+		Replacements: m.Replacements, ReplaceBytes: m.ReplaceBytes, RankImbalance: m.Imbalance,
+		DispatchTotal: time.Duration(m.DispatchNS), CombineTotal: time.Duration(m.CombineNS)}
 	k.latest.Wire = k.latest.Wire[:0]
 	for _, w := range m.Wire {
 		k.latest.Wire = append(k.latest.Wire, WireBytes{Format: w.Format, DType: w.DType, Wire: w.Wire})

@@ -20,7 +20,7 @@ func TestReportMoE(t *testing.T) {
 		return h
 	}
 	m1 := &MoEReport{Dispatches: 2, Combines: 2, Tokens: []uint64{10, 30, 0}, RankRows: []uint64{10, 30}, Dropped: 1,
-		DispatchTime: hist(10, 2), CombineTime: hist(9, 2), Local: []uint64{0, 4000},
+		DispatchTime: hist(10, 2), CombineTime: hist(9, 2), DispatchTotal: 2 * time.Millisecond, CombineTotal: time.Millisecond, Local: []uint64{0, 4000},
 		Wire: []WireBytes{{Format: "fp8", DType: 1000, Wire: 300}}, Replacements: 1, ReplaceBytes: 512, RankImbalance: 1.5}
 	r := &Report{Seq: 1, Period: time.Second, Elapsed: time.Second, Sent: []uint64{0, 100}, Wait: make([]time.Duration, 2),
 		Last: make([]uint64, 2), MoE: m1}
@@ -30,7 +30,7 @@ func TestReportMoE(t *testing.T) {
 	v := waitTraffic(t, svc, "moerep", func(v TrafficView) bool { return v.Ranks[1].MoE != nil })
 	got := v.Ranks[1].MoE
 	if got.Dispatches != 2 || got.Tokens[1] != 30 || got.RankRows[1] != 30 || got.Dropped != 1 || got.DispatchTime[10] != 2 ||
-		got.CombineTime[9] != 2 || len(got.Wire) != 1 || got.Wire[0] != m1.Wire[0] || got.Replacements != 1 ||
+		got.CombineTime[9] != 2 || got.DispatchTotal != 2*time.Millisecond || got.CombineTotal != time.Millisecond || len(got.Wire) != 1 || got.Wire[0] != m1.Wire[0] || got.Replacements != 1 ||
 		got.ReplaceBytes != 512 || got.RankImbalance != 1.5 || v.Ranks[1].Local[1] != 4000 {
 		t.Errorf("first MoE report: %+v, local %v", got, v.Ranks[1].Local)
 	}
