@@ -48,6 +48,7 @@ func (t *moeTally) dispatch(d time.Duration, tokens []int, dropped int) {
 	}
 	t.r.DispatchTime = grow(t.r.DispatchTime, control.MoEBuckets)
 	t.r.DispatchTime[control.MoEBucket(d)]++
+	t.r.DispatchTotal += max(d, 0)
 }
 
 func (t *moeTally) combine(d time.Duration) {
@@ -57,6 +58,7 @@ func (t *moeTally) combine(d time.Duration) {
 	t.r.Combines++
 	t.r.CombineTime = grow(t.r.CombineTime, control.MoEBuckets)
 	t.r.CombineTime[control.MoEBucket(d)]++
+	t.r.CombineTotal += max(d, 0)
 }
 
 func (t *moeTally) rows(rankRows []int, wire string, dtypeBytes, wireBytes int64) {
@@ -142,6 +144,7 @@ func (o *Observer) MoEReport(dst *control.MoEReport) uint64 {
 	wire := append(dst.Wire[:0], t.r.Wire...)
 	*dst = control.MoEReport{Dispatches: t.r.Dispatches, Combines: t.r.Combines, Dropped: t.r.Dropped,
 		Replacements: t.r.Replacements, ReplaceBytes: t.r.ReplaceBytes, RankImbalance: t.r.RankImbalance,
+		DispatchTotal: t.r.DispatchTotal, CombineTotal: t.r.CombineTotal,
 		Tokens: copyOrNil(dst.Tokens, t.r.Tokens), RankRows: copyOrNil(dst.RankRows, t.r.RankRows),
 		DispatchTime: copyOrNil(dst.DispatchTime, t.r.DispatchTime), CombineTime: copyOrNil(dst.CombineTime, t.r.CombineTime),
 		Local: copyOrNil(dst.Local, t.r.Local), Wire: wire}

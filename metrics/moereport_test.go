@@ -37,7 +37,7 @@ func TestMoEReport(t *testing.T) {
 	ms := control.MoEBucket(3 * time.Millisecond)
 	if v1 == 0 || r.Dispatches != 2 || r.Combines != 1 || !slices.Equal(r.Tokens, []uint64{5, 1, 3, 1}) ||
 		!slices.Equal(r.RankRows, []uint64{3, 5, 2}) || r.Dropped != 1 || !slices.Equal(r.Local, []uint64{0, 200, 0}) ||
-		len(r.DispatchTime) != control.MoEBuckets || r.DispatchTime[ms] != 1 || r.CombineTime[control.MoEBucket(20*time.Microsecond)] != 1 ||
+		len(r.DispatchTime) != control.MoEBuckets || r.DispatchTotal != 4*time.Millisecond || r.CombineTotal != 20*time.Microsecond || r.DispatchTime[ms] != 1 || r.CombineTime[control.MoEBucket(20*time.Microsecond)] != 1 ||
 		len(r.Wire) != 1 || r.Wire[0] != (control.WireBytes{Format: "fp8", DType: 1000, Wire: 520}) ||
 		r.Replacements != 1 || r.ReplaceBytes != 1000 || r.RankImbalance != 1.25 {
 		t.Errorf("report %+v", r)
