@@ -57,9 +57,12 @@
 // shows the MoE layer.
 //
 // A control-plane service (a2ad serve) registers RegisterControl (groups
-// and their members, a2a_control_*), RegisterControlRejects and
+// and their members, a2a_control_*), RegisterControlRejects,
 // RegisterControlTraffic: the traffic and wait matrices of every group,
-// a2a_control_traffic_*{group,from,to}, the ones its live view draws.
+// a2a_control_traffic_*{group,from,to} (with the shared-memory bytes as
+// a2a_control_traffic_local_*), the ones its live view draws, and
+// RegisterControlMoE: its MoE panel, a2a_control_moe_*{group}, summed over
+// the ranks' reports.
 //
 // deploy/grafana/a2a-dashboard.json charts these families and
 // deploy/prometheus/prometheus.yml scrapes them; the package's tests check
