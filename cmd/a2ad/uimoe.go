@@ -33,10 +33,17 @@ type moeTimeline struct {
 type moeHistory struct {
 	epoch   uint32
 	samples []moeSample
-	// marks are the times of the re-placements, and repl the count of them
-	// the last sample saw.
-	marks []time.Time
+	// marks are the samples that saw re-placements, and repl the count of
+	// them the last sample saw.
+	marks []moeMark
 	repl  uint64
+}
+
+// moeMark is a sample that saw n more re-placements than the one before
+// (one, unless they came faster than serve samples).
+type moeMark struct {
+	at time.Time
+	n  uint64
 }
 
 type moeSample struct {
@@ -110,7 +117,7 @@ func (tl *moeTimeline) sample(now time.Time) {
 // older than moeKeep.
 func (h *moeHistory) add(s moeSample, repl uint64) {
 	if repl > h.repl {
-		h.marks = append(h.marks, s.at)
+		h.marks = append(h.marks, moeMark{at: s.at, n: repl - h.repl})
 	}
 	h.repl = max(h.repl, repl)
 	h.samples = append(h.samples, s)
@@ -121,7 +128,7 @@ func (h *moeHistory) add(s moeSample, repl uint64) {
 	}
 	h.samples = append(h.samples[:0], h.samples[i:]...)
 	i = 0
-	for i < len(h.marks) && h.marks[i].Before(cut) {
+	for i < len(h.marks) && h.marks[i].at.Before(cut) {
 		i++
 	}
 	h.marks = append(h.marks[:0], h.marks[i:]...)
@@ -220,8 +227,10 @@ type uiMoE struct {
 	// dispatchers' estimate of it under their current placement (0: none).
 	Imbalance []float64 `json:"imbalance"`
 	Estimate  []float64 `json:"estimate"`
-	// ReplaceAges are the ages of the re-placements within the history.
-	ReplaceAges []float64 `json:"replace_ages_s"`
+	// ReplaceAges are the ages of the samples within the history that saw
+	// re-placements, ReplaceCounts how many each saw.
+	ReplaceAges   []float64 `json:"replace_ages_s"`
+	ReplaceCounts []uint64  `json:"replace_counts"`
 }
 
 type uiQuantiles struct {
@@ -261,8 +270,9 @@ func (tl *moeTimeline) view(tv control.TrafficView, now time.Time) *uiMoE {
 		m.Estimate = append(m.Estimate, s.estimate)
 		m.Experts = max(m.Experts, len(s.tokens))
 	}
-	for _, t := range h.marks {
-		m.ReplaceAges = append(m.ReplaceAges, now.Sub(t).Seconds())
+	for _, k := range h.marks {
+		m.ReplaceAges = append(m.ReplaceAges, now.Sub(k.at).Seconds())
+		m.ReplaceCounts = append(m.ReplaceCounts, k.n)
 	}
 	// The quantiles of the steps since the sample a minute back (all of
 	// them while the history is shorter).
@@ -290,7 +300,7 @@ func moeTotals(tv control.TrafficView) *uiMoE {
 		}
 		if m == nil {
 			m = &uiMoE{Wire: []uiWire{}, Ages: []float64{}, TokenRate: [][]float64{}, Load: [][]float64{},
-				Imbalance: []float64{}, Estimate: []float64{}, ReplaceAges: []float64{}}
+				Imbalance: []float64{}, Estimate: []float64{}, ReplaceAges: []float64{}, ReplaceCounts: []uint64{}}
 		}
 		m.Dispatches += r.Dispatches
 		m.Tokens = addUints(m.Tokens, r.Tokens)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -48,8 +49,9 @@ func TestMoETimeline(t *testing.T) {
 		m.Load[0][0] != 40 || m.Imbalance[0] != 40/30.0 || m.Estimate[0] != 1.5 {
 		t.Fatalf("view %+v", m)
 	}
-	if len(m.ReplaceAges) != 2 || m.ReplaceAges[0] != 11 || m.ReplaceAges[1] != 1 || m.Replacements != 3 {
-		t.Errorf("re-placements at %v (%d), want 11 s and 1 s ago", m.ReplaceAges, m.Replacements)
+	if len(m.ReplaceAges) != 2 || m.ReplaceAges[0] != 11 || m.ReplaceAges[1] != 1 || m.Replacements != 3 ||
+		!slices.Equal(m.ReplaceCounts, []uint64{2, 1}) {
+		t.Errorf("re-placements at %v, %v of them (%d), want 2 11 s ago and 1 1 s ago", m.ReplaceAges, m.ReplaceCounts, m.Replacements)
 	}
 	// The last minute: the sample at 90 s back to the one at 0 s is older
 	// than a minute, so the base is t0's; 100 steps of bucket 12 since.

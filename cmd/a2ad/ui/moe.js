@@ -93,11 +93,11 @@ function imbalanceChart(m) {
     chart.append(svg("line", { class: "grid", x1: 0, x2: CHART_W, y1: yOf(v), y2: yOf(v) }),
       svg("text", { class: "rowname", x: -4, y: yOf(v) + 3, "text-anchor": "end" }, v.toFixed(1)));
   }
-  for (const a of m.replace_ages_s) {
-    const x = xOf(a, CHART_W, span);
-    chart.append(svg("line", { class: "replace-mark", "data-age": a.toFixed(1), x1: x, x2: x, y1: 0, y2: h },
-      svg("title", {}, `re-placement ${seconds(a)} ago`)));
-  }
+  m.replace_ages_s.forEach((a, i) => {
+    const x = xOf(a, CHART_W, span), k = m.replace_counts[i];
+    chart.append(svg("line", { class: "replace-mark", "data-age": a.toFixed(1), "data-count": k, x1: x, x2: x, y1: 0, y2: h },
+      svg("title", {}, `${k > 1 ? k + " re-placements" : "re-placement"} ${seconds(a)} ago`)));
+  });
   const line = (series, cls) => {
     let d = "";
     for (let s = 0; s < n; s++) {
