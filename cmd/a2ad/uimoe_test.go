@@ -171,7 +171,7 @@ func moeReady(g uiGroup) bool {
 
 var (
 	svgTag  = regexp.MustCompile(`<svg [^>]*>`)
-	markTag = regexp.MustCompile(`<line [^>]*class="replace-mark"[^>]*>`)
+	markTag = regexp.MustCompile(`<line [^>]*class="replace-mark"[^>]*data-count="[1-9][0-9]*"[^>]*>`)
 )
 
 // checkMoEPage checks the dumped DOM of the page against g, the state the
@@ -179,7 +179,9 @@ var (
 func checkMoEPage(t *testing.T, dom, group string, g uiGroup) {
 	t.Helper()
 	if !strings.Contains(dom, `data-moe="`+group+`"`) {
-		t.Fatalf("the page has no MoE panel for %s", group)
+		status := regexp.MustCompile(`<p id="status"[^>]*>[^<]*`).FindString(dom)
+		t.Fatalf("the page has no MoE panel for %s; status %q, cards %q", group, status,
+			regexp.MustCompile(`<h3>[^<]*`).FindAllString(dom, -1))
 	}
 	charts := map[string]map[string]string{}
 	for _, tag := range svgTag.FindAllString(dom, -1) {
