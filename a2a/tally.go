@@ -232,9 +232,13 @@ func (c *Comm) runReports(r *reporter) {
 	}
 }
 
-// fitMoE drops the figures by rank of m that do not match the Comm's size
-// (kept by an Observer across a shrink), so they cannot void the report.
+// fitMoE drops the figures of m a report cannot carry, so they cannot void
+// it: by rank when they do not match the Comm's size (an Observer kept
+// across a shrink), by expert past control.MaxReportExperts.
 func (c *Comm) fitMoE(m *control.MoEReport) *control.MoEReport {
+	if len(m.Tokens) > control.MaxReportExperts {
+		m.Tokens = nil
+	}
 	if len(m.RankRows) != c.size {
 		m.RankRows = nil
 	}

@@ -110,7 +110,7 @@ func (m *Member) Report(r *Report) error {
 	moe, ok := moeMsgOf(r.MoE, n)
 	if !ok {
 		return fault.New(fault.ErrInvalidArgument, m.rank, "control: report's MoE figures do not fit %d ranks (or exceed %d experts, %d wire formats)",
-			n, maxReportExperts, maxReportWires)
+			n, MaxReportExperts, maxReportWires)
 	}
 	msg.MoE = moe
 	b, err := msgpack.Marshal(&msg)

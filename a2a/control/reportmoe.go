@@ -11,9 +11,10 @@ import (
 // nothing on NATS beyond the report each period.
 
 // Bounds on a report's MoE part, as for its operations: a malformed or
-// hostile one cannot grow the service.
+// hostile one cannot grow the service. MaxReportExperts is the most experts
+// a report may count rows of (MoEReport.Tokens).
 const (
-	maxReportExperts = 4096
+	MaxReportExperts = 4096
 	maxReportWires   = 8
 )
 
@@ -127,7 +128,7 @@ func (m *moeMsg) fits(n int) bool {
 	perRank := func(s []uint64) bool { return len(s) == 0 || len(s) == n }
 	hist := func(s []uint64) bool { return len(s) == 0 || len(s) == MoEBuckets }
 	if !perRank(m.RankRows) || !perRank(m.Local) || !hist(m.DispatchTime) || !hist(m.CombineTime) ||
-		len(m.Tokens) > maxReportExperts || len(m.Wire) > maxReportWires || math.IsNaN(m.Imbalance) || m.Imbalance < 0 {
+		len(m.Tokens) > MaxReportExperts || len(m.Wire) > maxReportWires || math.IsNaN(m.Imbalance) || m.Imbalance < 0 {
 		return false
 	}
 	for _, w := range m.Wire {

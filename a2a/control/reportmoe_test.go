@@ -58,7 +58,7 @@ func TestReportMoE(t *testing.T) {
 		{RankRows: []uint64{1}},
 		{Local: []uint64{1, 2, 3}},
 		{DispatchTime: []uint64{1}},
-		{Tokens: make([]uint64, maxReportExperts+1)},
+		{Tokens: make([]uint64, MaxReportExperts+1)},
 		{Wire: []WireBytes{{Format: "a-wire-format-name-far-too-long-to-keep"}}},
 	}
 	for i := range bad {
