@@ -264,8 +264,8 @@ func (tl *moeTimeline) view(tv control.TrafficView, now time.Time) *uiMoE {
 	}
 	for _, s := range h.samples {
 		m.Ages = append(m.Ages, now.Sub(s.at).Seconds())
-		m.TokenRate = append(m.TokenRate, s.tokens)
-		m.Load = append(m.Load, s.load)
+		m.TokenRate = append(m.TokenRate, rounded(s.tokens))
+		m.Load = append(m.Load, rounded(s.load))
 		m.Imbalance = append(m.Imbalance, s.imbalance)
 		m.Estimate = append(m.Estimate, s.estimate)
 		m.Experts = max(m.Experts, len(s.tokens))
@@ -287,6 +287,16 @@ func (tl *moeTimeline) view(tv control.TrafficView, now time.Time) *uiMoE {
 	m.Dispatch = quantiles(last.dispatch, base.dispatch)
 	m.Combine = quantiles(last.combine, base.combine)
 	return m
+}
+
+// rounded is v to a tenth: rows per second need no more, and the JSON of
+// five minutes of a few hundred experts stays small.
+func rounded(v []float64) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = math.Round(x*10) / 10
+	}
+	return out
 }
 
 // moeTotals is the part of the panel the ranks' latest reports give.

@@ -185,7 +185,9 @@ function opsCard(g) {
 }
 
 function membersCard(g) {
-  const card = el("div", { class: "card" }, el("h3", {}, "Membership"),
+  // Two columns wide: seven columns of figures do not fit a third of the
+  // window at 1400 px.
+  const card = el("div", { class: "card wide" }, el("h3", {}, "Membership"),
     el("p", { class: "sub" }, `${g.ranks.length} of ${g.size} ranks on ${g.hosts.length} host${g.hosts.length === 1 ? "" : "s"}; ` +
       "how long ago each rank's last heartbeat and traffic report came."));
   const table = el("table", { class: "members", "data-members": g.group });
@@ -194,7 +196,7 @@ function membersCard(g) {
     table.append(el("tr", { "data-rank": r.rank, "data-state": r.state },
       el("td", {}, r.rank >= 0 ? String(r.rank) : "?"),
       el("td", { class: "host", title: g.hosts[r.host] }, el("span", { class: "hostchip", style: `background:${hostColour(r.host)}` }),
-        `${r.host}: ${shortHost(g.hosts[r.host])}`),
+        el("span", { class: "hostname" }, `${r.host}: ${shortHost(g.hosts[r.host])}`)),
       el("td", { class: "num" }, String(r.pid)),
       el("td", {}, el("span", { class: "state " + r.state }, r.state)),
       el("td", { class: "num" }, seconds(r.heartbeat_age_s)),

@@ -42,17 +42,32 @@ function timeAxis(w, y, span) {
   return g;
 }
 
+// MAX_ROWS bounds a heatmap's rows: more experts or ranks are drawn in bands
+// of consecutive ones, each showing its hottest.
+const MAX_ROWS = 64;
+
 // heatmap draws rows (experts or ranks) against time: value(s, r) of sample
 // s and row r, coloured on stops relative to the largest.
 function heatmap(m, kind, rows, value, stops, rowName, unit) {
   const n = m.ages_s.length;
+  const band = Math.ceil(rows / MAX_ROWS);
+  if (band > 1) {
+    const all = rows, one = value, name = rowName;
+    rows = Math.ceil(all / band);
+    value = (s, b) => {
+      let v = 0;
+      for (let r = b * band; r < Math.min((b + 1) * band, all); r++) v = Math.max(v, one(s, r));
+      return v;
+    };
+    rowName = (b) => name(b * band) + "+";
+  }
   const rowH = Math.max(2, Math.min(12, Math.floor(180 / Math.max(rows, 1))));
   const h = rows * rowH;
   let top = 0;
   for (let s = 0; s < n; s++) for (let r = 0; r < rows; r++) top = Math.max(top, value(s, r));
   const span = spanOf(m);
   const colW = CHART_W / span + 0.5; // one second, overlapping a little: no seams
-  const chart = svg("svg", { class: "heatmap", "data-heatmap": kind, "data-rows": rows, "data-samples": n,
+  const chart = svg("svg", { class: "heatmap", "data-heatmap": kind, "data-rows": rows, "data-band": band, "data-samples": n,
     viewBox: `-40 0 ${CHART_W + 40} ${h + 20}`, width: "100%", role: "img" });
   for (let r = 0; r < rows; r++) {
     if (rows <= 32 || r % Math.ceil(rows / 16) === 0) {
