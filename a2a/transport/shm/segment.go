@@ -89,7 +89,7 @@ func slotStride(slotBytes int) int {
 	if slotBytes == 0 {
 		return 0
 	}
-	return (8*(1+transport.SlotWords(slotBytes)) + lineSize - 1) &^ (lineSize - 1)
+	return (8*(1+transport.PackedWords(slotBytes)) + lineSize - 1) &^ (lineSize - 1)
 }
 
 func groupHash(group string) uint64 {

@@ -42,7 +42,7 @@ func (t *Transport) initSlots() {
 	n := len(t.cfg.Local)
 	base := windowBase(n, t.streams, t.cfg.RingBytes)
 	stride := slotStride(t.cfg.SlotBytes)
-	nw := 1 + transport.SlotWords(t.cfg.SlotBytes)
+	nw := 1 + transport.PackedWords(t.cfg.SlotBytes)
 	t.window = words(t.own.mem, base, (n-1)*2*stride/8)
 	t.ll = make([]llPeer, n)
 	for i := range n {
