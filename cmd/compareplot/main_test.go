@@ -16,6 +16,7 @@ import (
 type node struct {
 	name     string
 	attr     map[string]string
+	text     string // its character data
 	children []*node
 }
 
@@ -41,6 +42,8 @@ func parseSVG(t *testing.T, svg []byte) *node {
 			top := stack[len(stack)-1]
 			top.children = append(top.children, n)
 			stack = append(stack, n)
+		case xml.CharData:
+			stack[len(stack)-1].text += string(tok)
 		case xml.EndElement:
 			stack = stack[:len(stack)-1]
 		}
@@ -345,5 +348,38 @@ func TestErrors(t *testing.T) {
 				t.Errorf("a failed plot left %s (%v)", out, err)
 			}
 		})
+	}
+}
+
+// TestSubtitleWraps: a long subtitle (compare-mpi.sh puts its command line
+// there) is cut into lines that fit the picture's width, every word kept in
+// order, and the picture grows to make room.
+func TestSubtitleWraps(t *testing.T) {
+	table := tableHead + "shm  2     alltoallv        256        0.40        0.80        0.80        0.80  ll                    0.50       1.00      1.00\n"
+	words := strings.Fields(strings.Repeat("scripts/compare-mpi.sh -r 3 -n 2 -w '' -t shm -o alltoallv ", 8))
+	svgOf := func(title string) *node {
+		var out bytes.Buffer
+		if err := run([]string{"-title", title}, strings.NewReader(table), &out); err != nil {
+			t.Fatal(err)
+		}
+		return parseSVG(t, out.Bytes())
+	}
+	short, long := svgOf("one line"), svgOf(strings.Join(words, " "))
+	lines := long.find("subtitle")
+	if len(lines) < 3 {
+		t.Fatalf("%d subtitle lines for %d words, want 3 or more", len(lines), len(words))
+	}
+	var got []string
+	for _, l := range lines {
+		if w := float64(len(l.text)) * charW; w > num(t, long, "width")-20 {
+			t.Errorf("subtitle line %q is about %.0f wide, more than the picture", l.text, w)
+		}
+		got = append(got, strings.Fields(l.text)...)
+	}
+	if !slices.Equal(got, words) {
+		t.Errorf("subtitle words %q, want %q", got, words)
+	}
+	if grew := num(t, long, "height") - num(t, short, "height"); grew != subH*float64(len(lines)-1) {
+		t.Errorf("the picture grew by %.0f for %d subtitle lines, want %.0f", grew, len(lines), subH*float64(len(lines)-1))
 	}
 }

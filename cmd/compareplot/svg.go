@@ -14,7 +14,9 @@ import (
 const (
 	panelW  = 460.0
 	panelH  = 250.0
-	headH   = 74.0 // heading, subtitle and legend above the panels
+	headH   = 74.0 // heading, one line of subtitle and legend above the panels
+	subH    = 15.0 // each further line of the subtitle
+	charW   = 6.3  // the width of a character of the subtitle, about (11 px sans-serif)
 	padL    = 56.0 // room for the y labels
 	padR    = 24.0 // room for the last size's label
 	inset   = 10.0 // the first and last sizes' points stay off the panel's edges
@@ -89,19 +91,21 @@ func (w *svgWriter) text(x, y float64, attrs, s string) {
 func render(out io.Writer, t *table, subtitle string) error {
 	ops, keys, s := t.ops(), t.series(), newScale(t)
 	width := float64(len(t.ratios)) * panelW
-	height := headH + float64(len(ops))*panelH
+	sub := wrap(subtitle, int((width-20)/charW))
+	head := headH + subH*float64(max(len(sub)-1, 0))
+	height := head + float64(len(ops))*panelH
 	w := &svgWriter{}
 	w.printf(`<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="11">`+"\n", width, height, width, height)
 	w.printf(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
 	w.text(10, 18, `font-size="14" font-weight="bold"`,
 		strings.Join(t.ratios, ", ")+": p50 latency over a2a's, per size per peer (above 1: a2a faster)")
-	if subtitle != "" {
-		w.text(10, 36, `fill="#444"`, subtitle)
+	for i, line := range sub {
+		w.text(10, 36+subH*float64(i), `class="subtitle" fill="#444"`, line)
 	}
-	legend(w, keys)
+	legend(w, keys, head)
 	for i, op := range ops {
 		for j, ratio := range t.ratios {
-			panel(w, t, s, keys, op, ratio, float64(j)*panelW, headH+float64(i)*panelH)
+			panel(w, t, s, keys, op, ratio, float64(j)*panelW, head+float64(i)*panelH)
 		}
 	}
 	w.printf("</svg>\n")
@@ -110,8 +114,8 @@ func render(out io.Writer, t *table, subtitle string) error {
 }
 
 // legend draws one swatch per series: its colour, its dash and its name.
-func legend(w *svgWriter, keys []seriesKey) {
-	x, y := 10.0, headH-16
+func legend(w *svgWriter, keys []seriesKey, head float64) {
+	x, y := 10.0, head-16
 	for _, k := range keys {
 		colour, dash := style(keys, k)
 		w.printf(`<line class="legend" data-series="%s" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="2"%s/>`+"\n",
@@ -230,6 +234,29 @@ func sizeLabel(b int64) string {
 		return fmt.Sprintf("%dK", b>>10)
 	}
 	return fmt.Sprintf("%d", b)
+}
+
+// wrap cuts s into lines of at most n characters at spaces (a word longer
+// than n gets a line of its own): a subtitle holding a long command line
+// stays inside the picture.
+func wrap(s string, n int) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = word
+		case len(line)+1+len(word) <= n:
+			line += " " + word
+		default:
+			lines = append(lines, line)
+			line = word
+		}
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
 }
 
 // attr escapes a value of the table for an attribute.
