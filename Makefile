@@ -18,6 +18,7 @@ build:
 	$(GO) build -o $(BIN)/moe ./examples/moe
 	$(GO) build -o $(BIN)/delayswitch ./cmd/delayswitch
 	$(GO) build -o $(BIN)/soak ./cmd/soak
+	$(GO) build -o $(BIN)/compareplot ./cmd/compareplot
 
 # The main job: the MoE expert-routing demo on 4 local ranks (route, dispatch,
 # expert FFNs, combine, verified against a single-process reference). It
@@ -130,7 +131,9 @@ bench-go:
 # Open MPI against a2a on this machine, one run (installs Open MPI on first use).
 # make compare: the sweep 8 B..1 MiB, 3 rounds, a2a with registered and with unregistered
 # buffers (about 40 minutes on 2 cores);
-# make compare COMPARE=--quick: 8 B, 64 KiB, 1 MiB.
+# make compare COMPARE=--quick: 8 B, 64 KiB, 1 MiB;
+# make compare COMPARE=--plot (or "--quick --plot"): also the SVG of the ratios against size,
+# bin/compare.svg, beside the table in bin/compare.txt (cmd/compareplot).
 compare: build
 	./scripts/compare-mpi.sh $(COMPARE)
 

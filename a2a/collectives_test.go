@@ -434,8 +434,10 @@ func TestAllReduceLL(t *testing.T) {
 	}{
 		{"8 B", "", 0, 2, true},
 		{"256 B", "", 0, 64, true},
-		{"512 B", "", 0, 128, false},
-		{"forced, 1 KiB", "ll", 0, 256, false},
+		{"2 KiB", "", 0, 512, true},
+		// The 8-byte signature does not fit a 4 KiB slot after 4 KiB.
+		{"4 KiB", "", 0, 1024, false},
+		{"forced, 4 KiB", "ll", 0, 1024, false},
 		{"forced, 8 B", "ll", 0, 2, true},
 		// The message carries an 8-byte signature after the data.
 		{"64 B with a 64 B LL cutoff", "", 64, 16, false},

@@ -708,20 +708,26 @@ func TestWaitPolicy(t *testing.T) {
 // TestAutoLLAcrossHosts: under auto, blocks within the LL cutoff to ranks
 // of other hosts (TCP, no slot) go in the first round as one frame each,
 // larger ones by frames alone, and every byte lands, with counts known, in
-// band, and with the matrix.
+// band, and with the matrix. The cutoff is twice the shm slot here, so that
+// blocks between the two go by LL across hosts and by frames on one.
 func TestAutoLLAcrossHosts(t *testing.T) {
 	url := startNATS(t)
 	const n, perHost = 6, 3
-	comms := group(t, url, n, func(c *Config) { c.Host = fmt.Sprintf("host%d", c.Rank/perHost) })
+	slot := ClassCapabilities("shm").SlotBytes
+	comms := group(t, url, n, func(c *Config) {
+		c.Host = fmt.Sprintf("host%d", c.Rank/perHost)
+		c.LLBytes = 2 * slot
+	})
 	for _, tc := range []struct {
 		name   string
 		block  int
 		wantLL bool // every block went by LL: the op reports ll
 	}{
 		{"8 B", 8, true},
-		{"600 B: local pairs by frames", 600, false},
-		{"4 KiB", DefaultLLBytes, false},
-		{"5000 B: all by frames", 5000, false},
+		{"600 B", 600, true},
+		{"the shm slot", slot, false}, // blocks of slot+1 and slot+2 too
+		{"beyond the slot: local pairs by frames", slot + 100, false},
+		{"beyond the cutoff: all by frames", 2*slot + 100, false},
 	} {
 		m := make([]int, n*n)
 		for i := range m {

@@ -162,8 +162,8 @@ const DefaultStreams = 2
 // DefaultLLBytes is the largest block of an AllToAllV between two ranks of
 // one host that auto selection sends by the LL protocol (one-sided stores
 // into the peer's slot, no handshake) instead of as ring frames; the shm
-// slot size (shm.DefaultSlotBytes, 512 B: where LL and frames cross, see
-// its measurement) caps it. With A2A_ALGO=ll it is also the cutoff for
+// slot size (shm.DefaultSlotBytes, also 4096: LL is ahead of frames to
+// there, see its measurement) caps it. With A2A_ALGO=ll it is also the cutoff for
 // ranks on other hosts, whose LL messages travel as one frame each.
 const DefaultLLBytes = 4096
 

@@ -265,3 +265,30 @@ func testQuietLLMismatchManyRanks(t *testing.T, transport string) {
 		comms = group(t, url, n, setup) // the mismatch aborted the group
 	}
 }
+
+// TestLLAllReduceBound: the largest AllReduce sent by LL is llAllReduceBytes
+// over packed slots, llAllReduceWordBytes as soon as one peer's slots take
+// the word form, and never more than a peer's cutoff less the 8-byte
+// signature; this rank's own entry does not count.
+func TestLLAllReduceBound(t *testing.T) {
+	all := func(int) bool { return true }
+	for _, tc := range []struct {
+		name   string
+		cut    []int // rank 0 is this rank
+		packed func(peer int) bool
+		want   int
+	}{
+		{"packed, 4 KiB slots", []int{-1, 4096, 4096}, all, 4088},
+		{"packed, a 1 KiB cutoff", []int{-1, 4096, 1024}, all, 1016},
+		{"one peer in the word form", []int{-1, 4096, 512}, func(p int) bool { return p != 2 }, llAllReduceWordBytes},
+		{"word form, a 64 B cutoff", []int{-1, 64}, func(int) bool { return false }, 56},
+		{"this rank alone", []int{-1}, func(int) bool { return false }, llAllReduceBytes},
+	} {
+		if got := llAllReduceBound(0, tc.cut, tc.packed); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+	if !ClassCapabilities("shm").PackedSlots || ClassCapabilities("verbs").PackedSlots || ClassCapabilities("tcp").PackedSlots {
+		t.Error("only shm's slots are packed")
+	}
+}

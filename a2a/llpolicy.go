@@ -28,15 +28,27 @@ func (c *Comm) newLLPolicy() llPolicy {
 	}
 	p.allReduce = -1
 	if p.barrier {
-		p.allReduce = llAllReduceBytes
-		for r, cut := range p.cut {
-			if r != c.rank {
-				// A collective's LL message ends with its 8-byte signature.
-				p.allReduce = min(p.allReduce, cut-8)
-			}
-		}
+		p.allReduce = llAllReduceBound(c.rank, p.cut, func(r int) bool { return c.PeerCapabilities(r).PackedSlots })
 	}
 	return p
+}
+
+// llAllReduceBound is the largest AllReduce a rank sends by LL, given its
+// peers' LL cutoffs (cut, this rank's own entry aside) and whether a peer's
+// slots are packed: llAllReduceBytes, or llAllReduceWordBytes if a peer's
+// are not, and at most every cutoff less the message's 8-byte signature.
+func llAllReduceBound(rank int, cut []int, packed func(peer int) bool) int {
+	bound := llAllReduceBytes
+	for r, cr := range cut {
+		if r == rank {
+			continue
+		}
+		bound = min(bound, cr-8)
+		if !packed(r) {
+			bound = min(bound, llAllReduceWordBytes)
+		}
+	}
+	return bound
 }
 
 // llBarrierMaxRanks bounds the one-round LL barrier: p-1 stores and loads
@@ -46,12 +58,23 @@ func (c *Comm) newLLPolicy() llPolicy {
 const llBarrierMaxRanks = 64
 
 // llAllReduceBytes bounds the one-round LL AllReduce (also by the LL
-// cutoff). Its p-1 stores of 2n bytes and local reduction grow with n where
-// recursive doubling's log2(p) exchanges barely do; they meet near 256 B
-// (one host, in us, LL against recursive doubling: 2 ranks 8 B 0.57/0.83,
-// 256 B 0.93/0.92, 512 B 1.17/0.98; 4 ranks on 2 cores 8 B 4.02/5.59,
-// 256 B 5.20/6.00, 512 B 6.31/6.13).
-const llAllReduceBytes = 256
+// cutoff) where every peer's slots are packed (shm). Its p-1 stores of n
+// bytes and local reduction grow with n where recursive doubling's log2(p)
+// exchanges barely do, but on one host it was ahead to the slot's end
+// (a2ad bench --transport shm, p50 us, LL against recursive doubling,
+// measured under load: 2 ranks 512 B 0.78-1.12/1.22-1.29, 1 KiB
+// 0.85-0.93/1.49-1.54, 2 KiB 1.20-1.54/2.03-2.09; 4 ranks on 2 cores 512 B
+// 8.1-8.4/12.6-13.9, 2 KiB 11.4-12.0/14.1-16.5; 8 ranks 2 KiB
+// 24.5-37.3/32.1-42.3). The message carries an 8-byte signature, so a
+// 4 KiB slot takes up to 4088 bytes.
+const llAllReduceBytes = 4096
+
+// llAllReduceWordBytes is llAllReduceBytes where a peer's slots take the
+// word form (verbs), whose stores move twice the payload: there LL and
+// recursive doubling met near 256 B when shm had the word form (one host,
+// in us: 2 ranks 8 B 0.57/0.83, 256 B 0.93/0.92, 512 B 1.17/0.98; 4 ranks
+// on 2 cores 8 B 4.02/5.59, 256 B 5.20/6.00, 512 B 6.31/6.13).
+const llAllReduceWordBytes = 256
 
 // llCutoffs is the LL cutoff of every peer (algo.AllToAllVArgs.LLCutoff)
 // and which peers are quiet (LLQuiet), from settings and link classes both

@@ -104,6 +104,17 @@ func (t *tally) equal(o *tally) bool {
 	return t.ops == o.ops && t.errors == o.errors && slices.Equal(t.wait, o.wait) && slices.Equal(t.last, o.last)
 }
 
+// MoEReporter is an Observer that also keeps the figures of the MoE layers
+// above the Comm (*metrics.Observer, which package dispatch tells of every
+// step). The Comm adds them to its traffic reports, so a2ad serve's live
+// view shows the MoE layer without a collective of its own.
+type MoEReporter interface {
+	// MoEReport copies the figures into dst, reusing its storage, and
+	// returns a number that grows whenever they change (0: none yet). It is
+	// called from the Comm's reporting goroutine once per report period.
+	MoEReport(dst *control.MoEReport) uint64
+}
+
 // reporter publishes a Comm's traffic reports from its own goroutine.
 type reporter struct {
 	period time.Duration
@@ -171,6 +182,9 @@ func (c *Comm) runReports(r *reporter) {
 	var seq uint64
 	var since time.Duration // when the figures were read before
 	active := false         // the last report carried changes
+	moeSrc, _ := c.cfg.Observer.(MoEReporter)
+	var moe control.MoEReport
+	var moeVer, pubMoeVer uint64
 	for {
 		final := false
 		select {
@@ -183,7 +197,10 @@ func (c *Comm) runReports(r *reporter) {
 		r.mu.Unlock()
 		sent = append(sent[:0], c.tr.Stats().BytesSent...)
 		elapsed := time.Since(start)
-		changed := !cur.equal(&pub) || !slices.Equal(sent, pubSent)
+		if moeSrc != nil {
+			moeVer = moeSrc.MoEReport(&moe)
+		}
+		changed := !cur.equal(&pub) || !slices.Equal(sent, pubSent) || moeVer != pubMoeVer
 		if changed || (active && !final) {
 			seq++
 			rep := control.Report{Seq: seq, Period: r.period, Elapsed: elapsed, Since: since,
@@ -195,6 +212,9 @@ func (c *Comm) runReports(r *reporter) {
 					}
 				}
 			}
+			if moeVer != 0 {
+				rep.MoE = c.fitMoE(&moe)
+			}
 			if len(rep.Sent) == c.size {
 				if err := c.member.Report(&rep); err != nil {
 					c.log.Debug("a2a: traffic report not sent", "err", err)
@@ -202,6 +222,7 @@ func (c *Comm) runReports(r *reporter) {
 			}
 			cur.copyTo(&pub)
 			pubSent = append(pubSent[:0], sent...)
+			pubMoeVer = moeVer
 			active = changed
 		}
 		since = elapsed
@@ -209,4 +230,20 @@ func (c *Comm) runReports(r *reporter) {
 			return
 		}
 	}
+}
+
+// fitMoE drops the figures of m a report cannot carry, so they cannot void
+// it: by rank when they do not match the Comm's size (an Observer kept
+// across a shrink), by expert past control.MaxReportExperts.
+func (c *Comm) fitMoE(m *control.MoEReport) *control.MoEReport {
+	if len(m.Tokens) > control.MaxReportExperts {
+		m.Tokens = nil
+	}
+	if len(m.RankRows) != c.size {
+		m.RankRows = nil
+	}
+	if len(m.Local) != c.size {
+		m.Local = nil
+	}
+	return m
 }

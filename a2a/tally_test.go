@@ -2,6 +2,7 @@ package a2a
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -120,6 +121,70 @@ func reportsDone(v control.TrafficView, iters uint64) bool {
 		}
 	}
 	return false
+}
+
+// moeFigures is an Observer whose MoE figures a test sets: a layer above
+// the Comm in miniature.
+type moeFigures struct {
+	mu  sync.Mutex
+	ver uint64
+	m   control.MoEReport
+}
+
+func (*moeFigures) OpDone(OpEvent)                       {}
+func (*moeFigures) CountsExchanged(time.Duration, error) {}
+func (o *moeFigures) MoEReport(dst *control.MoEReport) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	*dst = o.m
+	return o.ver
+}
+
+// TestTrafficReportsMoE: an Observer that keeps MoE figures has them
+// carried by the Comm's reports, with the figures by rank dropped when they
+// do not fit the group, and a change alone is enough for a new report.
+func TestTrafficReportsMoE(t *testing.T) {
+	url := startNATS(t)
+	svc := daemonService(t, url)
+	obs := []*moeFigures{
+		{ver: 1, m: control.MoEReport{Dispatches: 1, Tokens: []uint64{3, 4}, RankRows: []uint64{3, 4}, Local: []uint64{0, 99}}},
+		{ver: 1, m: control.MoEReport{Dispatches: 1, Tokens: make([]uint64, control.MaxReportExperts+1), RankRows: []uint64{1, 2, 3},
+			Local: []uint64{7, 0}}},
+	}
+	comms := group(t, url, 2, func(c *Config) { c.Report, c.Observer = 20*time.Millisecond, obs[c.Rank] })
+	rankOf := obs
+	name := comms[0].Config().Group
+	wait := func(ok func(v control.TrafficView) bool) control.TrafficView {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			v, have := svc.Traffic(name)
+			if have && ok(v) {
+				return v
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the view never showed the MoE figures: %+v", v)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	v := wait(func(v control.TrafficView) bool { return v.Ranks[0].MoE != nil && v.Ranks[1].MoE != nil })
+	for r, rk := range v.Ranks {
+		want := rankOf[r].m
+		if fits := len(want.Tokens) <= control.MaxReportExperts; fits != (len(rk.MoE.Tokens) == len(want.Tokens)) ||
+			(!fits && rk.MoE.Tokens != nil) || (fits && rk.MoE.Tokens[1] != want.Tokens[1]) {
+			t.Errorf("rank %d: tokens %d, want %d or none past the limit", r, len(rk.MoE.Tokens), len(want.Tokens))
+		}
+		if fits := len(want.RankRows) == 2; fits != (len(rk.MoE.RankRows) == 2) || (fits && rk.Local[1] != 99) {
+			t.Errorf("rank %d: rows by rank %v, local %v from %+v", r, rk.MoE.RankRows, rk.Local, want)
+		}
+	}
+	// No operation runs: the new figures alone make a report.
+	o := rankOf[0]
+	o.mu.Lock()
+	o.ver, o.m.Dispatches, o.m.Dropped = 2, 2, 5
+	o.mu.Unlock()
+	wait(func(v control.TrafficView) bool { return v.Ranks[0].MoE.Dropped == 5 && v.Ranks[0].MoE.Dispatches == 2 })
 }
 
 // TestTrafficReportsOff: a negative Config.Report runs no reporter.

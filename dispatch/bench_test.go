@@ -40,7 +40,10 @@ func benchLayer(b *testing.B, s benchShape, counts CountsMode, path RowPath) ([]
 			c.Host = fmt.Sprintf("host%d", c.Rank*s.hosts/ranks)
 		}
 	})
-	ds := newDispatchers(b, comms, Config{Experts: experts, K: k, Hidden: hidden, DType: dt, Counts: counts, Rows: path, Logger: discard})
+	// The flat path, whose bytes the baseline moves (hier_bench_test.go
+	// compares the relay path with it).
+	ds := newDispatchers(b, comms, Config{Experts: experts, K: k, Hidden: hidden, DType: dt, Counts: counts, Rows: path,
+		Hierarchy: HierarchyOff, Logger: discard})
 	in := make([]*benchRank, ranks)
 	rb := hidden * dt.Size()
 	gate := routing.Gate{Experts: experts, K: k}

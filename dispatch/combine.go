@@ -202,8 +202,14 @@ func narrow(dt reduce.DType, dst []byte, src []float32) {
 			le.PutUint32(dst[4*j:], math.Float32bits(v))
 		}
 	case reduce.BFloat16:
-		for j, v := range src {
-			le.PutUint16(dst[2*j:], reduce.F32ToBF16(v))
+		j := 0
+		for ; j+4 <= len(src); j += 4 { // four lanes per 64-bit store
+			s := src[j : j+4 : j+4]
+			le.PutUint64(dst[2*j:], uint64(reduce.F32ToBF16(s[0]))|uint64(reduce.F32ToBF16(s[1]))<<16|
+				uint64(reduce.F32ToBF16(s[2]))<<32|uint64(reduce.F32ToBF16(s[3]))<<48)
+		}
+		for ; j < len(src); j++ {
+			le.PutUint16(dst[2*j:], reduce.F32ToBF16(src[j]))
 		}
 	default:
 		for j, v := range src {

@@ -2,11 +2,9 @@ package dispatch
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"math"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -158,6 +156,11 @@ type Config struct {
 	// tokens per rank per step, received into fixed worst-case buffers with
 	// the counts in the same round as the rows; see DispatchSend.
 	MaxTokens int
+	// Hierarchy says whether a token crosses to a remote host once,
+	// through a relay rank there that forwards it to its experts on that
+	// host, or once per expert (see HierarchyMode; default
+	// HierarchyAuto: where the cost model prices it lower).
+	Hierarchy HierarchyMode
 	// Rebalance, when its Every is set, re-places the experts from the
 	// load estimate inside Dispatch (see Dispatcher.Replace). Off by default.
 	Rebalance Rebalance
@@ -191,6 +194,10 @@ type Dispatcher struct {
 	rt       *route
 	replicas replicaState // replace.go, load.go
 	ll       *decodeMode  // Config.MaxTokens > 0 (decode.go)
+	hier     *hierarchy   // the relay path (hier.go), nil when off
+	// An inner dispatcher of the relay path whose rows all go through
+	// shared memory skips its combine's reverse AllToAllV (hier.go).
+	relayed bool
 
 	// Shared memory (shared.go), chosen at New by every rank alike:
 	// sharedWith[j] says that rows to and from rank j travel through it;
@@ -243,6 +250,9 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 		return nil, err
 	}
 	d.setRoute(newRoute(pl, rank, c.Host, cfg.Counts))
+	if d.hier, err = d.newHierarchy(); err != nil {
+		return nil, err
+	}
 	if err := d.agree(ctx); err != nil {
 		return nil, err
 	}
@@ -252,12 +262,16 @@ func New(ctx context.Context, c *a2a.Comm, cfg Config) (*Dispatcher, error) {
 	if err := d.initDecodeIf(ctx); err != nil {
 		return nil, err
 	}
+	if err := d.newInner(ctx); err != nil {
+		return nil, err
+	}
 	d.views.byPeer = make([][]peerView, size)
 	d.jobs = make(chan *Handle, 16)
 	d.workerDone = make(chan struct{})
 	go d.work()
 	d.log.Debug("dispatch: layer ready", "rank", rank, "ranks", size, "experts", cfg.Experts, "k", cfg.K,
-		"hidden", cfg.Hidden, "dtype", cfg.DType, "wire", cfg.Wire, "local_experts", d.nLocal, "counts", cfg.Counts, "shared_memory", d.shared)
+		"hidden", cfg.Hidden, "dtype", cfg.DType, "wire", cfg.Wire, "local_experts", d.nLocal, "counts", cfg.Counts, "shared_memory", d.shared,
+		"hierarchy", d.hier != nil)
 	return d, nil
 }
 
@@ -288,6 +302,8 @@ func (cfg Config) validate() error {
 		return invalidf("counts mode %v", cfg.Counts)
 	case cfg.Rows != RowsAuto && cfg.Rows != RowsAllToAllV:
 		return invalidf("row path %v", cfg.Rows)
+	case cfg.Hierarchy > HierarchyOff:
+		return invalidf("hierarchy %v", cfg.Hierarchy)
 	case math.IsNaN(cfg.CapacityFactor) || math.IsInf(cfg.CapacityFactor, 0):
 		return invalidf("capacity factor %v, want finite (<= 0: unlimited)", cfg.CapacityFactor)
 	case cfg.Hidden > math.MaxInt32/cfg.DType.Size():
@@ -320,89 +336,6 @@ func (cfg Config) placement(ranks int) (*routing.Placement, error) {
 	return pl, nil
 }
 
-// layerFields is how many fields of a Config agree compares.
-const layerFields = 14
-
-// layer returns the fields of the layer every rank must configure alike,
-// as agree exchanges them: Experts, K, Hidden, DType, Counts, Rows,
-// CapacityFactor (<= 0: unlimited, all alike), the Rebalance settings (not
-// its Mover), Wire and KeepFP8 (a sender's wire format is what its
-// receivers decode) and a fingerprint of the placement's slot table, replicas
-// included: placements with the same primaries but other replicas route
-// rows differently.
-func (d *Dispatcher) layer() [layerFields]uint64 {
-	rb := d.cfg.Rebalance
-	return [layerFields]uint64{uint64(d.cfg.Experts), uint64(d.cfg.K), uint64(d.cfg.Hidden), uint64(d.cfg.DType),
-		uint64(d.cfg.Counts), uint64(d.cfg.Rows), math.Float64bits(max(d.cfg.CapacityFactor, 0)),
-		uint64(rb.Every), math.Float64bits(rb.Threshold), uint64(rb.Redundant),
-		uint64(d.cfg.Wire), boolBits(d.cfg.KeepFP8), uint64(d.cfg.MaxTokens), placementHash(d.pl)}
-}
-
-// layerField names field i of layer and shows its value v.
-func layerField(i int, v uint64) (name, value string) {
-	switch i {
-	case 0:
-		return "Experts", strconv.FormatUint(v, 10)
-	case 1:
-		return "K", strconv.FormatUint(v, 10)
-	case 2:
-		return "Hidden", strconv.FormatUint(v, 10)
-	case 3:
-		return "DType", reduce.DType(v).String()
-	case 4:
-		return "Counts", CountsMode(v).String()
-	case 5:
-		return "Rows", RowPath(v).String()
-	case 6:
-		return "CapacityFactor", strconv.FormatFloat(math.Float64frombits(v), 'g', -1, 64)
-	case 7:
-		return "Rebalance.Every", strconv.FormatUint(v, 10)
-	case 8:
-		return "Rebalance.Threshold", strconv.FormatFloat(math.Float64frombits(v), 'g', -1, 64)
-	case 9:
-		return "Rebalance.Redundant", strconv.FormatUint(v, 10)
-	case 10:
-		return "Wire", WireFormat(v).String()
-	case 11:
-		return "KeepFP8", strconv.FormatBool(v != 0)
-	case 12:
-		return "MaxTokens", strconv.FormatUint(v, 10)
-	}
-	return "Placement", fmt.Sprintf("slot table %#x (fingerprint of every slot's expert, replicas included)", v)
-}
-
-// agree checks that every rank configured the same layer: each sends every
-// peer its layer's fields and compares what it receives. A difference fails
-// with ErrMismatch naming the first rank that differs, the field and both
-// values.
-func (d *Dispatcher) agree(ctx context.Context) error {
-	mine := d.layer()
-	const rec = 8 * layerFields
-	send, recv := make([]byte, rec*d.size), make([]byte, rec*d.size)
-	for j := range d.size {
-		for f, v := range mine {
-			binary.LittleEndian.PutUint64(send[j*rec+8*f:], v)
-		}
-	}
-	if err := d.comm.AllToAll(ctx, send, recv); err != nil {
-		return err
-	}
-	for i := range d.size {
-		for f, v := range mine {
-			got := binary.LittleEndian.Uint64(recv[i*rec+8*f:])
-			if got == v {
-				continue
-			}
-			name, theirs := layerField(f, got)
-			_, ours := layerField(f, v)
-			return &a2a.Error{Kind: a2a.ErrMismatch, Rank: i, Detail: fmt.Sprintf(
-				"dispatch: rank %d configured another MoE layer: Config.%s is %s there, %s on this rank (rank %d); every rank must pass New the same Config",
-				i, name, theirs, ours, d.rank)}
-		}
-	}
-	return nil
-}
-
 // Close stops the worker after the operations already queued have run. It
 // does not close the Comm. Close is idempotent; the dispatcher refuses work
 // afterwards with ErrClosed.
@@ -416,6 +349,9 @@ func (d *Dispatcher) Close() error {
 	close(d.jobs)
 	d.mu.Unlock()
 	<-d.workerDone
+	if d.hier != nil {
+		d.hier.inner.Close()
+	}
 	d.views.close()
 	if d.ll != nil {
 		d.ll.close()
@@ -615,6 +551,7 @@ func (d *Dispatcher) handle() *Handle {
 }
 
 func (d *Dispatcher) recycle(h *Handle) {
+	h.releaseHier()
 	h.ctx, h.tokens, h.expertOut, h.out = nil, nil, nil, nil
 	h.state = stateIdle
 	d.settled(h)
@@ -772,6 +709,20 @@ func boolBits(b bool) uint64 {
 }
 
 func alignUp(n, a int) int { return (n + a - 1) / a * a }
+
+func growInts(s []int, n int) []int {
+	if cap(s) < n {
+		return make([]int, n)
+	}
+	return s[:n]
+}
+
+func growFloats(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
 
 // grow returns b resliced to n bytes, or new memory (contents lost) if b
 // is too small.

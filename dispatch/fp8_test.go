@@ -94,7 +94,8 @@ func TestFP8Wire(t *testing.T) {
 				c := dispatchCase{ranks: tr.ranks, rows: tr.rows, l: l}
 				pl := c.placement(t)
 				ds := newDispatchers(t, comms, Config{Experts: l.experts, K: l.k, Hidden: l.hidden, DType: l.dtype,
-					CapacityFactor: l.capacity, Rows: tr.rows, Wire: WireFP8, KeepFP8: lc.keep, Logger: discard})
+					CapacityFactor: l.capacity, Rows: tr.rows, Wire: WireFP8, KeepFP8: lc.keep, Logger: discard,
+					Hierarchy: HierarchyOff}) // the flat path: TestHierarchy runs FP8 on the relay path
 				mustAll(t, onAll(tr.ranks, func(r int) error {
 					for step := range 2 {
 						if err := fp8Step(ds[r], c, pl, r, step, lc.keep, step == 1); err != nil {
@@ -215,25 +216,31 @@ func checkFP8Received(l layer, r, step, size int, pl *routing.Placement, h *Hand
 // once, on every other rank (through the counts exchange, so nobody waits
 // for rows); the Comm stays usable and the next step verifies.
 func TestFP8NonFinite(t *testing.T) {
-	const ranks = 3
 	url := startNATS(t)
 	for _, tc := range []struct {
-		name string
-		dt   reduce.DType
-		bad  float32
-		rows RowPath
-		mod  func(*a2a.Config)
+		name  string
+		dt    reduce.DType
+		bad   float32
+		rows  RowPath
+		mod   func(*a2a.Config)
+		ranks int // 0: 3
+		hier  HierarchyMode
 	}{
 		{name: "f32/nan/shm", dt: reduce.Float32, bad: float32(math.NaN())},
 		{name: "bf16/inf/alltoallv", dt: reduce.BFloat16, bad: float32(math.Inf(-1)), rows: RowsAllToAllV},
 		{name: "bf16/nan/tcp", dt: reduce.BFloat16, bad: float32(math.NaN()), mod: func(c *a2a.Config) { c.Transport = "tcp" }},
+		// The relay path tells the peers in its crossing's counts.
+		{name: "f32/inf/hosts2x2/relay", dt: reduce.Float32, bad: float32(math.Inf(1)), ranks: 4, hier: HierarchyOn,
+			mod: fakeHosts(func(r int) int { return r / 2 })},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			ranks := max(tc.ranks, 3)
 			comms := group(t, url, ranks, tc.mod)
 			l := layer{experts: 6, k: 2, hidden: 130, tokens: 12, dtype: tc.dt, seed: 9}
 			c := dispatchCase{ranks: ranks, rows: tc.rows, l: l}
 			pl := c.placement(t)
-			ds := newDispatchers(t, comms, Config{Experts: 6, K: 2, Hidden: 130, DType: tc.dt, Rows: tc.rows, Wire: WireFP8, Logger: discard})
+			ds := newDispatchers(t, comms, Config{Experts: 6, K: 2, Hidden: 130, DType: tc.dt, Rows: tc.rows, Wire: WireFP8,
+				Hierarchy: tc.hier, Logger: discard})
 			start := time.Now()
 			errs := onAll(ranks, func(r int) error {
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -21,43 +21,6 @@ const (
 	stateFailed                         // an exchange failed
 )
 
-// Segment is a run of received rows: the rows one source rank sent for one
-// local expert, in that rank's token order.
-type Segment struct {
-	// Source is the rank the rows came from.
-	Source int
-	// Offset is the byte offset of the first row in Handle.Recv, and where
-	// the expert outputs for these rows go in the buffer given to Combine.
-	Offset int
-	// Rows is the number of rows (possibly 0).
-	Rows int
-}
-
-// Stats describes one step of one rank.
-type Stats struct {
-	// Tokens is the number of tokens this rank dispatched.
-	Tokens int
-	// Kept is the number of (token, expert) rows this rank sent, itself included.
-	Kept int
-	// Dropped is the number of assignments dropped over capacity.
-	Dropped int
-	// Received is the number of rows this rank received for its experts.
-	Received int
-	// Imbalance is max/mean of the rows this rank sent per destination rank
-	// (1 is even; see routing.Imbalance).
-	Imbalance float64
-	// SentBytes and ReceivedBytes are the dispatch payload exchanged with
-	// other ranks (the local block and count exchanges are not counted), in
-	// the wire format; combine moves the same rows the other way in DType
-	// (the same amounts with WireSame, RowBytes/WireRowBytes times more
-	// with WireFP8).
-	SentBytes, ReceivedBytes int64
-	// DispatchTime runs from the start of packing to the end of the
-	// exchange; CombineTime from the start of the reverse exchange to the end
-	// of the weighted sum.
-	DispatchTime, CombineTime time.Duration
-}
-
 // Handle is one dispatched step: the rows this rank's experts must process and
 // what Combine needs to send their outputs back. Get one from
 // Dispatcher.Dispatch or DispatchAsync, and give it back with Release. Its
@@ -132,8 +95,14 @@ type Handle struct {
 	scales            []float32
 	rowF, rowS        []float32
 
-	dispatchTime, combineTime time.Duration
-	sentBytes, recvBytes      int64
+	// The relay path (hier.go): its step state, and on the inner
+	// dispatcher's handles, the wire rows to send from (not quantized
+	// again).
+	hs   *hierStep
+	preq []byte
+
+	dispatchTime, combineTime        time.Duration
+	sentBytes, recvBytes, crossBytes int64
 }
 
 // Wait blocks until the operation started by DispatchAsync or CombineAsync
@@ -222,6 +191,12 @@ func (h *Handle) Output() []byte {
 		return nil
 	} else if h.ll != nil {
 		return h.ll.out
+	}
+	if h.d.hier != nil {
+		if h.hs == nil || h.hs.in == nil {
+			return nil // the dispatch failed
+		}
+		return h.hs.in.Output()
 	}
 	if h.d.hostPeers {
 		out, err := h.sharedBuffer(&h.outSeg, len(h.recv), 0)
@@ -321,8 +296,8 @@ func (h *Handle) Stats() Stats {
 	}
 	return Stats{
 		Tokens: h.T, Kept: h.plan.Rows, Dropped: h.dropped, Received: h.Rows(),
-		Imbalance:    routing.Imbalance(h.plan.RankRows),
-		SentBytes:    h.sentBytes,
+		Imbalance: routing.Imbalance(h.plan.RankRows),
+		SentBytes: h.sentBytes, CrossHostBytes: h.crossBytes,
 		DispatchTime: h.dispatchTime, CombineTime: h.combineTime, ReceivedBytes: h.recvBytes,
 	}
 }
@@ -371,6 +346,9 @@ func (h *Handle) exec() error {
 func (h *Handle) runDispatch() error {
 	start := time.Now()
 	d := h.d
+	if d.hier != nil {
+		return h.runHierDispatch(start)
+	}
 	sendLayout := h.layoutSend()
 	if d.fp8 {
 		if err := h.quantizeTokens(); err != nil {
@@ -424,6 +402,7 @@ func (h *Handle) runDispatch() error {
 	h.combineTime = 0
 	if o := d.cfg.Observer; o != nil {
 		o.ObserveDispatch(h.dispatchTime, h.expertLoad, h.dropped, routing.Imbalance(h.plan.RankRows))
+		h.observeRows()
 	}
 	return nil
 }
@@ -612,7 +591,7 @@ func (h *Handle) indexSegments() {
 	d := h.d
 	P, rb, nLocal := d.size, d.rowBytes, d.nLocal
 	clear(h.expertRows)
-	h.sentBytes, h.recvBytes = 0, 0
+	h.sentBytes, h.recvBytes, h.crossBytes = 0, 0, 0
 	for i := range P {
 		pos := h.recvDispl[i] + d.hdrSelf
 		if i == d.rank {
@@ -625,6 +604,9 @@ func (h *Handle) indexSegments() {
 			pos += n * rb
 		}
 		h.sentBytes += int64(h.wireBytes(h.sendCounts[i]))
+		if d.comm.Host(i) != d.comm.Host(d.rank) {
+			h.crossBytes += int64(h.wireBytes(h.sendCounts[i]))
+		}
 		h.recvBytes += int64(h.wireBytes(h.recvCounts[i]))
 	}
 }
@@ -694,9 +676,11 @@ func (h *Handle) pack() {
 			continue
 		}
 		t := a / K
-		src := h.tokens[t*rb : (t+1)*rb]
+		var src []byte
 		if fp8 {
 			src = h.qtok[t*wb : (t+1)*wb]
+		} else {
+			src = h.tokens[t*rb : (t+1)*rb]
 		}
 		j := owner[h.slotDec.Expert[a]]
 		pos := h.rowBase[j] + int(r)*rb
@@ -743,6 +727,9 @@ func (h *Handle) mismatch(src int, format string, args ...any) error {
 func (h *Handle) runCombine() error {
 	start := time.Now()
 	d := h.d
+	if d.hier != nil {
+		return h.runHierCombine(start)
+	}
 	if d.shared {
 		// The outputs of shared-memory peers are read where their experts
 		// wrote them. Before anyone reads, every rank must have mapped
@@ -760,7 +747,7 @@ func (h *Handle) runCombine() error {
 			return err
 		}
 	}
-	if d.exchange {
+	if d.exchange && !d.relayed {
 		// The reverse of the dispatch: what came from rank i goes back to
 		// it, landing where this rank's rows for it were packed. The
 		// outputs for this rank's own rows stay where they are.
@@ -774,18 +761,4 @@ func (h *Handle) runCombine() error {
 		o.ObserveCombine(h.combineTime)
 	}
 	return nil
-}
-
-func growInts(s []int, n int) []int {
-	if cap(s) < n {
-		return make([]int, n)
-	}
-	return s[:n]
-}
-
-func growFloats(s []float32, n int) []float32 {
-	if cap(s) < n {
-		return make([]float32, n)
-	}
-	return s[:n]
 }

@@ -146,6 +146,9 @@ func (d *Dispatcher) rankImbalance(load []float64) float64 {
 // dispatches). Rows count kept assignments: what capacity dropped is not
 // load.
 func (d *Dispatcher) Load() []float64 {
+	if d.hier != nil {
+		return d.hier.inner.Load() // every row reaches its expert through the forward
+	}
 	ls := &d.replicas.load
 	ls.mu.Lock()
 	defer ls.mu.Unlock()

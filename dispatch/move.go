@@ -108,6 +108,9 @@ func (d *Dispatcher) Replace(ctx context.Context, pl *routing.Placement, m Exper
 	if closed {
 		return fmt.Errorf("%w: dispatch: dispatcher closed", a2a.ErrClosed)
 	}
+	if d.hier != nil {
+		return invalidf("replace: not with the relay path (Config.Hierarchy); create the layer with HierarchyOff to re-place its experts")
+	}
 	if d.replicas.open > 0 || d.inflight.Load() > 0 {
 		// Not even the first exchange: it would race the worker's
 		// collectives on the Comm.

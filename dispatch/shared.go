@@ -437,17 +437,21 @@ func (h *Handle) observeShared(combine bool) {
 	if !ok {
 		return
 	}
+	byPeer, _ := o.(SharedPeerObserver)
 	var sent, received int64
 	for j, shared := range d.sharedWith {
 		if !shared {
 			continue
 		}
+		var s, r int64
 		if combine {
-			sent += int64(h.recvCounts[j] - d.hdrSelf)
-			received += int64(h.sendCounts[j] - d.hdr[j])
+			s, r = int64(h.recvCounts[j]-d.hdrSelf), int64(h.sendCounts[j]-d.hdr[j])
 		} else {
-			sent += int64(h.wireBytes(h.sendCounts[j]))
-			received += int64(h.wireBytes(h.recvCounts[j]))
+			s, r = int64(h.wireBytes(h.sendCounts[j])), int64(h.wireBytes(h.recvCounts[j]))
+		}
+		sent, received = sent+s, received+r
+		if byPeer != nil {
+			byPeer.ObserveSharedPeer(j, s, r)
 		}
 	}
 	o.ObserveSharedTraffic(sent, received)

@@ -3,8 +3,10 @@ package dispatch
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -51,7 +53,7 @@ func TestSharedMemoryChoice(t *testing.T) {
 				l: layer{experts: 7, k: 2, hidden: 24, tokens: 40, dtype: reduce.BFloat16, skew: 1, capacity: 1.2, seed: uint64(200 + i)}}
 			pl := c.placement(t)
 			ds := newDispatchers(t, comms, Config{Experts: 7, K: 2, Hidden: 24, DType: reduce.BFloat16, CapacityFactor: 1.2,
-				Rows: tc.rows, Counts: tc.counts, Logger: discard})
+				Rows: tc.rows, Counts: tc.counts, Hierarchy: HierarchyOff, Logger: discard}) // the flat path's choice (hier_test.go: the relay path)
 			// Ranks are numbered by host at join: compare through each Comm's view.
 			any := false
 			for r, d := range ds {
@@ -187,10 +189,31 @@ func TestSharedPeerAborts(t *testing.T) {
 	}
 }
 
-// trafficRecorder is an Observer that also records shared-memory traffic.
+// trafficRecorder is an Observer that also records shared-memory traffic,
+// in all and by peer, and the rows by destination rank.
 type trafficRecorder struct {
 	mu             sync.Mutex
 	sent, received []int64 // one entry per report
+	peer           map[int][2]int64
+	rankRows       []int
+	wire           string
+	dtype, wired   int64
+}
+
+func (o *trafficRecorder) ObserveSharedPeer(peer int, sent, received int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.peer == nil {
+		o.peer = map[int][2]int64{}
+	}
+	p := o.peer[peer]
+	o.peer[peer] = [2]int64{p[0] + sent, p[1] + received}
+}
+
+func (o *trafficRecorder) ObserveRows(rankRows []int, wire string, dtypeBytes, wireBytes int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.rankRows, o.wire, o.dtype, o.wired = append([]int(nil), rankRows...), wire, dtypeBytes, wireBytes
 }
 
 func (*trafficRecorder) ObserveDispatch(time.Duration, []int, int, float64) {}
@@ -215,7 +238,7 @@ func TestSharedTrafficObserved(t *testing.T) {
 	mustAll(t, onAll(ranks, func(r int) error {
 		obs[r] = new(trafficRecorder)
 		var err error
-		ds[r], err = New(t.Context(), comms[r], Config{Experts: 8, K: 2, Hidden: 16, Observer: obs[r], Logger: discard})
+		ds[r], err = New(t.Context(), comms[r], Config{Experts: 8, K: 2, Hidden: 16, Observer: obs[r], Hierarchy: HierarchyOff, Logger: discard})
 		return err
 	}))
 	t.Cleanup(func() {
@@ -229,12 +252,22 @@ func TestSharedTrafficObserved(t *testing.T) {
 			return err
 		}
 		defer h.Release()
-		var wantSent, wantRecv int64
+		var wantSent, wantRecv, wantDType int64
+		wantPeer := map[int][2]int64{}
 		for j := range ranks {
 			if ds[r].SharedWith(j) {
 				wantSent += int64(h.sendCounts[j])
 				wantRecv += int64(h.recvCounts[j])
+				// The dispatch's rows one way, their outputs the other.
+				both := int64(h.sendCounts[j] + h.recvCounts[j])
+				wantPeer[j] = [2]int64{both, both}
 			}
+			if j != r {
+				wantDType += int64(h.plan.RankRows[j] * ds[r].RowBytes())
+			}
+		}
+		if o := obs[r]; !slices.Equal(o.rankRows, h.plan.RankRows) || o.wire != "same" || o.dtype != wantDType || o.wired != wantDType {
+			return fmt.Errorf("rows observed %v %s %d/%d, want %v same %d", o.rankRows, o.wire, o.dtype, o.wired, h.plan.RankRows, wantDType)
 		}
 		if wantSent+wantRecv == 0 {
 			return fmt.Errorf("no rows between same-host ranks: the test shows nothing")
@@ -247,6 +280,9 @@ func TestSharedTrafficObserved(t *testing.T) {
 		if len(o.sent) != 2 || o.sent[0] != wantSent || o.received[0] != wantRecv || o.sent[1] != wantRecv || o.received[1] != wantSent {
 			return fmt.Errorf("shared traffic reports sent %v received %v, want dispatch %d/%d then combine %d/%d",
 				o.sent, o.received, wantSent, wantRecv, wantRecv, wantSent)
+		}
+		if !maps.Equal(o.peer, wantPeer) {
+			return fmt.Errorf("shared traffic by peer %v, want %v", o.peer, wantPeer)
 		}
 		return nil
 	}))

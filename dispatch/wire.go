@@ -100,10 +100,24 @@ const rejectedRows = math.MaxUint32
 // h.qtok, one wire row per token: its E4M3 bytes, then its scales. A
 // non-finite element is ErrInvalidArgument naming the token.
 func (h *Handle) quantizeTokens() error {
+	H := h.d.cfg.Hidden
+	// unwire's scratch too
+	h.rowF, h.rowS = growFloats(h.rowF, H), growFloats(h.rowS, reduce.E4M3Scales(H))
+	if h.preq != nil {
+		// An inner handle of the relay path (hier.go): its rows come
+		// quantized by their senders.
+		h.qtok = h.preq
+		return nil
+	}
+	h.qtok = grow(h.qtok, h.T*h.d.wireRow)
+	return h.quantizeInto(h.qtok)
+}
+
+// quantizeInto is quantizeTokens into dst (T wire rows).
+func (h *Handle) quantizeInto(dst []byte) error {
 	d := h.d
 	H, rb, wb, K := d.cfg.Hidden, d.rowBytes, d.wireRow, d.cfg.K
 	S := reduce.E4M3Scales(H)
-	h.qtok = grow(h.qtok, h.T*wb)
 	h.rowF, h.rowS = growFloats(h.rowF, H), growFloats(h.rowS, S)
 	for t := range h.T {
 		kept := false
@@ -115,7 +129,7 @@ func (h *Handle) quantizeTokens() error {
 		}
 		// The tokens may sit anywhere in memory: widen by bytes rather
 		// than through a view that needs alignment.
-		q := h.qtok[t*wb : (t+1)*wb]
+		q := dst[t*wb : (t+1)*wb]
 		if err := quantizeRow(d.cfg.DType, q[:H], h.rowS, h.tokens[t*rb:(t+1)*rb], h.rowF); err != nil {
 			return fmt.Errorf("%w: dispatch: token %d: %w", a2a.ErrInvalidArgument, t, err)
 		}

@@ -34,7 +34,7 @@ func BenchmarkWire(b *testing.B) {
 					c.Transport = "tcp"
 				}
 			})
-			cfg := Config{Experts: experts, K: k, Hidden: hidden, DType: reduce.BFloat16, Logger: discard}
+			cfg := Config{Experts: experts, K: k, Hidden: hidden, DType: reduce.BFloat16, Hierarchy: HierarchyOff, Logger: discard}
 			same := newDispatchers(b, comms, cfg)
 			cfg.Wire = WireFP8
 			fp8 := newDispatchers(b, comms, cfg)

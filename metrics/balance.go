@@ -65,12 +65,14 @@ func (o *Observer) ObserveLoad(load []float64, rankImbalance float64) {
 	if !math.IsNaN(rankImbalance) {
 		b.rankImbalance.Set(rankImbalance)
 	}
+	o.moe.load(rankImbalance)
 }
 
 // ObserveReplace counts one re-placement and the parameter bytes this rank
 // sent in it.
 func (o *Observer) ObserveReplace(changedSlots int, sentBytes int64, d time.Duration) {
 	o.balance.replacements.Inc()
+	o.moe.replace(sentBytes)
 	if sentBytes > 0 {
 		o.balance.replaceBytes.Add(float64(sentBytes))
 	}

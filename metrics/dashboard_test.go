@@ -174,6 +174,17 @@ func TestDashboard(t *testing.T) {
 		"control-plane forming groups":    "a2a_control_group_forming",
 		"control-plane aborted groups":    "a2a_control_group_aborted",
 		"control-plane pending exchanges": "a2a_control_pending_counts_exchanges",
+		// Its MoE panel (the live view's), summed over the ranks' reports.
+		"group expert load":         "a2a_control_moe_tokens_total",
+		"group rank load":           "a2a_control_moe_rank_rows_total",
+		"group measured imbalance":  "a2a_control_moe_load_imbalance",
+		"group estimated imbalance": "a2a_control_moe_estimated_imbalance",
+		"group dropped assignments": "a2a_control_moe_dropped_total",
+		"group dispatch latency":    "a2a_control_moe_dispatch_duration_seconds_bucket",
+		"group combine latency":     "a2a_control_moe_combine_duration_seconds_bucket",
+		"group wire bytes saved":    "a2a_control_moe_wire_saved_bytes_total",
+		"group re-placement marks":  "a2a_control_moe_replacements_total",
+		"shared-memory traffic":     "a2a_control_traffic_local_bytes_total",
 	}
 	for what, name := range required {
 		if !used[name] {
@@ -200,6 +211,21 @@ func TestDashboard(t *testing.T) {
 		for _, tg := range p.Targets {
 			if strings.Contains(tg.Expr, "a2a_control_") && strings.Contains(tg.Expr, "rank=~") {
 				t.Errorf("panel %s filters a2ad's control families by rank: %s", p.Title, tg.Expr)
+			}
+		}
+	}
+	// The MoE steps have their p50 and p99, as the live view shows them.
+	for _, fam := range []string{"a2a_moe_dispatch_duration_seconds_bucket", "a2a_moe_combine_duration_seconds_bucket",
+		"a2a_control_moe_dispatch_duration_seconds_bucket", "a2a_control_moe_combine_duration_seconds_bucket"} {
+		for _, q := range []string{"histogram_quantile(0.5,", "histogram_quantile(0.99,"} {
+			found := false
+			for _, p := range panels {
+				for _, tg := range p.Targets {
+					found = found || strings.Contains(tg.Expr, q) && strings.Contains(tg.Expr, fam)
+				}
+			}
+			if !found {
+				t.Errorf("dashboard has no %s of %s", q, fam)
 			}
 		}
 	}

@@ -30,6 +30,8 @@
 //	a2a_moe_rank_imbalance                           gauge, max/mean estimated rank load, replicas included
 //	a2a_moe_replacements_total                       counter, re-placements of the experts
 //	a2a_moe_replace_bytes_total                      counter, expert parameter bytes this rank sent in them
+//	a2a_moe_wire_bytes_total{format}                 counter, bytes of the rows dispatched to other ranks on the wire
+//	a2a_moe_wire_saved_bytes_total{format}           counter, bytes the wire format saved against the rows' dtype
 //
 // The kind label is one of invalid_argument, mismatch, peer_lost, aborted,
 // timeout, closed and other (see ErrorKind).
@@ -47,13 +49,20 @@
 //	addr, err := metrics.Serve(ctx, ":9465", reg) // 9465+rank, see deploy/prometheus
 //
 // The MoE dispatch layer reports its steps with ObserveDispatch and
-// ObserveCombine, its load estimate with ObserveLoad and its re-placements
-// with ObserveReplace.
+// ObserveCombine, its rows by rank and wire format with ObserveRows, its
+// shared-memory bytes with ObserveSharedTraffic and ObserveSharedPeer, its
+// load estimate with ObserveLoad and its re-placements with ObserveReplace.
+// The Observer keeps a summary of them that a Comm it observes adds to its
+// traffic reports (MoEReport, a2a.MoEReporter), so a2ad serve's live view
+// shows the MoE layer.
 //
 // A control-plane service (a2ad serve) registers RegisterControl (groups
-// and their members, a2a_control_*), RegisterControlRejects and
+// and their members, a2a_control_*), RegisterControlRejects,
 // RegisterControlTraffic: the traffic and wait matrices of every group,
-// a2a_control_traffic_*{group,from,to}, the ones its live view draws.
+// a2a_control_traffic_*{group,from,to} (with the shared-memory bytes as
+// a2a_control_traffic_local_*), the ones its live view draws, and
+// RegisterControlMoE: its MoE panel, a2a_control_moe_*{group}, summed over
+// the ranks' reports.
 //
 // deploy/grafana/a2a-dashboard.json charts these families and
 // deploy/prometheus/prometheus.yml scrapes them; the package's tests check

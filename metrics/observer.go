@@ -139,6 +139,8 @@ type Observer struct {
 	combineDuration  prometheus.Histogram
 	imbalance        prometheus.Gauge
 	balance          *balanceSeries // balance.go
+	wire             wireSeries     // moereport.go
+	moe              moeTally       // for the Comm's reports (moereport.go)
 
 	// Caches read lock-free on the hot path and replaced (copy on write)
 	// under mu when a new op, peer or expert shows up.
@@ -152,6 +154,7 @@ type Observer struct {
 var (
 	_ a2a.Observer       = (*Observer)(nil)
 	_ a2a.ShrinkObserver = (*Observer)(nil)
+	_ a2a.MoEReporter    = (*Observer)(nil)
 )
 
 // New creates an Observer and registers its collectors on reg (which must not
@@ -258,6 +261,7 @@ func New(reg prometheus.Registerer, opts Options) (*Observer, error) {
 	})
 
 	o.balance = newBalanceSeries(ns)
+	o.wire = newWireSeries(ns)
 
 	wrapped := prometheus.WrapRegistererWith(labels, reg)
 	collectors := []prometheus.Collector{
@@ -267,6 +271,7 @@ func New(reg prometheus.Registerer, opts Options) (*Observer, error) {
 		o.tokens, o.dropped, o.dispatchDuration, o.combineDuration, o.imbalance,
 	}
 	collectors = append(collectors, o.balance.collectors()...)
+	collectors = append(collectors, o.wire.bytes, o.wire.saved)
 	for i, c := range collectors {
 		if err := wrapped.Register(c); err != nil {
 			for _, done := range collectors[:i] {
@@ -347,6 +352,7 @@ func (o *Observer) SetMembership(size int) { o.membership.Set(float64(size)) }
 func (o *Observer) Shrunk(lost []int, oldSize, newSize int) {
 	o.shrinks.Inc()
 	o.lostRanks.Add(float64(len(lost)))
+	o.moe.shrunk()
 	o.membership.Set(float64(newSize))
 }
 
@@ -376,6 +382,7 @@ func (o *Observer) rejectedValue() float64 {
 // rank). Negative counts are ignored, and so is a NaN imbalance.
 func (o *Observer) ObserveDispatch(d time.Duration, tokensPerExpert []int, dropped int, imbalance float64) {
 	o.dispatchDuration.Observe(seconds(d))
+	o.moe.dispatch(d, tokensPerExpert, dropped)
 	if len(tokensPerExpert) > 0 {
 		experts := o.expertCounters(len(tokensPerExpert))
 		for e, n := range tokensPerExpert {
@@ -398,7 +405,10 @@ func (o *Observer) ObserveDispatch(d time.Duration, tokensPerExpert []int, dropp
 }
 
 // ObserveCombine records the duration of one MoE combine step.
-func (o *Observer) ObserveCombine(d time.Duration) { o.combineDuration.Observe(seconds(d)) }
+func (o *Observer) ObserveCombine(d time.Duration) {
+	o.combineDuration.Observe(seconds(d))
+	o.moe.combine(d)
+}
 
 // ObserveSharedTraffic counts bytes the MoE dispatcher moved through shared
 // memory (rows written into same-host peers' buffers, expert outputs read

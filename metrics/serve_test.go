@@ -74,6 +74,12 @@ func fedRegistry(t *testing.T) *prometheus.Registry {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	if err := RegisterControlTraffic(reg, moeTraffic()); err != nil {
+		t.Fatal(err)
+	}
+	if err := RegisterControlMoE(reg, moeTraffic()); err != nil {
+		t.Fatal(err)
+	}
 	return reg
 }
 

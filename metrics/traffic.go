@@ -26,6 +26,12 @@ type TrafficSource interface {
 //	a2a_control_traffic_wait_share{group,from,to}                gauge, part of from's recent time spent so
 //	a2a_control_traffic_last_arrivals_total{group,from,to}       counter, operations of from in which to arrived last
 //	a2a_control_traffic_operations_total{group,op,algo}          counter, the algorithm mix
+//	a2a_control_traffic_local_bytes_total{group,from,to}         counter, bytes from moved to through shared memory
+//	a2a_control_traffic_local_bytes_per_second{group,from,to}    gauge, the same lately
+//
+// The local series are the traffic matrix's class "local": the rows and
+// expert outputs the MoE dispatcher moves through shared memory, which the
+// transport (and so sent_bytes) never sees. Pairs that moved none have none.
 //
 // A group appears once it has formed and every rank of its current epoch
 // has reported; a new epoch (a group formed again) restarts its counters,
@@ -46,16 +52,21 @@ func RegisterControlTraffic(reg prometheus.Registerer, src TrafficSource) error 
 			"Operations of rank from in which rank to arrived last.", pair, nil),
 		ops: prometheus.NewDesc("a2a_control_traffic_operations_total",
 			"Operations of the group by name and algorithm, as counted by the rank that ran the most.", []string{"group", "op", "algo"}, nil),
+		local: prometheus.NewDesc("a2a_control_traffic_local_bytes_total",
+			"Bytes rank from moved to rank to through shared memory (the MoE dispatcher's rows), outside its transport.", pair, nil),
+		localRate: prometheus.NewDesc("a2a_control_traffic_local_bytes_per_second",
+			"Bytes per second rank from moved to rank to through shared memory over its latest report interval.", pair, nil),
 	})
 }
 
 type trafficCollector struct {
 	src                                TrafficSource
 	sent, rate, wait, share, last, ops *prometheus.Desc
+	local, localRate                   *prometheus.Desc
 }
 
 func (c *trafficCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.sent, c.rate, c.wait, c.share, c.last, c.ops} {
+	for _, d := range []*prometheus.Desc{c.sent, c.rate, c.wait, c.share, c.last, c.ops, c.local, c.localRate} {
 		ch <- d
 	}
 }
@@ -97,6 +108,10 @@ func (c *trafficCollector) collectGroup(ch chan<- prometheus.Metric, tv control.
 			}
 			if to < len(rt.Last) {
 				ch <- prometheus.MustNewConstMetric(c.last, counter, float64(rt.Last[to]), tv.Group, f, t)
+			}
+			if to < len(rt.Local) && to < len(rt.LocalRate) && rt.Local[to] > 0 {
+				ch <- prometheus.MustNewConstMetric(c.local, counter, float64(rt.Local[to]), tv.Group, f, t)
+				ch <- prometheus.MustNewConstMetric(c.localRate, gauge, rt.LocalRate[to], tv.Group, f, t)
 			}
 		}
 	}

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # compare-mpi.sh: Open MPI and MPICH against a2a on this machine, in one run, same sizes.
 #
-#   scripts/compare-mpi.sh [-q] [-r ROUNDS] [-n "2 4"] [-w 8] [-t "shm tcp"] [-s SIZES]
-#                          [-o "alltoallv alltoall allreduce"] [-b BUDGET_S]
+#   scripts/compare-mpi.sh [-q] [-p FILE.svg] [-r ROUNDS] [-n "2 4"] [-w 8] [-t "shm tcp"]
+#                          [-s SIZES] [-o "alltoallv alltoall allreduce"] [-b BUDGET_S]
 #
 #   -q, --quick  three sizes, 8,64K,1M (default: the sweep 8,64,256,1K,4K,16K,64K,256K,1M)
+#   -p, --plot[=FILE.svg]  also draw the ratios against size (bin/compareplot) into FILE.svg
+#                (default bin/compare.svg), and keep the table beside it in FILE.txt
 #   -r  rounds per case (default 3): the cell is the median of the rounds
 #   -w  also run AllToAllV alone at this many ranks ("" for none; default 8)
 #   -b  time budget per size and op, seconds (default 0.5)
@@ -17,16 +19,28 @@
 # machine's moods. It prints one line per case: the medians over the rounds of the p50
 # latencies (slowest rank after a barrier, us), a2a's algorithm, and the ratios Open MPI /
 # a2a, MPICH / a2a and unregistered / registered a2a (above 1: registered a2a is faster).
-# Needs make build. Both sides are bimodal at small sizes on shared machines: trust a
-# ratio of medians over rounds, not one round.
+# Needs make build (bin/a2ad; bin/compareplot to plot). Both sides are bimodal at small
+# sizes on shared machines: trust a ratio of medians over rounds, not one round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SWEEP="8,64,256,1K,4K,16K,64K,256K,1M" QUICK="8,64K,1M"
 RANKS="2 4" WIDE=8 TRANSPORTS="shm tcp" SIZES=$SWEEP OPS="alltoallv alltoall allreduce" ROUNDS=3 BUDGET=0.5
-[ "${1:-}" = --quick ] && set -- -q "${@:2}"
-while getopts "qr:n:w:t:s:o:b:" opt; do
+PLOT="" cmdline="$*"
+# The long forms, anywhere on the line (make compare COMPARE="--quick --plot").
+args=()
+for a in "$@"; do
+	case $a in
+	--quick) args+=(-q) ;;
+	--plot) args+=(-p bin/compare.svg) ;;
+	--plot=*) args+=(-p "${a#--plot=}") ;;
+	*) args+=("$a") ;;
+	esac
+done
+set -- ${args[@]+"${args[@]}"}
+while getopts "qp:r:n:w:t:s:o:b:" opt; do
 	case $opt in
 	q) SIZES=$QUICK ;;
+	p) PLOT=$OPTARG ;;
 	r) ROUNDS=$OPTARG ;;
 	n) RANKS=$OPTARG ;;
 	w) WIDE=$OPTARG ;;
@@ -34,12 +48,15 @@ while getopts "qr:n:w:t:s:o:b:" opt; do
 	s) SIZES=$OPTARG ;;
 	o) OPS=$OPTARG ;;
 	b) BUDGET=$OPTARG ;;
-	*) sed -n '2,21p' "$0"; exit 2 ;;
+	*) sed -n '2,23p' "$0"; exit 2 ;;
 	esac
 done
 PEERS=scripts/peers/run_mpi.sh
 [ -x "$PEERS" ] || { echo "compare-mpi: $PEERS not found" >&2; exit 2; }
 [ -x bin/a2ad ] || { echo "compare-mpi: bin/a2ad missing: make build" >&2; exit 2; }
+# Checked before the hour of measuring, not after it.
+[ -z "$PLOT" ] || [ -x bin/compareplot ] || { echo "compare-mpi: bin/compareplot missing: make build" >&2; exit 2; }
+case $PLOT in "" | *.svg) ;; *) echo "compare-mpi: the plot's file must end in .svg: $PLOT" >&2; exit 2 ;; esac
 # The peers' benchmark compiles against both MPIs: their headers must be there too (the
 # launcher tests install only the runtimes).
 if ! dpkg -s libopenmpi-dev libmpich-dev >/dev/null 2>&1; then
@@ -47,8 +64,8 @@ if ! dpkg -s libopenmpi-dev libmpich-dev >/dev/null 2>&1; then
 	apt-get update -qq >/dev/null
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev mpich libmpich-dev >/dev/null
 fi
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+out=$(mktemp) table=$(mktemp)
+trap 'rm -f "$out" "$table"' EXIT
 
 # peer TRANSPORT RANKS IMPL CONFIG OPS: one MPI's rows, "tr n impl op bytes us -".
 peer() {
@@ -108,4 +125,11 @@ awk -v rounds="$ROUNDS" '
 			split(k, f, " ")
 			printf "%-4s %-5s %-10s %9s %11s %11s %11.2f %11s  %-16s %9s %10s %9s\n", f[1], f[2], f[3], f[4], lat(k, "ompi"), lat(k, "mpich"), med(k, "a2a"), lat(k, "a2a-heap"), algos[k], ratio(k, "ompi"), ratio(k, "mpich"), ratio(k, "a2a-heap")
 		}
-	}' "$out"
+	}' "$out" >"$table"
+cat "$table"
+if [ -n "$PLOT" ]; then
+	mkdir -p "$(dirname "$PLOT")"
+	cp "$table" "${PLOT%.svg}.txt"
+	bin/compareplot -o "$PLOT" -title "$(date -u +%F), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg): scripts/compare-mpi.sh $cmdline" "$table"
+	echo "compare-mpi: plot in $PLOT, table in ${PLOT%.svg}.txt" >&2
+fi

@@ -54,6 +54,8 @@ type Report struct {
 	// failed ones.
 	Ops    []OpCount
 	Errors uint64
+	// MoE, if set, is what the rank's MoE layers did (reportmoe.go).
+	MoE *MoEReport
 }
 
 // OpCount is how many operations of one name ran one algorithm.
@@ -75,6 +77,7 @@ type reportMsg struct {
 	Last     []uint64
 	Ops      []opCountMsg
 	Errors   uint64
+	MoE      *moeMsg
 }
 
 type opCountMsg struct {
@@ -104,6 +107,12 @@ func (m *Member) Report(r *Report) error {
 	for i, o := range r.Ops {
 		msg.Ops[i] = opCountMsg{Op: o.Op, Algo: o.Algo, Count: o.Count}
 	}
+	moe, ok := moeMsgOf(r.MoE, n)
+	if !ok {
+		return fault.New(fault.ErrInvalidArgument, m.rank, "control: report's MoE figures do not fit %d ranks (or exceed %d experts, %d wire formats)",
+			n, MaxReportExperts, maxReportWires)
+	}
+	msg.MoE = moe
 	b, err := msgpack.Marshal(&msg)
 	if err != nil {
 		return fault.Wrap(fault.ErrInvalidArgument, m.rank, err, "control: encoding report")
@@ -142,6 +151,13 @@ type RankTraffic struct {
 	WaitShare []float64
 	Last      []uint64
 	Errors    uint64
+	// Local[j] is the bytes it moved to rank j through shared memory outside
+	// its transport (the MoE dispatcher's rows; MoEReport.Local), LocalRate
+	// the bytes per second lately. Zero for ranks that move none.
+	Local     []uint64
+	LocalRate []float64
+	// MoE is its MoE layers' figures, nil if it reported none.
+	MoE *RankMoE
 }
 
 // OpTotal counts the operations of one name and algorithm: Calls as counted
@@ -181,6 +197,7 @@ type rankReports struct {
 	waitShare []float64
 	ops       []OpCount
 	errors    uint64
+	moe       *moeReports // nil until a report carries MoE figures
 }
 
 // onReport stores one rank's report if it belongs to a current formation.
@@ -239,7 +256,7 @@ func (s *Service) openReport(msg *nats.Msg, name string, r *reportMsg) (world in
 // and no more operation kinds than a report may carry.
 func (r *reportMsg) fits(world int) bool {
 	return r.Rank >= 0 && r.Rank < world && len(r.Sent) == world && len(r.WaitNS) == world && len(r.Last) == world &&
-		len(r.Ops) <= maxReportOps
+		len(r.Ops) <= maxReportOps && r.MoE.fits(world)
 }
 
 // namesFit reports whether r's operation and algorithm names are short
@@ -312,6 +329,12 @@ func (k *rankReports) update(r *reportMsg, now time.Time) {
 	copy(k.sent, r.Sent)
 	copy(k.wait, r.WaitNS)
 	copy(k.last, r.Last)
+	if r.MoE != nil {
+		if k.moe == nil {
+			k.moe = &moeReports{}
+		}
+		k.moe.update(r.MoE, dt)
+	}
 	k.ops = k.ops[:0]
 	for _, o := range r.Ops {
 		k.ops = append(k.ops, OpCount{Op: o.Op, Algo: o.Algo, Count: o.Count})
@@ -365,15 +388,24 @@ func (s *Service) Traffic(group string) (TrafficView, bool) {
 		n := len(g.ranks)
 		rt := RankTraffic{Reported: k.recv, Sent: make([]uint64, n), SentRate: make([]float64, n),
 			Wait: make([]time.Duration, n), WaitShare: make([]float64, n), Last: make([]uint64, n), Errors: k.errors}
+		fresh := now.Sub(k.recv) <= staleAfter*max(k.period, time.Second)
 		if k.sent != nil {
 			copy(rt.Sent, k.sent)
 			copy(rt.Last, k.last)
 			for j, w := range k.wait {
 				rt.Wait[j] = time.Duration(w)
 			}
-			if now.Sub(k.recv) <= staleAfter*max(k.period, time.Second) {
+			if fresh {
 				copy(rt.SentRate, k.sentRate)
 				copy(rt.WaitShare, k.waitShare)
+			}
+		}
+		rt.Local, rt.LocalRate = make([]uint64, n), make([]float64, n)
+		if k.moe != nil {
+			rt.MoE = k.moe.view(fresh)
+			copy(rt.Local, k.moe.latest.Local)
+			if fresh {
+				copy(rt.LocalRate, k.moe.localRate)
 			}
 		}
 		v.Ranks[i] = rt

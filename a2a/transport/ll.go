@@ -3,15 +3,18 @@ package transport
 import (
 	"encoding/binary"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
-// The LL slot format, which every Slots transport writes and reads; only how
-// the words reach the reader is the transport's (shm stores into the peer's
-// mapped segment, verbs writes a staged copy into the peer's registered
-// window by RDMA WRITE). A slot is a length word followed by the data words,
-// 8 bytes each, every word carrying the LL epoch in its high half:
+// The LL slot format, which every Slots transport writes and reads, in one
+// of two forms (the word form here, the packed form below); only how the
+// words reach the reader is the transport's (shm stores packed slots into the
+// peer's mapped segment, verbs writes a staged copy of a word-form slot into
+// the peer's registered window by RDMA WRITE). A slot is a length word
+// followed by the data words, 8 bytes each; in the word form every word
+// carries the LL epoch in its high half:
 //
 //	data word j  payload bytes 4j..4j+3, little endian (the last zero-padded) | epoch<<32
 //	length word  len | tag<<SlotLenBits | epoch<<32
@@ -22,6 +25,16 @@ import (
 // it announces do. Completion is the epoch in every word, so no word needs
 // clearing, and words may become visible in any order (an RDMA device places
 // them so).
+
+// The packed form of the slot, for a transport whose stores become visible
+// to the reader in the order they were made (shm: the cores of one machine):
+// the payload bytes as they are from w[1] on, 8 to a word, then the same
+// length word, last, with release order. The reader loads the length word,
+// and once it carries the epoch the whole payload is there: it copies it
+// out in one go. Only the length word signals (a payload word may hold any
+// bits). Against the word form it moves half the cache lines, with Go's copy
+// on both sides instead of a word at a time; one machine's stores never
+// land out of order, which is all the word form is for.
 
 // SlotLenBits is the width of the message length in a length word; the tag
 // sits above it. Slots hold far less than 1<<SlotLenBits bytes.
@@ -73,6 +86,50 @@ func EncodeSlot(w []uint64, epoch, tag uint32, data []byte) uint64 {
 		d[0] = uint64(binary.LittleEndian.Uint32(b[:])) | hi
 	}
 	return uint64(n) | uint64(tag)<<SlotLenBits | hi
+}
+
+// PackedWords is the number of data words of a packed message of n bytes.
+func PackedWords(n int) int { return (n + 7) / 8 }
+
+// EncodePacked writes data into the data words of slot w (w[1:], at least
+// PackedWords(len(data)) of them) in the packed form, and returns the length
+// word for epoch and tag (< 1<<SlotTagBits), which the caller stores into
+// w[0] last, with release order.
+func EncodePacked(w []uint64, epoch, tag uint32, data []byte) uint64 {
+	copy(wordBytes(w[1:1+PackedWords(len(data))]), data)
+	return uint64(len(data)) | uint64(tag)<<SlotLenBits | uint64(epoch)<<32
+}
+
+// PackedStored reports whether packed slot w holds the message for epoch:
+// its length word carries epoch.
+func PackedStored(w []uint64, epoch uint32) bool {
+	return atomic.LoadUint64(&w[0])>>32 == uint64(epoch)
+}
+
+// TakePacked is Take for a packed slot: once the length word carries epoch
+// it checks it as Take does and copies the whole message into dst (done);
+// before, it reads nothing else, so the reader never pulls a line the writer
+// is still filling. st records the length, as Take's does.
+func (win *SlotWindow) TakePacked(peer int, w []uint64, epoch, tag uint32, dst []byte, anyLen bool, st *SlotLoad) (bool, error) {
+	lw := atomic.LoadUint64(&w[0])
+	if lw>>32 != uint64(epoch) {
+		return false, nil
+	}
+	if err := win.checkLen(peer, lw, tag, len(dst), anyLen); err != nil {
+		return false, err
+	}
+	n := int(lw & slotLenMask)
+	copy(dst[:n], wordBytes(w[1:1+PackedWords(n)]))
+	st.Len, st.Known, st.Words = n, true, PackedWords(n)
+	return true, nil
+}
+
+// wordBytes is the byte view of words w.
+func wordBytes(w []uint64) []byte {
+	if len(w) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), 8*len(w))
 }
 
 // SlotBegun reports whether slot w holds a message for epoch, or the first

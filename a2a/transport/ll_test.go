@@ -116,3 +116,68 @@ func TestSlotMismatch(t *testing.T) {
 		t.Errorf("length beyond the slot: %v, want ErrMismatch", err)
 	}
 }
+
+// TestPackedRoundTrip is TestSlotRoundTrip for the packed form, in a slot
+// sized for the word form as shm's are: every size up to the capacity comes
+// back whole, into an exact and a larger buffer, over an older, longer
+// message; a load of the next epoch of the same parity takes nothing; and
+// the length checks of the word form hold.
+func TestPackedRoundTrip(t *testing.T) {
+	const capacity = 70
+	win := SlotWindow{Name: "test", Bytes: capacity}
+	w := make([]uint64, 1+SlotWords(capacity))
+	rng := rand.New(rand.NewPCG(5, 6))
+	epoch := FirstEpoch
+	for n := range capacity + 1 {
+		old := make([]byte, capacity)
+		for i := range old {
+			old[i] = byte(rng.Uint32())
+		}
+		w[0] = EncodePacked(w, epoch, 3, old)
+		epoch = NextEpoch(NextEpoch(epoch))
+		msg := bytes.Clone(old[:n])
+		for i := range msg {
+			msg[i] ^= 0xa5
+		}
+		w[0] = EncodePacked(w, epoch, 7, msg)
+		if !PackedStored(w, epoch) || PackedStored(w, epoch+2) {
+			t.Fatalf("%d bytes: PackedStored does not follow the length word's epoch", n)
+		}
+		var st SlotLoad
+		if done, err := win.TakePacked(1, w, epoch+2, 7, make([]byte, n), false, &st); done || err != nil || st.Known {
+			t.Fatalf("%d bytes: a load of a later epoch: done %v, err %v, state %+v", n, done, err, st)
+		}
+		for _, anyLen := range []bool{false, true} {
+			dst := make([]byte, n)
+			if anyLen {
+				dst = bytes.Repeat([]byte{0xee}, capacity+10)
+			}
+			var st SlotLoad
+			done, err := win.TakePacked(1, w, epoch, 7, dst, anyLen, &st)
+			if !done || err != nil || st.Len != n || !st.Known {
+				t.Fatalf("%d bytes (anyLen %v): done %v, err %v, state %+v", n, anyLen, done, err, st)
+			}
+			if !bytes.Equal(dst[:n], msg) || !bytes.Equal(dst[n:], bytes.Repeat([]byte{0xee}, len(dst)-n)) {
+				t.Fatalf("%d bytes (anyLen %v): got %x, want %x then untouched bytes", n, anyLen, dst, msg)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		lw     uint64
+		tag    uint32
+		dst    int
+		anyLen bool
+	}{
+		{"tag", EncodePacked(w, epoch, 2, make([]byte, 12)), 3, 12, false},
+		{"length", EncodePacked(w, epoch, 2, make([]byte, 12)), 2, 8, false},
+		{"buffer", EncodePacked(w, epoch, 2, make([]byte, 12)), 2, 8, true},
+		{"beyond the slot", uint64(capacity+4) | 2<<SlotLenBits | uint64(epoch)<<32, 2, 200, true},
+	} {
+		w[0] = tc.lw
+		var st SlotLoad
+		if _, err := win.TakePacked(0, w, epoch, tc.tag, make([]byte, tc.dst), tc.anyLen, &st); !errors.Is(err, fault.ErrMismatch) {
+			t.Errorf("%s: %v, want ErrMismatch", tc.name, err)
+		}
+	}
+}

@@ -104,6 +104,10 @@ type Capabilities struct {
 	// transports open to a peer (Slots, watched by SlotWatcher); 0 when it
 	// has none and LL messages travel as frames.
 	SlotBytes int
+	// PackedSlots: its LL slots take the packed form (EncodePacked), so an
+	// LL message moves about its payload, where the word form moves twice
+	// it: the LL policy sends larger collectives one-sided over it.
+	PackedSlots bool
 	// MapsMemory: the ranks it links share a host and may map each other's
 	// memory, so a layer above may move bytes between them through mapped
 	// segments of its own instead of through the transport.

@@ -331,13 +331,16 @@ func (op *RecvOp) Land(peer int) ([]byte, error) {
 // Slots is the one-sided window of the LL protocol, implemented by transports
 // whose ranks can store straight into a peer's memory (shm, verbs). Each
 // rank's window holds, for every peer that may store into it, two slots chosen
-// by the parity of the LL epoch. A Store writes the payload as 8-byte words,
+// by the parity of the LL epoch. Verbs writes the payload as 8-byte words,
 // each carrying 4 payload bytes in its low half and the epoch in its high
 // half, and a length word tagged the same way (EncodeSlot); the receiver
 // polls until the length word and every data word it announces carry the
-// current epoch (SlotWindow). No word is ever cleared: a stale word carries
-// an older epoch and is never taken, and a torn message shows as words still
-// carrying the old epoch.
+// current epoch (SlotWindow.Take), since an RDMA device places words in any
+// order. Shm, whose stores become visible in order, writes the packed form:
+// the payload as it is, then the length word (EncodePacked); the receiver
+// polls the length word alone (SlotWindow.TakePacked). No word is ever
+// cleared: a stale length or data word carries an older epoch and is never
+// taken.
 //
 // Epochs start at FirstEpoch and, after 2^32-1, wrap back to FirstEpoch (see
 // NextEpoch), so consecutive epochs always differ in parity and a zeroed

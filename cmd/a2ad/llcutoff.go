@@ -26,7 +26,7 @@ func pairLLCutoff(class string, llBytes int) int {
 }
 
 // llNote says up to which block size c's automatic choice sends by LL, per
-// data plane of its peers ("shm:512,tcp:4096"), or "off". That cutoff is
+// data plane of its peers ("shm:4096,tcp:4096"), or "off". That cutoff is
 // where a bench's rows stop showing ll.
 func llNote(c *a2a.Comm) string {
 	cfg := c.Config()

@@ -267,22 +267,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	defer cp.Close()
 	var uiURL string
 	if *metricsAddr != "" {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		view := cp.view() // every job's coordinator and the shared one
-		if err := metrics.RegisterControl(reg, view.Groups); err != nil {
-			return err
-		}
-		if err := metrics.RegisterControlRejects(reg, view.Rejects); err != nil {
-			return err
-		}
-		if err := metrics.RegisterControlTraffic(reg, view); err != nil { // what /ui/ draws
-			return err
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", metrics.Handler(reg))
-		mux.Handle("/ui/", uiHandler(view))
-		addr, err := metrics.ServeHandler(ctx, *metricsAddr, mux)
+		addr, err := serveMetricsUI(ctx, cp.view(), *metricsAddr)
 		if err != nil {
 			return err
 		}
@@ -310,4 +295,30 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			}
 		}
 	}
+}
+
+// serveMetricsUI serves /metrics and the live view /ui/ of view (every
+// job's coordinator and the shared one) on addr until ctx ends, and
+// returns the address it listens on.
+func serveMetricsUI(ctx context.Context, view serveView, addr string) (string, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := metrics.RegisterControl(reg, view.Groups); err != nil {
+		return "", err
+	}
+	if err := metrics.RegisterControlRejects(reg, view.Rejects); err != nil {
+		return "", err
+	}
+	if err := metrics.RegisterControlTraffic(reg, view); err != nil { // what /ui/ draws
+		return "", err
+	}
+	if err := metrics.RegisterControlMoE(reg, view); err != nil { // its MoE panel
+		return "", err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metrics.Handler(reg))
+	tl := newMoETimeline(view) // the MoE panel's history
+	go tl.run(ctx)
+	mux.Handle("/ui/", uiHandler(view, tl))
+	return metrics.ServeHandler(ctx, addr, mux)
 }

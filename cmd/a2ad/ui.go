@@ -18,9 +18,10 @@ import (
 var uiFiles embed.FS
 
 // uiHandler serves the live view of the groups svc coordinates (serve's
-// coordinators, merged): the page at
-// /ui/ and its data at /ui/api/groups.
-func uiHandler(svc metrics.TrafficSource) http.Handler {
+// coordinators, merged): the page at /ui/ and its data at /ui/api/groups.
+// tl, if not nil, is the history of svc's MoE layers that the MoE panel
+// draws.
+func uiHandler(svc metrics.TrafficSource, tl *moeTimeline) http.Handler {
 	static, err := fs.Sub(uiFiles, "ui")
 	if err != nil {
 		panic(err) // the embedded tree is fixed at build time
@@ -30,7 +31,7 @@ func uiHandler(svc metrics.TrafficSource) http.Handler {
 	mux.HandleFunc("GET /ui/api/groups", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
-		_ = json.NewEncoder(w).Encode(uiSnapshot(svc, time.Now()))
+		_ = json.NewEncoder(w).Encode(uiSnapshot(svc, tl, time.Now()))
 	})
 	return mux
 }
@@ -51,6 +52,7 @@ type uiGroup struct {
 	Hosts         []string   `json:"hosts"` // host identities in order of first appearance by rank
 	Ranks         []uiRank   `json:"ranks"`
 	Traffic       *uiTraffic `json:"traffic,omitempty"` // nil until a rank reported
+	MoE           *uiMoE     `json:"moe,omitempty"`     // nil until a rank reported MoE figures (uimoe.go)
 }
 
 type uiRank struct {
@@ -67,8 +69,13 @@ type uiRank struct {
 }
 
 type uiTraffic struct {
-	SentRate  [][]float64 `json:"sent_rate"`  // bytes/s lately
-	Sent      [][]uint64  `json:"sent"`       // bytes since the group formed
+	SentRate [][]float64 `json:"sent_rate"` // bytes/s lately
+	Sent     [][]uint64  `json:"sent"`      // bytes since the group formed
+	// LocalRate and Local are the class "local" of the same: bytes moved
+	// through shared memory by the MoE dispatcher, outside the transport
+	// (not in SentRate and Sent).
+	LocalRate [][]float64 `json:"local_rate"`
+	Local     [][]uint64  `json:"local"`
 	WaitShare [][]float64 `json:"wait_share"` // part of the recent time spent waiting on the peer
 	Wait      [][]float64 `json:"wait_s"`     // seconds waited since the group formed
 	Last      [][]uint64  `json:"last"`       // operations in which the peer arrived last
@@ -81,8 +88,9 @@ type uiOp struct {
 	Calls uint64 `json:"calls"`
 }
 
-// uiSnapshot gathers the membership and traffic of every group at now.
-func uiSnapshot(svc metrics.TrafficSource, now time.Time) uiState {
+// uiSnapshot gathers the membership, traffic and MoE layer of every group
+// at now.
+func uiSnapshot(svc metrics.TrafficSource, tl *moeTimeline, now time.Time) uiState {
 	st := uiState{Time: now, Groups: []uiGroup{}}
 	for _, g := range svc.Groups() {
 		ug := uiGroup{Group: g.Group, Epoch: g.Epoch, Size: g.Size, Forming: g.Forming, Aborted: g.Aborted,
@@ -116,6 +124,7 @@ func uiSnapshot(svc metrics.TrafficSource, now time.Time) uiState {
 		}
 		if haveTraffic {
 			ug.Traffic = uiTrafficOf(tv)
+			ug.MoE = tl.view(tv, now)
 		}
 		st.Groups = append(st.Groups, ug)
 	}
@@ -131,6 +140,8 @@ func uiTrafficOf(tv control.TrafficView) *uiTraffic {
 		}
 		t.SentRate = append(t.SentRate, rt.SentRate)
 		t.Sent = append(t.Sent, rt.Sent)
+		t.LocalRate = append(t.LocalRate, rt.LocalRate)
+		t.Local = append(t.Local, rt.Local)
 		t.WaitShare = append(t.WaitShare, rt.WaitShare)
 		t.Wait = append(t.Wait, wait)
 		t.Last = append(t.Last, rt.Last)

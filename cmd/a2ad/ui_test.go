@@ -339,7 +339,7 @@ func TestLiveViewStates(t *testing.T) {
 	mems[1].Leave()
 	conns[2].Close()
 
-	srv := httptest.NewServer(uiHandler(cp.svc))
+	srv := httptest.NewServer(uiHandler(cp.svc, nil))
 	defer srv.Close()
 	var g uiGroup
 	deadline := time.Now().Add(10 * time.Second)

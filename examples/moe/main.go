@@ -73,6 +73,8 @@ type options struct {
 	counts       dispatch.CountsMode
 	rows         dispatch.RowPath
 	wire         dispatch.WireFormat
+	hierarchy    dispatch.HierarchyMode
+	hosts        int // fake hosts: rank r on host r*hosts/n (0: the real one)
 	metricsAddr  string
 	metricsPort  int
 	interval     time.Duration
@@ -113,7 +115,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 
 // textFlags are the flags given as text that options holds decoded.
 type textFlags struct {
-	skew, dtype, counts, rows, wire string
+	skew, dtype, counts, rows, wire, hierarchy string
 }
 
 // register defines the flags on fs: most set o's fields, the others text's,
@@ -136,6 +138,8 @@ func (o *options) register(fs *flag.FlagSet, text *textFlags) {
 	fs.StringVar(&text.counts, "counts", "inband", "how ranks learn receive counts: inband (data plane) or nats (control plane)")
 	fs.StringVar(&text.rows, "rows", "auto", "how rows travel: auto (shared memory when every rank is on this host) or alltoallv")
 	fs.StringVar(&text.wire, "wire", "same", "format of dispatched rows: same (the dtype) or fp8 (E4M3 with a float32 scale per 128 elements; needs --counts inband)")
+	fs.StringVar(&text.hierarchy, "hierarchy", "auto", "across hosts, send a token to each remote host once, through a relay rank there: auto (where the cost model prices it lower), on or off")
+	fs.IntVar(&o.hosts, "hosts", 0, "fake this many hosts: rank r runs on host r*hosts/n (TCP between them, shared memory inside), as the test bed's namespaces would (0: the real one)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1", "host the /metrics servers listen on")
 	fs.IntVar(&o.metricsPort, "metrics-port", 0, "rank r serves /metrics on port BASE+r (0: any free port)")
 	fs.DurationVar(&o.interval, "interval", 0, "pause between steps")
@@ -169,6 +173,9 @@ func (o *options) decode(text textFlags) error {
 	if o.wire, err = dispatch.ParseWireFormat(text.wire); err != nil {
 		return fmt.Errorf("--wire %q: same or fp8", text.wire)
 	}
+	if o.hierarchy, err = dispatch.ParseHierarchyMode(text.hierarchy); err != nil {
+		return fmt.Errorf("--hierarchy %q: auto, on or off", text.hierarchy)
+	}
 	return nil
 }
 
@@ -177,6 +184,8 @@ func (o *options) validate() error {
 	switch {
 	case o.ranks < 1:
 		return fmt.Errorf("-n %d: want at least one rank", o.ranks)
+	case o.hosts < 0 || o.hosts > o.ranks:
+		return fmt.Errorf("--hosts %d: want 0..n", o.hosts)
 	case o.experts < 1 || o.k < 1 || o.k > o.experts:
 		return fmt.Errorf("--experts %d --k %d: want 1 <= k <= experts", o.experts, o.k)
 	case o.tokens < 0 || o.hidden < 1 || o.ffn < 1 || o.steps < 0:

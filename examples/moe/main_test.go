@@ -443,6 +443,28 @@ func TestDemoShrink(t *testing.T) {
 	}
 }
 
+// TestDemoShrinkRelay kills a relay rank (each rank relays for its local
+// index on the other hosts) with SIGKILL mid-run on 4 fake hosts of 2
+// ranks, the layer on the relay path: every survivor fails the step with
+// ErrPeerLost within 3 s of its start (the demo exits otherwise), shrinks
+// to 7 ranks (hosts of 1 and 2 ranks: the flat path from there on) and
+// finishes every step verified.
+func TestDemoShrinkRelay(t *testing.T) {
+	out := runKilledDemo(t, 6, []string{
+		"rows: one crossing per host",
+		"step 2: lost a rank; shrunk to 7 ranks (former ranks [0 1 3 4 5 6 7])",
+		"all 6 steps verified on 7 ranks",
+	}, "-n", "8", "--hosts", "4", "--hierarchy", "on", "--experts", "32", "--k", "4", "--tokens", "48",
+		"--hidden", "32", "--ffn", "16", "--steps", "6", "--kill-rank", "2", "--kill-step", "2")
+	m := regexp.MustCompile(`every survivor failed with ErrPeerLost within (\S+) of the step's start`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no failure time in:\n%s", out)
+	}
+	if d, err := time.ParseDuration(m[1]); err != nil || d > 3*time.Second {
+		t.Errorf("the survivors failed the step after %s (%v), want within 3s", m[1], err)
+	}
+}
+
 // runKilledDemo runs the demo with args, in which rank 2 kills itself, and
 // checks that it carried on: exit 0, stdout holding want and steps verified
 // step lines, the launcher reporting the killed rank, no /dev/shm segment

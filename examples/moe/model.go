@@ -3,6 +3,7 @@ package main
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/a2a-moe/a2a/a2a/reduce"
 	"github.com/a2a-moe/a2a/routing"
@@ -129,6 +130,46 @@ func (m *model) reference(tokens rows, dec *routing.Decision, out rows, act, acc
 			w := dec.Weight[t*dec.K+s]
 			for j := range acc {
 				acc[j] += float32(w * row.at(j))
+			}
+		}
+		out.put(t, acc)
+	}
+}
+
+// referenceRelay is reference for the relay path (dispatch.Config.Hierarchy):
+// the products of each host's experts summed in slot order in float32 and
+// rounded to the dtype (the partial row that host sends back), then the
+// partials summed in float32, those of host own first, then the others in
+// the order the token's slots first name them, and rounded once more.
+// hostOf gives the host of expert e's rank.
+func (m *model) referenceRelay(tokens rows, dec *routing.Decision, out rows, act, acc, part []float32, row rows, hostOf func(e int) int, own int) {
+	var hosts []int
+	for t := range dec.Tokens {
+		clear(acc)
+		hosts = append(hosts[:0], own)
+		for s := range dec.K {
+			if e := dec.Expert[t*dec.K+s]; e != routing.Dropped && !slices.Contains(hosts, hostOf(int(e))) {
+				hosts = append(hosts, hostOf(int(e)))
+			}
+		}
+		for _, g := range hosts {
+			clear(part)
+			for s := range dec.K {
+				e := dec.Expert[t*dec.K+s]
+				if e == routing.Dropped || hostOf(int(e)) != g {
+					continue
+				}
+				m.apply(&m.experts[e], tokens.slice(t, t+1), row, act)
+				w := dec.Weight[t*dec.K+s]
+				for j := range part {
+					part[j] += float32(w * row.at(j))
+				}
+			}
+			for j, v := range part {
+				if m.o.dtype == reduce.BFloat16 {
+					v = reduce.BF16ToF32(reduce.F32ToBF16(v))
+				}
+				acc[j] += v
 			}
 		}
 		out.put(t, acc)

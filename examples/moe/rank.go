@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -42,6 +44,9 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 		return err
 	}
 	cfg.Observer, cfg.Logger = obs, log
+	if o.hosts > 1 && cfg.Rank >= 0 && cfg.WorldSize > 0 {
+		cfg.Host = fmt.Sprintf("moe-host%d", cfg.Rank*o.hosts/cfg.WorldSize)
+	}
 	c, err := a2a.Join(ctx, cfg)
 	if err != nil {
 		return err
@@ -66,7 +71,8 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	w.die = o.killReplace && c.Rank() == o.killRank
 	m.layer = dispatch.Config{
 		Experts: o.experts, K: o.k, Hidden: o.hidden, DType: o.dtype, Placement: pl,
-		CapacityFactor: o.capacity, Counts: o.counts, Rows: o.rows, Wire: o.wire, MaxTokens: o.maxTokens, Observer: obs, Logger: log,
+		CapacityFactor: o.capacity, Counts: o.counts, Rows: o.rows, Wire: o.wire, MaxTokens: o.maxTokens, Hierarchy: o.hierarchy,
+		Observer: obs, Logger: log,
 		Rebalance: dispatch.Rebalance{Every: o.rebalance * o.microbatches, Threshold: o.threshold, Redundant: o.redundant, Mover: w},
 	}
 	if m.d, err = dispatch.New(ctx, c, m.layer); err != nil {
@@ -83,6 +89,7 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	if err != nil {
 		return err
 	}
+	rs.c = c
 	if err := m.runSteps(ctx, o, rs, out); err != nil {
 		return err
 	}
@@ -146,6 +153,7 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
 		before, load := m.d.Placement(), m.d.Load()
+		stepStart := time.Now()
 		res, err := r.step(ctx, step)
 		if err == nil {
 			err = agg.gather(ctx, m.c, res)
@@ -154,10 +162,10 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 			if o.killRank < 0 || !errors.Is(err, a2a.ErrPeerLost) {
 				return fmt.Errorf("step %d: %w", step, err)
 			}
-			if err := m.shrink(ctx, o, step, err, out); err != nil {
+			if err := m.shrink(ctx, o, step, err, time.Since(stepStart), out); err != nil {
 				return err
 			}
-			r.d, agg = m.d, newAggregate(o, m.c.Size())
+			r.d, r.c, agg = m.d, m.c, newAggregate(o, m.c.Size())
 			r.w.load(m.d.Placement(), m.c.Rank())
 			continue
 		}
@@ -191,7 +199,7 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 // shrink carries on without the peer whose loss failed step: it shrinks the
 // group to the survivors, settles the placement, re-places the experts on
 // them and builds the dispatcher anew.
-func (m *membership) shrink(ctx context.Context, o options, step int, lossErr error, out io.Writer) error {
+func (m *membership) shrink(ctx context.Context, o options, step int, lossErr error, failedAfter time.Duration, out io.Writer) error {
 	start := time.Now()
 	m.d.Close()
 	shrunk, err := m.c.Shrink(ctx)
@@ -204,6 +212,21 @@ func (m *membership) shrink(ctx context.Context, o options, step int, lossErr er
 	// the shrink starts from.
 	if err := m.d.Settle(ctx, m.c); err != nil {
 		return fmt.Errorf("step %d: settling the placement after %v: %w", step, lossErr, err)
+	}
+	// How long the slowest survivor's step ran before it failed with
+	// ErrPeerLost (the lost rank died as the step began).
+	mine, all := make([]byte, 8), make([]byte, 8*m.c.Size())
+	binary.LittleEndian.PutUint64(mine, uint64(failedAfter))
+	if err := m.c.AllGather(ctx, mine, all); err != nil {
+		return err
+	}
+	var slowest time.Duration
+	for i := range m.c.Size() {
+		slowest = max(slowest, time.Duration(binary.LittleEndian.Uint64(all[8*i:])))
+	}
+	fmt.Fprintf(out, "step %d: every survivor failed with ErrPeerLost within %v of the step's start\n", step, slowest.Round(time.Millisecond))
+	if m.layer.Hierarchy == dispatch.HierarchyOn {
+		m.layer.Hierarchy = dispatch.HierarchyAuto // the survivors' hosts may no longer hold equal numbers of ranks
 	}
 	pl, err := m.d.Placement().Shrink(m.c.FormerRanks())
 	if err != nil {
@@ -251,6 +274,8 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // rowPaths says how rows travel in this layer.
 func rowPaths(d *dispatch.Dispatcher) string {
 	switch {
+	case d.Hierarchical():
+		return "one crossing per host: a row per (token, remote host) to a relay rank there by AllToAllV, forwarded to its experts through shared memory; one partial row back"
 	case !d.SharedMemory():
 		return "AllToAllV, reverse AllToAllV to combine"
 	case d.UsesAllToAllV():
@@ -370,6 +395,8 @@ type rankState struct {
 	hs     []*dispatch.Handle
 	act    []float32
 	acc    []float32
+	part   []float32 // referenceRelay's partial row
+	c      *a2a.Comm // the group: hosts of the relay path's reference
 	res    stepResult
 	w      *weights // the experts this rank hosts
 
@@ -481,6 +508,13 @@ func (r *rankState) step(ctx context.Context, step int) (*stepResult, error) {
 		dec.Weight = append(dec.Weight[:0], r.decs[i].Weight...)
 		if _, err := r.cap.Apply(dec, o.experts, nil); err != nil {
 			return nil, err
+		}
+		if r.d.Hierarchical() {
+			pl, c := r.d.Placement(), r.c
+			r.part = slices.Grow(r.part[:0], o.hidden)[:o.hidden]
+			r.m.referenceRelay(refIn.slice(lo, hi), dec, r.ref.slice(lo, hi), r.act, r.acc, r.part, r.row,
+				func(e int) int { return c.Host(pl.Owner[e]) }, c.Host(c.Rank()))
+			continue
 		}
 		r.m.reference(refIn.slice(lo, hi), dec, r.ref.slice(lo, hi), r.act, r.acc, r.row)
 	}

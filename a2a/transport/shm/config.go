@@ -130,15 +130,17 @@ const (
 	// cheaper as two ring copies.
 	DefaultZCopyVecSlice = 64 << 10
 	// DefaultSlotBytes is the payload capacity of one LL slot, so the
-	// largest message that may travel by LL. Measured with 2 processes
-	// exchanging a message each way (BenchmarkLLExchangeProcs, p50, LL vs a
-	// frame with the default ring and CMA settings): 8 B 0.16 vs 0.39 us,
-	// 64 B 0.26 vs 0.41, 256 B 0.38 vs 0.51, 512 B 0.59 vs 0.57, 1 KiB 0.99
-	// vs 0.71, 4 KiB 3.9 vs 1.15, 8 KiB 6.8 vs 1.4. LL saves the frame
-	// header and the ring's head, but every 4 payload bytes cost an 8-byte
-	// store, and across cores 8-byte stores wait on line ownership (a copy
-	// moves 32 bytes per store): from the crossover at ~512 B on, frames win.
-	DefaultSlotBytes = 512
+	// largest message that may travel by LL (a2a.DefaultLLBytes is the
+	// same). In the word form (4 payload bytes per 8-byte store) LL and
+	// frames crossed at ~512 B (BenchmarkLLExchangeProcs, p50: 512 B 0.59
+	// vs 0.57 us, 4 KiB 3.9 vs 1.15). The packed form copies the payload as
+	// it is and is ahead of a frame to 4 KiB (measured under load, in the
+	// VM's fast and slow modes: 1 KiB 0.16-0.23 vs 0.36-0.49 us, 2 KiB
+	// 0.25-1.27 vs 0.49-2.1, 4 KiB 0.50-2.8 vs 0.77-3.5), and so is an
+	// AllToAllV of LL blocks against pairwise or fullmesh frames at 2, 4 and
+	// 8 ranks (a2ad bench, docs/PERFORMANCE.md). Larger blocks from
+	// registered buffers go by mapped copies from 8 KiB (ZCopyThreshold).
+	DefaultSlotBytes = 4096
 	// DefaultMapCache is the default MapCache: a collective sends from a
 	// send buffer and a few scratch buffers, and an MoE layer's buffers
 	// are a handful per stream, so 16 mappings keep them all mapped.

@@ -135,7 +135,7 @@ func TestOpenMismatch(t *testing.T) {
 		{"streams", func(c *Config) { c.Streams = 2 }},
 		{"ring size", func(c *Config) { c.RingBytes = 2 * testRing }},
 		{"local ranks", func(c *Config) { c.Size = 3; c.Local = []int{0, 1} }},
-		{"LL slot size", func(c *Config) { c.SlotBytes = 4096 }},
+		{"LL slot size", func(c *Config) { c.SlotBytes = 2 * DefaultSlotBytes }},
 		{"LL slots off", func(c *Config) { c.SlotBytes = -1 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -31,7 +31,7 @@ func (Provider) Name() string { return "shm" }
 // 8 GB/s; its LL slots hold SlotBytes (DefaultSlotBytes) and the ranks it
 // links share a host, so they may map each other's memory.
 func (p Provider) Capabilities() transport.Capabilities {
-	return transport.Capabilities{Cost: transport.Cost{Alpha: 1e-6, Beta: 1 / 8e9, Lanes: 1}, SlotBytes: transport.SlotSize(p.SlotBytes, DefaultSlotBytes), MapsMemory: true, PeerDescriptors: 1}
+	return transport.Capabilities{Cost: transport.Cost{Alpha: 1e-6, Beta: 1 / 8e9, Lanes: 1}, SlotBytes: transport.SlotSize(p.SlotBytes, DefaultSlotBytes), PackedSlots: true, MapsMemory: true, PeerDescriptors: 1}
 }
 
 // Listen prepares nothing yet: segments are made at Connect, when the

@@ -30,7 +30,7 @@ const (
 	lineSize = 128
 
 	segMagic   = 0x31304d4853413241 // "A2ASHM01"
-	segVersion = 4                  // 4: recMap records
+	segVersion = 5                  // 4: recMap records; 5: packed LL slots
 
 	// Header fields written once by the owner before it publishes offMagic.
 	offMagic   = 0  // u64, stored last
@@ -89,7 +89,7 @@ func slotStride(slotBytes int) int {
 	if slotBytes == 0 {
 		return 0
 	}
-	return (8*(1+transport.SlotWords(slotBytes)) + lineSize - 1) &^ (lineSize - 1)
+	return (8*(1+transport.PackedWords(slotBytes)) + lineSize - 1) &^ (lineSize - 1)
 }
 
 func groupHash(group string) uint64 {

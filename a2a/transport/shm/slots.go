@@ -42,7 +42,7 @@ func (t *Transport) initSlots() {
 	n := len(t.cfg.Local)
 	base := windowBase(n, t.streams, t.cfg.RingBytes)
 	stride := slotStride(t.cfg.SlotBytes)
-	nw := 1 + transport.SlotWords(t.cfg.SlotBytes)
+	nw := 1 + transport.PackedWords(t.cfg.SlotBytes)
 	t.window = words(t.own.mem, base, (n-1)*2*stride/8)
 	t.ll = make([]llPeer, n)
 	for i := range n {
@@ -85,15 +85,15 @@ func (t *Transport) SlotBytes(peer int) int {
 }
 
 // Store writes data into this rank's slot of parity epoch&1 in peer's window
-// in the LL slot format (transport.EncodeSlot): the data words with plain
-// 8-byte stores, then the length word with a release store, which orders
-// them before it. A parked receiver is woken: at once, or in a batch
+// in the packed form of the LL slot format (transport.EncodePacked): the
+// payload copied as it is, then the length word with a release store, which
+// orders it before it. A parked receiver is woken: at once, or in a batch
 // (BeginBatch) when the batch first waits or ends. It never blocks. Errors:
 // fault.ErrClosed after Close, fault.ErrInvalidArgument for more than
 // SlotBytes(peer) bytes, a peer without a slot or an epoch below
 // transport.FirstEpoch, fault.ErrPeerLost when peer closed or exited. The
-// bytes it counts in Stats are the words it stores, 8 bytes each (twice the
-// payload, plus the length word).
+// bytes it counts in Stats are the words it stores, 8 bytes each (the
+// payload rounded up to words, plus the length word).
 func (t *Transport) Store(peer int, epoch uint32, tag uint32, data []byte) error {
 	if t.batch {
 		return t.store(peer, epoch, tag, data)
@@ -115,8 +115,8 @@ func (t *Transport) store(peer int, epoch uint32, tag uint32, data []byte) error
 		return err
 	}
 	w := p.tx[epoch&1]
-	storeRelease(&w[0], transport.EncodeSlot(w, epoch, tag, data))
-	t.stats[i].llSent.add(uint64(8 * (1 + transport.SlotWords(len(data)))))
+	storeRelease(&w[0], transport.EncodePacked(w, epoch, tag, data))
+	t.stats[i].llSent.add(uint64(8 * (1 + transport.PackedWords(len(data)))))
 	if t.batch {
 		p.bellDue, t.bellsDue = true, true
 		return nil
@@ -163,8 +163,8 @@ func (t *Transport) ringDue() {
 }
 
 // Load takes what peer stored for epoch into dst (see transport.Slots and
-// transport.SlotWindow.Take): the length word first, then the data words
-// from st.Words on, as long as they carry epoch.
+// transport.SlotWindow.TakePacked): once the length word carries epoch, the
+// whole message.
 //
 // A load that cannot finish fails with fault.ErrPeerLost once peer is gone
 // (after taking what peer stored before), and with fault.ErrMismatch when a
@@ -195,7 +195,7 @@ func (t *Transport) load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 		return false, err
 	}
 	w := p.rx[epoch&1]
-	done, err := t.slots.Take(peer, w, epoch, tag, dst, anyLen, st)
+	done, err := t.slots.TakePacked(peer, w, epoch, tag, dst, anyLen, st)
 	if !done && err == nil {
 		done, err = t.loadStall(p, i, peer, w, epoch, tag, dst, anyLen, st)
 	}
@@ -204,14 +204,15 @@ func (t *Transport) load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 			p.watch.Store(0)
 		}
 		if done {
-			t.stats[i].llRecvd.add(uint64(8 * (1 + transport.SlotWords(st.Len))))
+			t.stats[i].llRecvd.add(uint64(8 * (1 + transport.PackedWords(st.Len))))
 		}
 	}
 	return done, err
 }
 
-// Stored reports whether peer stored a message, or began to, for epoch (see
-// transport.SlotWatcher): its length word or first data word carries epoch.
+// Stored reports whether peer stored a message for epoch (see
+// transport.SlotWatcher): its length word carries epoch (a packed slot has
+// no other sign; the length word comes last, so a message seen is whole).
 // Otherwise it watches the length word, so that Wait returns once the peer
 // stores. After Close it reports false.
 func (t *Transport) Stored(peer int, epoch uint32) bool {
@@ -230,7 +231,7 @@ func (t *Transport) stored(peer int, epoch uint32) bool {
 	if p == nil || epoch < transport.FirstEpoch {
 		return false
 	}
-	if transport.SlotBegun(p.rx[epoch&1], epoch) {
+	if transport.PackedStored(p.rx[epoch&1], epoch) {
 		return true
 	}
 	if watch := uint64(epoch)<<32 | uint64(p.rxWord[epoch&1]); p.watch.Load() != watch {
@@ -243,7 +244,7 @@ func (t *Transport) stored(peer int, epoch uint32) bool {
 func (t *Transport) loadStall(p *llPeer, i, peer int, w []uint64, epoch, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
 	if err := t.goneErr(i, -1); err != nil {
 		// What the peer stored before it went still counts.
-		if done, err := t.slots.Take(peer, w, epoch, tag, dst, anyLen, st); done || err != nil {
+		if done, err := t.slots.TakePacked(peer, w, epoch, tag, dst, anyLen, st); done || err != nil {
 			return done, err
 		}
 		return false, err
@@ -255,19 +256,16 @@ func (t *Transport) loadStall(p *llPeer, i, peer int, w []uint64, epoch, tag uin
 		if slot := alignFrag(c.rend); c.rx.stamp(slot).Load() > slot+8 {
 			// The peer sent a frame. Stores become visible in order: had it
 			// stored the LL message first, the message is complete now.
-			if done, err := t.slots.Take(peer, w, epoch, tag, dst, anyLen, st); done || err != nil {
+			if done, err := t.slots.TakePacked(peer, w, epoch, tag, dst, anyLen, st); done || err != nil {
 				return done, err
 			}
 			return false, fault.New(fault.ErrMismatch, peer,
 				"shm: rank %d sent a large message (a frame) while this rank waits for a small one (LL, epoch %d): the ranks call different collectives, or disagree on the counts", peer, epoch)
 		}
 	}
-	// Wait returns once the awaited word carries epoch: the length word,
-	// or, once the length is known, the next data word.
+	// Wait returns once the length word carries epoch: in a packed slot
+	// the message is whole then.
 	at := p.rxWord[epoch&1]
-	if st.Known {
-		at += uint32(1 + st.Words)
-	}
 	if watch := uint64(epoch)<<32 | uint64(at); p.watch.Load() != watch {
 		p.watch.Store(watch)
 	}

@@ -64,7 +64,7 @@ func TestLLRoundTrip(t *testing.T) {
 					}
 				}
 			}
-			wantBytes += uint64(8 * (1 + (size+3)/4))
+			wantBytes += uint64(8 * (1 + (size+7)/8)) // packed: the payload in whole words
 			for dst := range n {
 				for src := range n {
 					if src == dst {
@@ -130,91 +130,67 @@ func TestLLEpochWrap(t *testing.T) {
 	}
 }
 
-// llWord is word j of a message of epoch as Store writes it; j == -1 is the
-// length word.
-func llWord(msg []byte, j int, epoch uint32) uint64 {
-	if j < 0 {
-		return uint64(len(msg)) | testTag<<transport.SlotLenBits | uint64(epoch)<<32
-	}
-	var b [4]byte
-	copy(b[:], msg[4*j:min(len(msg), 4*j+4)])
-	return uint64(binary.LittleEndian.Uint32(b[:])) | uint64(epoch)<<32
-}
-
-// TestLLTornWrite writes a message into a slot word by word by hand, in the
-// orders a store may become visible, and checks that Load takes exactly the
-// words carrying its epoch and finishes once all of them and the length
-// word do.
+// TestLLTornWrite writes a packed message into a slot by hand, a word at a
+// time, in the orders a reader could see it being written, and checks that
+// Load takes nothing until the length word of its epoch is there, not even
+// payload words that look like LL words of that epoch, then the whole
+// message at once; and that Stored follows the length word alone.
 func TestLLTornWrite(t *testing.T) {
-	const size = 30 // 8 words, the last one half full
-	type step struct {
-		words  []int // words written (-1: length word)
-		done   bool
-		known  bool
-		taken  int // st.Words after the load
-		anyLen bool
-	}
+	const size = 30 // 4 words, the last one 6/8 full
 	for _, tc := range []struct {
-		name  string
-		steps []step
+		name     string
+		anyLen   bool
+		disguise bool // the payload words carry the epoch in their high half
 	}{
-		{"length last", []step{
-			{words: []int{0, 1, 2}, taken: 3},
-			{words: []int{4, 5}, taken: 3}, // word 3 still old: nothing after it
-			{words: []int{3, 6, 7}, taken: 8},
-			{words: []int{-1}, done: true, known: true, taken: 8},
-		}},
-		{"length first", []step{
-			{words: []int{-1}, known: true},
-			{words: []int{0, 1}, known: true, taken: 2},
-			{words: []int{7}, known: true, taken: 2},
-			{words: []int{2, 3, 4, 5, 6}, done: true, known: true, taken: 8},
-		}},
-		{"length in the middle", []step{
-			{words: []int{1, 2, 3}},
-			{words: []int{0}, taken: 4},
-			{words: []int{-1}, known: true, taken: 4},
-			{words: []int{4, 5, 6, 7}, done: true, known: true, taken: 8},
-		}},
-		{"any length holds back the last word", []step{
-			{words: []int{0, 1, 2}, taken: 2, anyLen: true},
-			{words: []int{3, 4, 5, 6, 7}, taken: 7, anyLen: true},
-			{words: []int{-1}, done: true, known: true, taken: 8, anyLen: true},
-		}},
+		{"exact length", false, false},
+		{"any length", true, false},
+		{"payload that looks like the word form", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := newCluster(t, 2, 1, ringOnly)
-			old, msg := pattern(1, 60), pattern(2, size)
+			old := pattern(1, 60)
 			const e0 = transport.FirstEpoch + 5
 			if err := ts[0].Store(1, e0, testTag, old); err != nil {
 				t.Fatal(err)
 			}
 			loadOnce(t, ts[1], 0, e0, make([]byte, len(old)), false)
-			e := e0 + 2
+			e := e0 + 2 // the slot of e0, which still holds old
+			msg := pattern(2, size)
+			if tc.disguise {
+				for j := 0; j+8 <= size; j += 8 {
+					binary.LittleEndian.PutUint32(msg[j+4:], e)
+				}
+			}
 			slot := ts[1].ll[0].rx[e&1]
-			var st transport.SlotLoad
 			dstLen := size
-			if tc.steps[0].anyLen {
+			if tc.anyLen {
 				dstLen = 100
 			}
 			dst := fill(dstLen)
-			for k, s := range tc.steps {
-				for _, j := range s.words {
-					slot[1+j] = llWord(msg, j, e)
+			var st transport.SlotLoad
+			var b [8]byte
+			for j := range transport.PackedWords(size) { // the payload, in words, last to first
+				j = transport.PackedWords(size) - 1 - j
+				clear(b[:])
+				copy(b[:], msg[8*j:])
+				slot[1+j] = binary.LittleEndian.Uint64(b[:])
+				done, err := ts[1].Load(0, e, testTag, dst, tc.anyLen, &st)
+				if done || err != nil || st.Known || !bytes.Equal(dst, fill(dstLen)) {
+					t.Fatalf("payload word %d written: done %v err %v state %+v, dst touched %v; want nothing taken", j, done, err, st, !bytes.Equal(dst, fill(dstLen)))
 				}
-				done, err := ts[1].Load(0, e, testTag, dst, s.anyLen, &st)
-				if err != nil || done != s.done || st.Known != s.known || st.Words != s.taken {
-					t.Fatalf("step %d: done %v err %v state %+v; want done %v known %v words %d", k, done, err, st, s.done, s.known, s.taken)
-				}
-				// Exactly the words taken are written.
-				want := fill(dstLen)
-				copy(want, msg[:min(size, 4*st.Words)])
-				if !bytes.Equal(dst, want) {
-					t.Fatalf("step %d: dst %x, want %x", k, dst, want)
+				if ts[1].Stored(0, e) {
+					t.Fatalf("payload word %d written: Stored reports the message before its length word", j)
 				}
 			}
-			if st.Len != size {
-				t.Fatalf("length %d, want %d", st.Len, size)
+			slot[0] = uint64(size) | testTag<<transport.SlotLenBits | uint64(e)<<32
+			if !ts[1].Stored(0, e) {
+				t.Fatal("length word written: Stored does not report it")
+			}
+			done, err := ts[1].Load(0, e, testTag, dst, tc.anyLen, &st)
+			want := fill(dstLen)
+			copy(want, msg)
+			if !done || err != nil || st.Len != size || !bytes.Equal(dst, want) {
+				t.Fatalf("length word written: done %v err %v state %+v, dst %x; want the message %x", done, err, st, dst, want)
 			}
 		})
 	}
@@ -718,7 +694,7 @@ func TestLLBatch(t *testing.T) {
 			if done, err := ts[1].Load(0, e, testTag, dst, false, &st); !done || err != nil || !bytes.Equal(dst, msg) {
 				t.Fatalf("load after the wake-up: done %v, err %v", done, err)
 			}
-			want := uint64(8 * (1 + transport.SlotWords(len(msg))))
+			want := uint64(8 * (1 + transport.PackedWords(len(msg))))
 			if !tc.ends {
 				closed := make(chan struct{})
 				go func() {

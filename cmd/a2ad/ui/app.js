@@ -1,5 +1,6 @@
 // The a2a live view: polls api/groups and draws, per group, the traffic
-// and wait matrices as HTML tables, the algorithm mix and the membership.
+// and wait matrices as HTML tables, the algorithm mix, the MoE layer (SVG
+// charts, moe.js) and the membership.
 // Every value from the server goes through textContent, never HTML.
 "use strict";
 
@@ -81,7 +82,10 @@ function matrix(g, kind, value, label, title, stops) {
       const v = i === j ? 0 : value(i, j);
       const attrs = { class: "cell", "data-matrix": kind, "data-from": i, "data-to": j, "data-value": v,
         style: `width:${cellW}px;height:${cellH}px` };
-      if (kind === "traffic") attrs["data-bytes"] = g.traffic.sent[i][j];
+      if (kind === "traffic") {
+        attrs["data-bytes"] = g.traffic.sent[i][j] + g.traffic.local[i][j];
+        attrs["data-local"] = g.traffic.local[i][j];
+      }
       if (i === j) {
         attrs.class += " self";
         attrs.title = `rank ${i} itself`;
@@ -102,17 +106,30 @@ function matrix(g, kind, value, label, title, stops) {
   return [table, legend];
 }
 
+// trafficCard draws what each pair exchanged in both classes: through the
+// data plane (network, or the shm transport) and "local", the rows the MoE
+// dispatcher moves through shared memory outside it.
 function trafficCard(g) {
   const t = g.traffic;
   const card = el("div", { class: "card" }, el("h3", {}, "Traffic matrix"),
-    el("p", { class: "sub" }, "Bytes per second each rank (row) sends each peer (column), over the last report interval."));
-  const [table, legend] = matrix(g, "traffic", (i, j) => t.sent_rate[i][j], (v) => bytes(v, true),
-    (i, j) => `rank ${i} → rank ${j}: ${bytes(t.sent_rate[i][j], true)} lately, ${bytes(t.sent[i][j])} since the group formed`,
+    el("p", { class: "sub" }, "Bytes per second each rank (row) sends each peer (column), over the last report interval: " +
+      "the data plane's and, class local, the MoE rows moved through shared memory."));
+  const rateOf = (i, j) => t.sent_rate[i][j] + t.local_rate[i][j];
+  const [table, legend] = matrix(g, "traffic", rateOf, (v) => bytes(v, true),
+    (i, j) => `rank ${i} → rank ${j}: ${bytes(rateOf(i, j), true)} lately (${bytes(t.local_rate[i][j], true)} of it local), ` +
+      `${bytes(t.sent[i][j] + t.local[i][j])} since the group formed (${bytes(t.local[i][j])} local)`,
     TRAFFIC);
   card.append(table, legend);
-  let total = 0, rate = 0;
-  for (let i = 0; i < g.size; i++) for (let j = 0; j < g.size; j++) { total += t.sent[i][j]; rate += t.sent_rate[i][j]; }
-  card.append(el("p", { class: "note" }, `All ranks together: ${bytes(rate, true)} now, ${bytes(total)} since the group formed.`));
+  let total = 0, rate = 0, local = 0, localRate = 0;
+  for (let i = 0; i < g.size; i++) {
+    for (let j = 0; j < g.size; j++) {
+      total += t.sent[i][j] + t.local[i][j]; rate += rateOf(i, j);
+      local += t.local[i][j]; localRate += t.local_rate[i][j];
+    }
+  }
+  card.append(el("p", { class: "note", "data-local-total": local },
+    `All ranks together: ${bytes(rate, true)} now, ${bytes(total)} since the group formed` +
+    (local > 0 ? `; of them local (shared memory): ${bytes(localRate, true)} now, ${bytes(local)} in all.` : ".")));
   return card;
 }
 
@@ -168,19 +185,22 @@ function opsCard(g) {
 }
 
 function membersCard(g) {
-  const card = el("div", { class: "card" }, el("h3", {}, "Membership"),
-    el("p", { class: "sub" }, `${g.ranks.length} of ${g.size} ranks on ${g.hosts.length} host${g.hosts.length === 1 ? "" : "s"}.`));
+  // Two columns wide: seven columns of figures do not fit a third of the
+  // window at 1400 px.
+  const card = el("div", { class: "card wide" }, el("h3", {}, "Membership"),
+    el("p", { class: "sub" }, `${g.ranks.length} of ${g.size} ranks on ${g.hosts.length} host${g.hosts.length === 1 ? "" : "s"}; ` +
+      "how long ago each rank's last heartbeat and traffic report came."));
   const table = el("table", { class: "members", "data-members": g.group });
   table.append(el("tr", {}, ...["rank", "host", "pid", "state", "heartbeat", "report", "errors"].map((h) => el("th", {}, h))));
   for (const r of g.ranks) {
     table.append(el("tr", { "data-rank": r.rank, "data-state": r.state },
       el("td", {}, r.rank >= 0 ? String(r.rank) : "?"),
-      el("td", { title: g.hosts[r.host] }, el("span", { class: "hostchip", style: `background:${hostColour(r.host)}` }),
-        `${r.host}: ${shortHost(g.hosts[r.host])}`),
+      el("td", { class: "host", title: g.hosts[r.host] }, el("span", { class: "hostchip", style: `background:${hostColour(r.host)}` }),
+        el("span", { class: "hostname" }, `${r.host}: ${shortHost(g.hosts[r.host])}`)),
       el("td", { class: "num" }, String(r.pid)),
       el("td", {}, el("span", { class: "state " + r.state }, r.state)),
-      el("td", { class: "num" }, seconds(r.heartbeat_age_s) + " ago"),
-      el("td", { class: "num" }, r.report_age_s < 0 ? "none" : seconds(r.report_age_s) + " ago"),
+      el("td", { class: "num" }, seconds(r.heartbeat_age_s)),
+      el("td", { class: "num" }, r.report_age_s < 0 ? "none" : seconds(r.report_age_s)),
       el("td", { class: "num" }, String(r.errors))));
   }
   card.append(table);
@@ -206,6 +226,7 @@ function groupSection(g) {
       el("p", { class: "note" }, "No traffic report yet: the ranks report once they exchange data (unless A2A_REPORT is negative).")));
   }
   if (g.traffic) cards.append(opsCard(g));
+  if (g.moe) cards.append(...moeCards(g));
   cards.append(membersCard(g));
   section.append(cards);
   return section;
@@ -218,6 +239,11 @@ function render(state) {
     sections.push(el("p", { class: "empty" }, "No group is using this control plane right now."));
   }
   root.replaceChildren(...sections);
+  // Mark the cards whose content is wider than they are (they scroll
+  // sideways): the layout is meant to fit, and the tests look for these.
+  for (const card of root.querySelectorAll(".card")) {
+    card.dataset.overflows = String(card.scrollWidth > card.clientWidth + 1);
+  }
 }
 
 function setStatus(ok, text) {
