@@ -58,7 +58,7 @@ func (k OpKind) String() string {
 // Frame header layout (little endian, HeaderSize bytes):
 //
 //	0  magic u32     4 version u8   5 kind u8   6 algo u8   7 flags u8
-//	8  stream u16   10 reserved u16 12 epoch u32
+//	8  stream u16   10 comm u16     12 epoch u32
 //	16 src u32      20 round u32
 //	24 seq u64      32 len u64      40 aux u64
 const (
@@ -72,6 +72,10 @@ const (
 // where the two cuts disagree.
 const FlagLast uint8 = 1
 
+// TransportFlags are the bits of the flags byte (offset 7) a transport keeps
+// for itself (shm: its record kind); Decode leaves them out of Flags.
+const TransportFlags uint8 = 0xf0
+
 // Header describes one frame. The receiver compares it with the header it
 // expects; any difference is a mismatch between the ranks' collective calls.
 type Header struct {
@@ -79,12 +83,15 @@ type Header struct {
 	Algo   uint8  // algorithm id, so ranks running different algorithms detect it
 	Flags  uint8  // FlagLast marks the final frame of a message
 	Stream uint16 // stream index within the peer pair
-	Epoch  uint32 // membership epoch of the communicator
-	Src    uint32 // sending rank
-	Round  uint32 // index of this frame among the op's frames on this (src, dst, stream)
-	Seq    uint64 // operation sequence number within the communicator
-	Len    uint64 // payload bytes that follow the header
-	Aux    uint64 // tag for point-to-point, window offset for puts
+	// Comm names the communicator among those sharing the data plane
+	// (Demux): 0 for the one that joined, others for Split and Dup.
+	Comm  uint16
+	Epoch uint32 // membership epoch of the communicator
+	Src   uint32 // sending rank
+	Round uint32 // index of this frame among the op's frames on this (src, dst, stream)
+	Seq   uint64 // operation sequence number within the communicator
+	Len   uint64 // payload bytes that follow the header
+	Aux   uint64 // tag for point-to-point, window offset for puts
 }
 
 // Encode writes h into b[:HeaderSize].
@@ -96,7 +103,7 @@ func (h *Header) Encode(b []byte) {
 	b[6] = h.Algo
 	b[7] = h.Flags
 	binary.LittleEndian.PutUint16(b[8:], h.Stream)
-	binary.LittleEndian.PutUint16(b[10:], 0)
+	binary.LittleEndian.PutUint16(b[10:], h.Comm)
 	binary.LittleEndian.PutUint32(b[12:], h.Epoch)
 	binary.LittleEndian.PutUint32(b[16:], h.Src)
 	binary.LittleEndian.PutUint32(b[20:], h.Round)
@@ -120,8 +127,9 @@ func (h *Header) Decode(b []byte) error {
 	}
 	h.Kind = OpKind(b[5])
 	h.Algo = b[6]
-	h.Flags = b[7]
+	h.Flags = b[7] &^ TransportFlags
 	h.Stream = binary.LittleEndian.Uint16(b[8:])
+	h.Comm = binary.LittleEndian.Uint16(b[10:])
 	h.Epoch = binary.LittleEndian.Uint32(b[12:])
 	h.Src = binary.LittleEndian.Uint32(b[16:])
 	h.Round = binary.LittleEndian.Uint32(b[20:])
@@ -139,6 +147,8 @@ func (want *Header) Check(got *Header, anyLen bool) error {
 	var field string
 	var w, g uint64
 	switch {
+	case got.Comm != want.Comm:
+		field, w, g = "communicator", uint64(want.Comm), uint64(got.Comm)
 	case got.Epoch != want.Epoch:
 		field, w, g = "epoch", uint64(want.Epoch), uint64(got.Epoch)
 	case got.Seq != want.Seq:

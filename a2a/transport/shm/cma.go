@@ -75,8 +75,8 @@ func (c *conn) recvDesc(op *transport.RecvOp, kind byte, avail int) (more, done 
 // descriptor: the sender waits for its acknowledgment, so it is told the
 // descriptor was rejected.
 func (c *conn) rejectDesc(op *transport.RecvOp, avail int) {
-	ds := descBytes(op.Wire[kindByte])
-	if ds == 0 || op.Wire[kindByte+1] != 0 || avail != hdrSize+ds {
+	ds := descBytes(recKind(&op.Wire))
+	if ds == 0 || avail != hdrSize+ds {
 		return
 	}
 	var d [descMapSize]byte

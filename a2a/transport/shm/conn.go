@@ -15,9 +15,9 @@ const hdrSize = transport.HeaderSize
 
 // Ring records. A record is a frame header, then either the payload (inline)
 // or a CMA descriptor: the address of the sender's buffer and the descriptor's
-// id, which the receiver's acknowledgment names. Byte kindByte of the header,
-// reserved (always zero) in transport.Header, tells which; the receiver
-// refuses any other value of it and of the byte after it.
+// id, which the receiver's acknowledgment names. The high bits of the
+// header's flags byte (kindByte, transport.TransportFlags) tell which; the
+// receiver refuses any other value of them.
 //
 // A gather-send (SendOp.Vec) by CMA sends a recCMAVec descriptor instead:
 // the address and count of an array of remote iovecs (address, length) in
@@ -28,7 +28,8 @@ const hdrSize = transport.HeaderSize
 // descriptor's address, then where the bytes are in the buffer's memfd,
 // which the receiver maps once and copies from (mapped.go).
 const (
-	kindByte     = 10
+	kindByte     = 7 // the flags byte: the kind is its high nibble
+	kindShift    = 4
 	recInline    = 0
 	recCMA       = 1
 	recCMAVec    = 2
@@ -166,6 +167,9 @@ type conn struct {
 	_        [lineSize]byte
 }
 
+// recKind is the record kind a header carries.
+func recKind(wire *[hdrSize]byte) byte { return wire[kindByte] >> kindShift }
+
 // Vectored reports that conn moves vectored payloads itself: by CMA with
 // iovec lists on both sides, or with ring copies straight from and to the
 // slices.
@@ -230,15 +234,15 @@ func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
 		c.scma = z > 0 && n >= z && c.tx.cmaOK.Load() != 0 && (op.Vec == nil || n >= c.t.zvec*len(op.Vec))
 		c.sshare.Release() // of an op abandoned in flight
 		if c.scma {
-			op.Wire[kindByte] = recCMA
+			op.Wire[kindByte] = op.Wire[kindByte]&^transport.TransportFlags | recCMA<<kindShift
 			if op.Vec == nil && c.t.mapMax > 0 {
 				if sh, ok := transport.AcquireShared(addrOf(op.Data), n); ok {
 					c.sshare = sh
-					op.Wire[kindByte] = recMap
+					op.Wire[kindByte] = op.Wire[kindByte]&^transport.TransportFlags | recMap<<kindShift
 				}
 			}
 			if op.Vec != nil {
-				op.Wire[kindByte] = recCMAVec
+				op.Wire[kindByte] = op.Wire[kindByte]&^transport.TransportFlags | recCMAVec<<kindShift
 				c.svec = c.svec[:0]
 				for _, b := range op.Vec {
 					if len(b) > 0 {
@@ -500,7 +504,7 @@ func (c *conn) recvHeader(op *transport.RecvOp) (more, done bool, err error) {
 		return false, false, fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: %d-byte record", c.stream, c.peer, avail)
 	}
 	c.rx.get(c.rhead, op.Wire[:])
-	kind := op.Wire[kindByte]
+	kind := recKind(&op.Wire)
 	if err := c.header(op); err != nil {
 		c.rejectDesc(op, avail)
 		return false, false, err
@@ -614,8 +618,8 @@ func (c *conn) header(op *transport.RecvOp) error {
 	if err := got.Decode(op.Wire[:]); err != nil {
 		return fault.Wrap(fault.ErrMismatch, c.peer, err, "shm: stream %d from rank %d", c.stream, c.peer)
 	}
-	if k := op.Wire[kindByte]; k > recMap || op.Wire[kindByte+1] != 0 {
-		return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: unknown record kind %d.%d", c.stream, c.peer, k, op.Wire[kindByte+1])
+	if k := recKind(&op.Wire); k > recMap {
+		return fault.New(fault.ErrMismatch, c.peer, "shm: stream %d from rank %d: unknown record kind %d", c.stream, c.peer, k)
 	}
 	dst, err := op.Land(c.peer)
 	if err != nil {
