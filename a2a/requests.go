@@ -535,7 +535,7 @@ func (q *progressQueue) drivePass1(last uint64) bool {
 			continue
 		}
 		q.mark[key] = q.pass
-		conn := e.Transport().Conn(r.peer, 0)
+		conn := e.Conn(r.peer, 0)
 		var done bool
 		var err error
 		if r.send {

@@ -225,6 +225,15 @@ func (m *Mixed) Load(peer int, epoch, tag uint32, dst []byte, anyLen bool, st *S
 	return s.Load(peer, epoch, tag, dst, anyLen, st)
 }
 
+// ShareConns tells every part that can (Sharer).
+func (m *Mixed) ShareConns() {
+	for _, p := range m.parts {
+		if sh, ok := p.(Sharer); ok {
+			sh.ShareConns()
+		}
+	}
+}
+
 // Rebalance rebalances every part that can.
 func (m *Mixed) Rebalance() {
 	for _, p := range m.parts {

@@ -229,8 +229,12 @@ type RecvOp struct {
 	// of Dst: its slices in order (a scattered receive, see VecConn).
 	DstVec [][]byte
 	Window []byte
-	Got    Header
-	N      int // payload bytes received (valid when done)
+	// Route, when set, decides where a frame's payload lands instead of
+	// Want, Dst and Window: Land returns what it returns. Demux receives
+	// every frame of a shared Conn through such an op.
+	Route func(peer int) ([]byte, error)
+	Got   Header
+	N     int // payload bytes received (valid when done)
 
 	Wire     [HeaderSize]byte // transport-owned
 	Progress int              // transport-owned
@@ -269,6 +273,13 @@ type Conn interface {
 	// TryRecv takes as much of op from the medium as it can without blocking.
 	// A header that differs from op.Want fails with fault.ErrMismatch.
 	TryRecv(op *RecvOp) (done bool, err error)
+}
+
+// Conns gives the streams to the peers: a Transport, or the view of one
+// that a communicator sharing it has (Demux).
+type Conns interface {
+	// Conn returns the stream-th stream to peer (never self).
+	Conn(peer, stream int) Conn
 }
 
 // Stats are a transport's cumulative counters.
@@ -314,6 +325,9 @@ type Transport interface {
 // offset Got.Aux; nil for a scattered receive (op.DstVec, exact length). Every transport calls it once a frame's header is in, so
 // that all of them accept and refuse frames alike. peer is the sending rank.
 func (op *RecvOp) Land(peer int) ([]byte, error) {
+	if op.Route != nil {
+		return op.Route(peer)
+	}
 	got := &op.Got
 	switch {
 	case op.Window != nil:
@@ -373,7 +387,8 @@ type Slots interface {
 	// and reports done once the whole message is in; st.Len is then its
 	// length. A length other than len(dst) (greater, when anyLen) or a tag
 	// other than tag fails with fault.ErrMismatch, as does a frame arriving from peer on a
-	// stream while the load waits (the peer runs another operation). A peer
+	// stream while the load waits (the peer runs another operation), unless
+	// communicators share the Conns (Sharer: the frame may be another's). A peer
 	// that is gone before storing everything fails with fault.ErrPeerLost.
 	// Load never blocks; a load that cannot progress is what
 	// Transport.Wait waits for.

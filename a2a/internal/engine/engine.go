@@ -28,11 +28,14 @@ import (
 // Options make an Engine (New).
 type Options struct {
 	Transport transport.Transport
-	Rank      int    // this rank
-	Size      int    // world size
-	Streams   int    // ordered streams per peer pair
-	Epoch     uint32 // membership epoch, carried in every frame header
-	Waiting   Waiting
+	// Conns gives the streams to the peers when they are not Transport's
+	// own (a communicator sharing its data plane, transport.Demux).
+	Conns   transport.Conns
+	Rank    int    // this rank
+	Size    int    // world size
+	Streams int    // ordered streams per peer pair
+	Epoch   uint32 // membership epoch, carried in every frame header
+	Waiting Waiting
 	// Hosts gives every rank's host ordinal: traffic with ranks of this
 	// rank's host is also counted apart (Traffic).
 	Hosts []int
@@ -48,6 +51,7 @@ type Options struct {
 // one goroutine at a time (the communicator's driver).
 type Engine struct {
 	tr      transport.Transport
+	conns   transport.Conns // Options.Conns, else tr
 	rank    int
 	size    int
 	streams int
@@ -107,6 +111,9 @@ func New(o Options) *Engine {
 		ll:     newLLState(o.Transport, o.Rank, o.Size),
 		op:     opState{sameHost: sameHost(o.Hosts, o.Rank)},
 	}
+	if e.conns = o.Conns; e.conns == nil {
+		e.conns = o.Transport
+	}
 	e.placer, _ = o.Transport.(transport.Placer)
 	return e
 }
@@ -122,6 +129,9 @@ func sameHost(hosts []int, rank int) []bool {
 
 // Transport is the transport the engine runs on.
 func (e *Engine) Transport() transport.Transport { return e.tr }
+
+// Conn is the stream-th stream to peer.
+func (e *Engine) Conn(peer, stream int) transport.Conn { return e.conns.Conn(peer, stream) }
 
 // Epoch is the membership epoch frames carry.
 func (e *Engine) Epoch() uint32 { return e.epoch }

@@ -165,7 +165,7 @@ func (e *Engine) store(id opID, st *algo.Step, bufs *Buffers) error {
 	}
 	op, idx := e.round.nextSendOp()
 	op.Reset(e.llHeader(id, e.rank, st.Peer, true), data)
-	e.round.active = append(e.round.active, activeOp{send: true, peer: st.Peer, idx: idx, conn: e.tr.Conn(st.Peer, 0)})
+	e.round.active = append(e.round.active, activeOp{send: true, peer: st.Peer, idx: idx, conn: e.conns.Conn(st.Peer, 0)})
 	return nil
 }
 
@@ -189,7 +189,7 @@ func (e *Engine) postLoad(id opID, st *algo.Step, bufs *Buffers) error {
 	}
 	op, idx := e.round.nextRecvOp()
 	op.Reset(e.llHeader(id, st.Peer, st.Peer, false), dst, false)
-	e.round.active = append(e.round.active, activeOp{peer: st.Peer, dst: dst, announce: st.CountOnly, count: st.Dst.Len, idx: idx, conn: e.tr.Conn(st.Peer, 0)})
+	e.round.active = append(e.round.active, activeOp{peer: st.Peer, dst: dst, announce: st.CountOnly, count: st.Dst.Len, idx: idx, conn: e.conns.Conn(st.Peer, 0)})
 	return nil
 }
 

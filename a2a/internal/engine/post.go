@@ -174,7 +174,7 @@ func (e *Engine) postSend(id opID, st *algo.Step, bufs *Buffers) error {
 	if err != nil {
 		return err
 	}
-	conn := e.tr.Conn(st.Peer, st.Stream)
+	conn := e.conns.Conn(st.Peer, st.Stream)
 	op, idx := e.round.nextSendOp()
 	n, err := e.resetSend(op, h, bufs, st.Src, conn)
 	if err != nil {
@@ -193,7 +193,7 @@ func (e *Engine) postRecv(id opID, st *algo.Step, bufs *Buffers) error {
 	if err != nil {
 		return err
 	}
-	conn := e.tr.Conn(st.Peer, st.Stream)
+	conn := e.conns.Conn(st.Peer, st.Stream)
 	a := activeOp{peer: st.Peer, stream: st.Stream, conn: conn, watchLL: st.WatchLL && e.ll.watchOf[st.Peer] != nil}
 	op, idx := e.round.nextRecvOp()
 	a.idx = idx

@@ -169,7 +169,8 @@ func (t *Transport) ringDue() {
 // A load that cannot finish fails with fault.ErrPeerLost once peer is gone
 // (after taking what peer stored before), and with fault.ErrMismatch when a
 // frame from peer waits on stream 0 (the first frame of every message travels
-// there), unless the slot is complete after all: a peer that stores before it
+// there; not once the Conns are shared, ShareConns), unless the slot is
+// complete after all: a peer that stores before it
 // sends (x86 keeps stores in order) cannot be caught between the two. The
 // check reads the receive state of that stream, so Load must run on the
 // goroutine that drives its receives (the engine's), and no receive from peer
@@ -252,7 +253,7 @@ func (t *Transport) loadStall(p *llPeer, i, peer int, w []uint64, epoch, tag uin
 	if p.idle++; p.idle%pollEvery == 0 {
 		t.checkPeer(i)
 	}
-	if c := t.conns[peer*t.streams]; c.rhead == c.rend && c.rdst == nil {
+	if c := t.conns[peer*t.streams]; !t.shared.Load() && c.rhead == c.rend && c.rdst == nil {
 		if slot := alignFrag(c.rend); c.rx.stamp(slot).Load() > slot+8 {
 			// The peer sent a frame. Stores become visible in order: had it
 			// stored the LL message first, the message is complete now.

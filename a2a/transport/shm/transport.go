@@ -52,8 +52,11 @@ type Transport struct {
 	window []uint64 // this rank's LL window: the slots its peers store into
 	slots  transport.SlotWindow
 
-	cmaRecv  bool        // this process may read peers' memory with process_vm_readv
-	cmaOff   atomic.Bool // CMA failed at run time: off for good
+	cmaRecv bool        // this process may read peers' memory with process_vm_readv
+	cmaOff  atomic.Bool // CMA failed at run time: off for good
+	// shared: communicators share the Conns (transport.Demux), so an LL
+	// load no longer reads stream 0 for a frame (ShareConns).
+	shared   atomic.Bool
 	mapOff   atomic.Bool // the kernel refused to share a peer's buffer: off for good
 	freeMu   sync.Mutex  // serializes publishFreed
 	unwatch  func()      // stops publishFreed
@@ -569,6 +572,13 @@ func (t *Transport) Wait(timeout time.Duration) error {
 	t.checkPeers()
 	return nil
 }
+
+// ShareConns tells the transport that several communicators share its
+// Conns from now on (transport.Sharer): a frame from a peer on stream 0 may
+// be another communicator's while an LL load waits, and another goroutine
+// may be reading it, so the load stops taking one for a mismatch. A load
+// the peer never stores then ends at the operation's deadline instead.
+func (t *Transport) ShareConns() { t.shared.Store(true) }
 
 // ready reports whether a stream waiting for its peer may progress now.
 func (t *Transport) ready() bool {
