@@ -118,6 +118,10 @@ func (m *Member) onAbortMsg(env envelope, a *abortMsg, subject string) {
 	if a.Origin == m.rank {
 		return
 	}
+	if a.Comm != 0 {
+		m.onScopeAbort(a)
+		return
+	}
 	m.abortAt(a.From, &fault.Error{Kind: fault.ErrAborted, Rank: a.Origin, Detail: fmt.Sprintf("aborted by rank %d", a.Origin),
 		Err: &fault.Error{Kind: kindOfCode(a.Kind), Rank: a.Rank, Detail: a.Detail}}, false)
 }

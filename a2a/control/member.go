@@ -97,6 +97,9 @@ type Member struct {
 	live   liveness
 	counts countsCalls
 	exit   exitState
+	// scopes are the open Scopes of this member's communicators made
+	// without a rendezvous (OpenScope), by communicator id.
+	scopes sync.Map
 }
 
 // roster is what a member knows of its formation's signers, and what waits

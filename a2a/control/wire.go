@@ -316,6 +316,9 @@ type abortMsg struct {
 	Rank     int
 	Detail   string
 	From     uint64 // the first operation sequence the abort concerns (Member.AbortAt)
+	// Comm is the communicator whose scope the abort concerns: 0 for the
+	// group's, another for a Scope's (Comm.Split, Comm.Dup).
+	Comm uint16
 }
 
 type leaveMsg struct {
