@@ -64,6 +64,9 @@ func (c *Comm) causeAt(seq uint64) error {
 	if p := c.life.abort.Load(); p != nil && seq >= p.from {
 		return p.later
 	}
+	if s := c.share; s != nil && s.scope != nil {
+		return s.scope.FailedAt(seq)
+	}
 	if c.member != nil {
 		return c.member.FailedAt(seq)
 	}
@@ -79,6 +82,9 @@ func errClosedComm(rank int) error {
 func (c *Comm) stoppedFor(r *Request) error {
 	if err := c.stoppedAt(r.order); err != nil {
 		return err
+	}
+	if s := c.share; s != nil && s.scope != nil {
+		return s.scope.Departed(r.peer)
 	}
 	if c.member != nil {
 		return c.member.Departed(r.peer)
@@ -121,7 +127,9 @@ func (c *Comm) failAt(from uint64, err error) error {
 		}
 	}
 	c.log.Log(context.Background(), fault.LogLevel(now.err), "a2a: aborting communicator", "rank", c.rank, "from", from, "err", now.err)
-	if c.member != nil {
+	if s := c.share; s != nil && s.scope != nil {
+		s.scope.AbortAt(from, now.err)
+	} else if c.member != nil {
 		c.member.AbortAt(from, now.err)
 	}
 	if c.tr != nil {

@@ -79,6 +79,9 @@ type Comm struct {
 	plan    planState
 	scratch scratch
 	rep     *reporter // traffic reports for a2ad's live view (tally.go); nil when off
+	// share is the data plane's sharing with Split's and Dup's
+	// communicators (split.go).
+	share *sharing
 }
 
 // lifecycle is what admits a call, and what stops it: Close, this rank's
@@ -288,6 +291,9 @@ func (c *Comm) Close() error {
 }
 
 func (c *Comm) teardown() error {
+	if c.share != nil && c.share.scope != nil {
+		return c.closeChild()
+	}
 	var first error
 	if c.member != nil {
 		// Peers still in a collective this rank completed finish it; the

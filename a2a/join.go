@@ -12,6 +12,7 @@ import (
 	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/control"
 	"github.com/a2a-moe/a2a/a2a/internal/engine"
+	"github.com/a2a-moe/a2a/a2a/transport"
 	"github.com/a2a-moe/a2a/internal/cpus"
 )
 
@@ -131,15 +132,22 @@ func (c *Comm) connectData(ctx context.Context, dp *dataPlane) error {
 	return nil
 }
 
-// startEngine makes the engine and what runs on it: the progress queue, the
-// LL policy, the scratch buffers and the rooted collectives' ring check.
+// startEngine makes the engine, on the data plane's Demux, and what runs
+// on it (readyEngine).
 func (c *Comm) startEngine() {
 	cfg := c.cfg
+	c.share = &sharing{demux: transport.NewDemux(c.tr, c.rank, c.size)}
 	c.eng = engine.New(engine.Options{
-		Transport: c.tr, Rank: c.rank, Size: c.size, Streams: cfg.Streams, Epoch: c.member.Epoch(),
+		Transport: c.tr, Conns: c.share.demux, Rank: c.rank, Size: c.size, Streams: cfg.Streams, Epoch: c.member.Epoch(),
 		Waiting: waitPolicy(cfg.Spin, cfg.Yield, c.member.Nodes(), c.topo.machines, c.topo.machineCores, c.rank, cpus.Online()),
 		Hosts:   c.topo.hosts, Timeout: cfg.Timeout, Stopped: c.stopped,
 	})
+	c.readyEngine()
+}
+
+// readyEngine makes what runs on the engine: the progress queue, the LL
+// policy, the scratch buffers and the rooted collectives' ring check.
+func (c *Comm) readyEngine() {
 	c.queue = newProgressQueue(c.eng, c.size)
 	c.ll = c.newLLPolicy()
 	c.scratch = newScratch(c.size)
