@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync/atomic"
 
@@ -60,14 +61,15 @@ func (s *Scope) AbortAt(from uint64, cause error) {
 	default:
 		err = fault.Wrap(fault.ErrAborted, s.m.rank, cause, "aborted locally")
 	}
-	if s.abortAt(from, err) {
+	if s.abortAt(from, err, false) {
 		s.publish(from, err)
 	}
 }
 
 // abortAt records err from operation from on (the earliest scope wins) and
-// reports whether it did.
-func (s *Scope) abortAt(from uint64, err error) bool {
+// reports whether it did; a peer's close of the scope (leave) is logged at
+// Debug, as a leave of the group is.
+func (s *Scope) abortAt(from uint64, err error, leave bool) bool {
 	for {
 		p := s.abort.Load()
 		if p != nil && p.from <= from {
@@ -78,8 +80,12 @@ func (s *Scope) abortAt(from uint64, err error) bool {
 		}
 	}
 	s.m.exit.changed.notify()
+	level := fault.LogLevel(err)
+	if leave {
+		level = slog.LevelDebug
+	}
 	if p := s.abort.Load(); p.err == err {
-		s.m.log.Log(context.Background(), fault.LogLevel(err), "communicator aborted", "comm", s.comm, "err", err, "from", from)
+		s.m.log.Log(context.Background(), level, "communicator aborted", "comm", s.comm, "err", err, "from", from)
 	}
 	return true
 }
@@ -107,8 +113,10 @@ func (m *Member) onScopeAbort(a *abortMsg) {
 	if !slices.Contains(s.ranks, a.Origin) {
 		return
 	}
+	// A leave (LeaveAt) names its sender as the rank lost.
+	leave := kindOfCode(a.Kind) == fault.ErrPeerLost && a.Rank == a.Origin
 	s.abortAt(a.From, &fault.Error{Kind: fault.ErrAborted, Rank: a.Origin, Detail: fmt.Sprintf("communicator %d aborted by rank %d", a.Comm, a.Origin),
-		Err: &fault.Error{Kind: kindOfCode(a.Kind), Rank: a.Rank, Detail: a.Detail}})
+		Err: &fault.Error{Kind: kindOfCode(a.Kind), Rank: a.Rank, Detail: a.Detail}}, leave)
 }
 
 // FailedAt reports why the scope's operation seq cannot complete: an abort
