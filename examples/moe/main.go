@@ -17,6 +17,10 @@
 // Rank 0 prints one line per step; every rank serves Prometheus metrics while
 // it runs. The exit status is non-zero if any output differs.
 //
+// With --dp D the ranks split into D expert-parallel groups, each running
+// the layer on a communicator of its own, and every step's rows per expert
+// are AllReduced across the groups (dp.go).
+//
 // With --rebalance-every N (and --redundant R slots for replicas), the
 // dispatcher re-places the experts from its load estimate every N steps and
 // moves their weights between the ranks: each rank computes with its own
@@ -89,6 +93,7 @@ type options struct {
 	rebalance    int     // steps between re-placement checks; 0: never
 	threshold    float64 // re-place above this estimated max/mean rank load
 	preset       string  // a model's layer (preset.go); "" none
+	dp           int     // data-parallel groups (dp.go)
 }
 
 // parseFlags parses and checks the command line.
@@ -153,6 +158,7 @@ func (o *options) register(fs *flag.FlagSet, text *textFlags) {
 	fs.IntVar(&o.redundant, "redundant", 0, "redundant expert slots: hot experts get replicas in them at a re-placement (needs --rebalance-every; experts+redundant a multiple of -n)")
 	fs.IntVar(&o.rebalance, "rebalance-every", 0, "every this many steps, re-place the experts from the measured load when it is uneven, moving their weights between ranks (0: never)")
 	fs.Float64Var(&o.threshold, "rebalance-threshold", 1.05, "re-place only when the estimated max/mean rank load exceeds this")
+	fs.IntVar(&o.dp, "dp", 1, "data-parallel groups: the ranks split (Comm.Split) into this many expert-parallel groups of n/dp ranks, each running the layer, and every step's rows per expert are AllReduced across them")
 }
 
 // decode sets the fields of the flags given as text.
@@ -204,6 +210,9 @@ func (o *options) validate() error {
 	if err := o.validateDecode(); err != nil {
 		return err
 	}
+	if err := o.validateDP(); err != nil {
+		return err
+	}
 	return o.validateRebalance()
 }
 
@@ -214,6 +223,17 @@ func (o *options) validateDecode() error {
 		return fmt.Errorf("--max-tokens %d: want >= 0; the decode mode needs --counts inband, at most 2 micro-batches and no --rebalance-every", o.maxTokens)
 	case o.maxTokens > 0 && mb > o.maxTokens:
 		return fmt.Errorf("--max-tokens %d: micro-batches of %d tokens do not fit", o.maxTokens, mb)
+	}
+	return nil
+}
+
+// validateDP checks --dp against the rest.
+func (o *options) validateDP() error {
+	switch {
+	case o.dp < 1 || o.ranks%o.dp != 0:
+		return fmt.Errorf("--dp %d: want a divisor of -n %d", o.dp, o.ranks)
+	case o.dp > 1 && (o.killRank > 0 || o.rebalance > 0 || o.counts != dispatch.CountsInBand):
+		return fmt.Errorf("--dp %d: not with --kill-rank, --rebalance-every or --counts nats", o.dp)
 	}
 	return nil
 }

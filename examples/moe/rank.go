@@ -51,14 +51,23 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	if err != nil {
 		return err
 	}
-	m := &membership{c: c}
+	world := c
+	var dp *dataParallel
+	if o.dp > 1 {
+		defer world.Close() // after the groups' communicators
+		if c, dp, err = splitDP(ctx, world, o.dp, o.experts); err != nil {
+			return err
+		}
+		defer dp.close()
+	}
+	m := &membership{c: c, dp: dp}
 	defer func() { m.c.Close() }() // the last communicator: a shrink replaces it
-	if err := watchComm(c, obs, reg, cfg.Group); err != nil {
+	if err := watchComm(world, obs, reg, cfg.Group); err != nil {
 		return err
 	}
 	sctx, stopServer := context.WithCancel(ctx)
 	defer stopServer()
-	urls, err := serveMetrics(sctx, c, o, reg)
+	urls, err := serveMetrics(sctx, world, o, reg)
 	if err != nil {
 		return err
 	}
@@ -81,11 +90,12 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 	defer func() { m.d.Close() }() // the last dispatcher: a shrink replaces it
 
 	out := io.Discard
-	if c.Rank() == 0 {
+	if world.Rank() == 0 {
 		out = stdout
 		printHeader(out, o, c.Size(), m.d.Placement(), urls, c.TransportName(), rowPaths(m.d))
 	}
-	rs, err := newRankState(o, m.d, c.Rank(), w)
+	// Tokens come from the world rank: each expert-parallel group has its own.
+	rs, err := newRankState(o, m.d, world.Rank(), w)
 	if err != nil {
 		return err
 	}
@@ -100,7 +110,11 @@ func runRank(ctx context.Context, log *slog.Logger, o options, cfg a2a.Config, s
 		fmt.Fprintf(out, "metrics: a2a_moe_replacements_total %v, a2a_moe_replace_bytes_total %v (rank 0), a2a_moe_rank_imbalance %.2f\n",
 			gauge(reg, "a2a_moe_replacements_total"), gauge(reg, "a2a_moe_replace_bytes_total"), gauge(reg, "a2a_moe_rank_imbalance"))
 	}
-	fmt.Fprintf(out, "all %d steps verified on %d ranks\n", o.steps, m.c.Size())
+	size := m.c.Size() // after a shrink, the survivors
+	if dp != nil {
+		size = world.Size()
+	}
+	fmt.Fprintf(out, "all %d steps verified on %d ranks\n", o.steps, size)
 	fmt.Fprint(out, legend)
 	if o.hold > 0 {
 		fmt.Fprintf(out, "holding for %v (metrics stay up)\n", o.hold)
@@ -139,6 +153,7 @@ type membership struct {
 	c     *a2a.Comm
 	d     *dispatch.Dispatcher
 	layer dispatch.Config
+	dp    *dataParallel // --dp: the data-parallel group; nil without
 }
 
 // runSteps runs and verifies the steps. When a peer dies under --kill-rank,
@@ -179,6 +194,11 @@ func (m *membership) runSteps(ctx context.Context, o options, r *rankState, out 
 		fig.add(step, agg)
 		if err := verified(agg, res, step); err != nil {
 			return err
+		}
+		if m.dp != nil {
+			if err := m.dp.allReduce(ctx, step, res.load, out); err != nil {
+				return err
+			}
 		}
 		if o.interval > 0 && step+1 < o.steps {
 			if !sleep(ctx, o.interval) {
@@ -294,6 +314,9 @@ func printHeader(w io.Writer, o options, size int, pl *routing.Placement, urls [
 	}
 	fmt.Fprintf(w, "moe: %d ranks, %d experts (%s), top-%d, %d tokens per rank, hidden %d, ffn %d, %v, capacity %g, skew %g, counts %v, %s\n",
 		size, o.experts, expertsPerRank(pl), o.k, o.tokens, o.hidden, o.ffn, o.dtype, o.capacity, o.skew, o.counts, mb)
+	if o.dp > 1 {
+		fmt.Fprintf(w, "data parallel: %d expert-parallel groups of %d ranks (Comm.Split, sharing one data plane); group 0's steps shown, expert loads AllReduced across the groups\n", o.dp, size)
+	}
 	if o.wire != dispatch.WireSame {
 		rows += fmt.Sprintf(", dispatched as %v", o.wire)
 	}
