@@ -18,9 +18,10 @@ import (
 // the group's ranks, with operations numbered apart. Its aborts travel on
 // the group's abort subject, signed as the group's, marked with the
 // communicator's id, and concern only the members of the scope. What stops
-// the whole group stops the scope too: a lost rank, a lost control plane,
-// this member's Leave; so does the departure of one of its ranks. An abort
-// of the group's own operations (AbortAt with a scope of its own) does not.
+// the whole group stops the scope too (a lost control plane, this member's
+// Leave), but for the loss of a rank the scope does not hold; so does the
+// departure of one of its ranks. An abort of the group's own operations
+// (AbortAt with a scope of its own) does not.
 type Scope struct {
 	m      *Member
 	comm   uint16
@@ -120,15 +121,16 @@ func (m *Member) onScopeAbort(a *abortMsg) {
 }
 
 // FailedAt reports why the scope's operation seq cannot complete: an abort
-// of the scope covering it, the whole group stopped (a lost rank, the
-// control plane lost, this member left), or one of the scope's ranks left
-// the group (matching fault.ErrPeerLost). Ranks in errors are the group's.
+// of the scope covering it, the whole group stopped (the loss of one of
+// the scope's ranks, the control plane lost, this member left), or one of
+// the scope's ranks left the group (matching fault.ErrPeerLost). Ranks in
+// errors are the group's.
 func (s *Scope) FailedAt(seq uint64) error {
 	if p := s.abort.Load(); p != nil && seq >= p.from {
 		return p.err
 	}
 	m := s.m
-	if p := m.exit.scope.Load(); p != nil && p.from == 0 {
+	if p := m.exit.scope.Load(); p != nil && p.from == 0 && s.concerns(p.err) {
 		return p.err
 	}
 	if m.exit.minDeparted.Load() != 0 {
@@ -139,6 +141,17 @@ func (s *Scope) FailedAt(seq uint64) error {
 		}
 	}
 	return nil
+}
+
+// concerns reports whether the group's abort err stops the scope: all do
+// but the loss of a rank the scope does not hold.
+func (s *Scope) concerns(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if fe, ok := e.(*fault.Error); ok && fe.Kind == fault.ErrPeerLost && fe.Rank >= 0 {
+			return slices.Contains(s.ranks, fe.Rank)
+		}
+	}
+	return true
 }
 
 // Departed reports, matching fault.ErrPeerLost, that the scope's rank left

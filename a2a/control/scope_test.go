@@ -25,8 +25,9 @@ func waitFailed(t *testing.T, s *Scope, seq uint64) error {
 
 // TestScope: an abort of a scope reaches its members only, from its own
 // op number on, and leaves the group and other scopes alone; a scope's
-// LeaveAt fails its peers' later ops with ErrPeerLost; and a rank that
-// leaves the group fails every scope that holds it.
+// LeaveAt fails its peers' later ops with ErrPeerLost; a rank that leaves
+// the group fails every scope that holds it; and a lost rank fails the
+// scopes that hold it only.
 func TestScope(t *testing.T) {
 	e := newEnv(t)
 	e.service()
@@ -82,5 +83,21 @@ func TestScope(t *testing.T) {
 	}
 	if err := waitFailed(t, s1, 0); !errors.Is(err, fault.ErrPeerLost) {
 		t.Errorf("after rank 0 left the group: %v, want ErrPeerLost", err)
+	}
+	// The group's abort for a lost rank fails the scopes that hold it only.
+	with, err := mems[2].OpenScope(9, []int{2, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	without, err := mems[2].OpenScope(10, []int{1, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mems[2].abort(&fault.Error{Kind: fault.ErrAborted, Rank: 3, Detail: "rank 3 lost", Err: fault.New(fault.ErrPeerLost, 3, "no heartbeat")}, false)
+	if err := with.FailedAt(0); !errors.Is(err, fault.ErrPeerLost) {
+		t.Errorf("the scope holding the lost rank: %v, want ErrPeerLost", err)
+	}
+	if err := without.FailedAt(0); err != nil {
+		t.Errorf("the scope without the lost rank: %v", err)
 	}
 }
