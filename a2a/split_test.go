@@ -272,3 +272,36 @@ func TestSplitAbortScope(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkSplit times Split of 8 in-process ranks into 2 x 4 over shared
+// memory, as seen by rank 0 (every rank calls it at once; the children are
+// closed between iterations).
+func BenchmarkSplit(b *testing.B) {
+	url := startNATS(b)
+	comms := group(b, url, 8, func(c *Config) {
+		c.Transport = "shm"
+		c.HeartbeatInterval, c.PeerTimeout = time.Second, 30*time.Second
+	})
+	ctx := context.Background()
+	var took time.Duration
+	for b.Loop() {
+		errs := onAll(comms, func(c *Comm) error {
+			start := time.Now()
+			k, err := c.Split(ctx, c.Rank()/4, c.Rank())
+			if c.Rank() == 0 {
+				took += time.Since(start)
+			}
+			if err == nil {
+				err = k.Barrier(ctx) // every rank has its child before any closes
+				k.Close()
+			}
+			return err
+		})
+		for r, err := range errs {
+			if err != nil {
+				b.Fatalf("rank %d: %v", r, err)
+			}
+		}
+	}
+	b.ReportMetric(float64(took.Microseconds())/float64(b.N), "us/split")
+}
