@@ -305,3 +305,38 @@ func BenchmarkSplit(b *testing.B) {
 	}
 	b.ReportMetric(float64(took.Microseconds())/float64(b.N), "us/split")
 }
+
+// BenchmarkSplitChild compares a small AllToAllV on 2 in-process ranks
+// (shm) on the communicator that joined, before any split (the
+// transport's own Conns), after a Dup (every stream behind the
+// demultiplexer, LL slots still its own), and on the Dup (frames only).
+func BenchmarkSplitChild(b *testing.B) {
+	url := startNATS(b)
+	comms := group(b, url, 2, func(c *Config) {
+		c.Transport = "shm"
+		c.HeartbeatInterval, c.PeerTimeout = time.Second, 30*time.Second
+	})
+	ops := map[int]func(ctx context.Context, c *Comm, send, recv []byte) error{}
+	for _, size := range []int{8, 64 << 10} {
+		counts := []int{size, size}
+		ops[size] = func(ctx context.Context, c *Comm, send, recv []byte) error {
+			return c.AllToAllV(ctx, send, counts, recv, counts)
+		}
+		b.Run(fmt.Sprintf("parent-unshared/%d", size), func(b *testing.B) { benchRanks(b, comms, size, ops[size]) })
+	}
+	dups := make([]*Comm, 2)
+	mustAllB(b, onAllB(comms, func(c *Comm) error {
+		d, err := c.Dup(context.Background())
+		dups[c.Rank()] = d
+		return err
+	}))
+	defer func() {
+		for _, d := range dups {
+			d.Close()
+		}
+	}()
+	for _, size := range []int{8, 64 << 10} {
+		b.Run(fmt.Sprintf("parent-shared/%d", size), func(b *testing.B) { benchRanks(b, comms, size, ops[size]) })
+		b.Run(fmt.Sprintf("child/%d", size), func(b *testing.B) { benchRanks(b, dups, size, ops[size]) })
+	}
+}
