@@ -202,18 +202,19 @@ func (o *options) validate() error {
 		return fmt.Errorf("--wire fp8: needs --counts inband")
 	case o.metricsPort < 0 || o.metricsPort > 65535:
 		return fmt.Errorf("--metrics-port %d", o.metricsPort)
+	}
+	return errors.Join(o.validateKill(), o.validateDecode(), o.validateDP(), o.validateRebalance())
+}
+
+// validateKill checks --kill-rank and --kill-step.
+func (o *options) validateKill() error {
+	switch {
 	case o.killRank == 0 || o.killRank < -1 || (!o.worker && o.killRank >= o.ranks):
 		return fmt.Errorf("--kill-rank %d: want 1..n-1 (rank 0 prints the run)", o.killRank)
 	case o.killRank > 0 && (o.killStep < 0 || o.killStep >= o.steps):
 		return fmt.Errorf("--kill-step %d: want 0..steps-1", o.killStep)
 	}
-	if err := o.validateDecode(); err != nil {
-		return err
-	}
-	if err := o.validateDP(); err != nil {
-		return err
-	}
-	return o.validateRebalance()
+	return nil
 }
 
 // validateDecode checks --max-tokens against the other flags.
