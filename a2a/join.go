@@ -119,9 +119,10 @@ func (c *Comm) connectData(ctx context.Context, dp *dataPlane) error {
 	stop()
 	cancel()
 	if err != nil {
-		// A peer that closed its links because a third rank aborted the
-		// group is not lost: the abort, heard within moments, is the cause.
-		if c.awaitPeerCause(0, err) {
+		// An abort heard meanwhile (it canceled the connects) is the cause;
+		// so is one heard within moments of a peer closing its links, which
+		// a peer does because a third rank aborted the group.
+		if m.Err() != nil || c.awaitPeerCause(0, err) {
 			if merr := m.Err(); merr != nil {
 				err = merr
 			}
