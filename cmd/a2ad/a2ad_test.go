@@ -711,3 +711,36 @@ A2A_NATS_USER= A2A_NATS_PASSWORD= A2A_WORLD_SIZE=1 A2A_RANK=0 A2A_GROUP=stranger
 		}
 	}
 }
+
+// TestBenchAlloc: bench uses registered buffers (AllocBuffer) unless told
+// --alloc heap, says which in its header, and both forms verify.
+func TestBenchAlloc(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, " alloc=huge "},
+		{[]string{"--alloc", "heap"}, " alloc=heap "},
+		{[]string{"--alloc", "huge"}, " alloc=huge "},
+	} {
+		args := append([]string{"bench", "-n", "2", "--op", "alltoall", "--sizes", "256K", "--iters", "10", "--warmup", "2", "--check"}, tc.args...)
+		out, err := a2ad(t, ctx, args...).Output()
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if !strings.HasPrefix(lines[0], "# a2ad bench ") || !strings.Contains(lines[0], tc.want) {
+			t.Errorf("%v: header %q does not say%q", tc.args, lines[0], tc.want)
+		}
+		row := strings.Fields(lines[len(lines)-1])
+		if len(row) != 12 || row[11] != "0" {
+			t.Errorf("%v: want a verified row (#wrong 0), got %q", tc.args, lines[len(lines)-1])
+		}
+	}
+	_, stderr, code := exitCode(t, a2ad(t, ctx, "bench", "-n", "2", "--alloc", "mmap"))
+	if code != 2 || !strings.Contains(stderr, "huge or heap") {
+		t.Errorf("--alloc mmap: status %d, stderr %q, want 2 and the choices", code, stderr)
+	}
+}
