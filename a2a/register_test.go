@@ -6,8 +6,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
+	"slices"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/a2a-moe/a2a/a2a/transport"
@@ -41,8 +44,8 @@ func peerMapped(t *testing.T, regs []Registration) int {
 }
 
 // TestRegisteredCollectives runs every collective that moves bulk data
-// between the ranks of a host over registered, unregistered and mixed
-// buffers and checks every byte; with registered buffers, peers must have
+// between the ranks of a host, and SendRecv, over registered, unregistered
+// and mixed buffers and checks every byte; with registered buffers, peers must have
 // mapped them (more mappings than buffers).
 func TestRegisteredCollectives(t *testing.T) {
 	url := startNATS(t)
@@ -106,10 +109,7 @@ func testRegisteredCollectives(t *testing.T, ctx context.Context, comms []*Comm,
 	for i := range counts {
 		counts[i] = block - 8*i // uneven, still above the threshold
 	}
-	displs := make([]int, n)
-	for i := 1; i < n; i++ {
-		displs[i] = displs[i-1] + block
-	}
+	root := n / 2 // the rooted collectives: not rank 0
 	ops := []struct {
 		name  string
 		run   func(c *Comm) error
@@ -180,6 +180,73 @@ func testRegisteredCollectives(t *testing.T, ctx context.Context, comms []*Comm,
 		{"reducescatter", func(c *Comm) error {
 			return c.ReduceScatter(ctx, send[c.Rank()], recv[c.Rank()][:block], Int64, Sum)
 		}, func(r int) error { return checkSum(recv[r][:block], send, r*block) }},
+		{"reduce", func(c *Comm) error { return c.Reduce(ctx, send[c.Rank()], recv[c.Rank()], Int64, Sum, root) },
+			func(r int) error {
+				if r != root {
+					return nil
+				}
+				return checkSum(recv[r], send, 0)
+			}},
+		{"gather", func(c *Comm) error {
+			var dst []byte
+			if c.Rank() == root {
+				dst = recv[root]
+			}
+			return c.Gather(ctx, send[c.Rank()][:block], dst, root)
+		}, func(r int) error {
+			if r != root {
+				return nil
+			}
+			for src := range n {
+				if !bytes.Equal(recv[r][src*block:(src+1)*block], blockOf(src, 0)) {
+					return fmt.Errorf("block of rank %d differs", src)
+				}
+			}
+			return nil
+		}},
+		{"gatherv", func(c *Comm) error {
+			return c.GatherV(ctx, send[c.Rank()][:counts[c.Rank()]], recv[c.Rank()][:sumTo(counts, n)], counts, root)
+		}, func(r int) error {
+			if r != root {
+				return nil
+			}
+			for src := range n {
+				off := sumTo(counts, src)
+				if !bytes.Equal(recv[r][off:off+counts[src]], send[src][:counts[src]]) {
+					return fmt.Errorf("block of rank %d differs", src)
+				}
+			}
+			return nil
+		}},
+		{"scatter", func(c *Comm) error { return c.Scatter(ctx, send[c.Rank()], recv[c.Rank()][:block], root) },
+			func(r int) error {
+				if !bytes.Equal(recv[r][:block], blockOf(root, r)) {
+					return errors.New("block from the root differs")
+				}
+				return nil
+			}},
+		{"scatterv", func(c *Comm) error {
+			return c.ScatterV(ctx, send[c.Rank()][:sumTo(counts, n)], counts, recv[c.Rank()][:counts[c.Rank()]], root)
+		}, func(r int) error {
+			off := sumTo(counts, r)
+			if !bytes.Equal(recv[r][:counts[r]], send[root][off:off+counts[r]]) {
+				return errors.New("block from the root differs")
+			}
+			return nil
+		}},
+		{"sendrecv", func(c *Comm) error {
+			r := c.Rank()
+			got, err := c.SendRecv(ctx, send[r], (r+1)%n, 7, recv[r], (r+n-1)%n, 7)
+			if err == nil && got != len(send[r]) {
+				err = fmt.Errorf("received %d bytes, want %d", got, len(send[r]))
+			}
+			return err
+		}, func(r int) error {
+			if !bytes.Equal(recv[r], send[(r+n-1)%n]) {
+				return errors.New("message from the previous rank differs")
+			}
+			return nil
+		}},
 	}
 	for seed, o := range ops {
 		fill(seed)
@@ -275,5 +342,231 @@ func TestRegister(t *testing.T) {
 	}
 	if err := c.Deregister(r1); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("Deregister after FreeBuffer: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestDeregisterUnderUse: while an AllToAll sends from a registered buffer
+// (rank 0 has entered, rank 1 not yet, so rank 0's descriptor waits for a
+// receiver that will read the buffer), Deregister and FreeBuffer fail with
+// ErrInvalidArgument and keep the registration; once the call is done on
+// both ranks, with every byte right, both succeed.
+func TestDeregisterUnderUse(t *testing.T) {
+	url := startNATS(t)
+	ctx := context.Background()
+	comms := group(t, url, 2, nil)
+	const block = 1 << 20
+	send, err := AllocBuffer(2 * block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range send {
+		send[i] = byte(i*7 + i>>12)
+	}
+	reg, err := comms[0].Register(send)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv0, send1, recv1 := make([]byte, 2*block), make([]byte, 2*block), make([]byte, 2*block)
+	done := make(chan error, 1)
+	go func() { done <- comms[0].AllToAll(ctx, send, recv0) }()
+	// Until rank 0's send holds the buffer, a Deregister of a second
+	// registration succeeds; then it fails, and the registration stays.
+	var inUse error
+	deadline := time.Now().Add(10 * time.Second)
+	for inUse == nil && time.Now().Before(deadline) {
+		probe, err := comms[0].Register(send)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if inUse = comms[0].Deregister(probe); inUse == nil {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if !errors.Is(inUse, ErrInvalidArgument) {
+		t.Fatalf("Deregister while rank 0 sends from the buffer: %v, want ErrInvalidArgument", inUse)
+	}
+	if err := comms[0].Deregister(reg); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("Deregister of the first registration under use: %v, want ErrInvalidArgument", err)
+	}
+	if err := FreeBuffer(send); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("FreeBuffer under use: %v, want ErrInvalidArgument", err)
+	}
+	if err := comms[1].AllToAll(ctx, send1, recv1); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(recv1[:block], send[block:]) {
+		t.Error("rank 1 received wrong bytes from the registered buffer")
+	}
+	// Both registrations (the first and the probe that failed to go).
+	for range 2 {
+		if err := comms[0].Deregister(reg); err != nil {
+			t.Fatalf("Deregister after the call: %v", err)
+		}
+	}
+	if err := FreeBuffer(send); err != nil {
+		t.Fatalf("FreeBuffer after the call: %v", err)
+	}
+}
+
+// soakBuf is one AllocBuffer buffer of a soak rank and its registrations.
+type soakBuf struct {
+	mem  []byte
+	regs []Registration
+	gen  uint64
+}
+
+// TestRegisteredSoak: 3 ranks run random collectives over buffers that are
+// allocated, registered, deregistered and freed at random between the
+// calls, each rank choosing for itself between a registered buffer and the
+// heap; every byte is checked. Freeing a registered buffer must fail. At the
+// end nothing of any buffer stays mapped (peers unmap freed buffers, Close
+// the rest). make unit runs it under -race too (RACE_PKGS).
+func TestRegisteredSoak(t *testing.T) {
+	url := startNATS(t)
+	ctx := context.Background()
+	const n, block, iters = 3, 96 << 10, 60
+	comms := group(t, url, n, nil)
+	rng := rand.New(rand.NewPCG(25, 1))
+	pools := make([][]*soakBuf, n)
+	var gens []uint64
+	alloc := func(r int) {
+		mem, err := AllocBuffer(n * block)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg, err := comms[r].Register(mem)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pools[r] = append(pools[r], &soakBuf{mem: mem, regs: []Registration{reg}, gen: reg.gen})
+		gens = append(gens, reg.gen)
+	}
+	// churn changes rank r's pool at random: a new buffer, a registration
+	// more or less, or a free (refused while registered).
+	churn := func(r int) {
+		if len(pools[r]) < 2 {
+			alloc(r)
+			return
+		}
+		b := pools[r][rng.IntN(len(pools[r]))]
+		switch rng.IntN(4) {
+		case 0:
+			alloc(r)
+		case 1:
+			reg, err := comms[r].Register(b.mem)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.regs = append(b.regs, reg)
+		case 2:
+			if len(b.regs) > 0 {
+				if err := comms[r].Deregister(b.regs[len(b.regs)-1]); err != nil {
+					t.Fatalf("Deregister between calls: %v", err)
+				}
+				b.regs = b.regs[:len(b.regs)-1]
+			}
+		case 3:
+			err := FreeBuffer(b.mem)
+			switch {
+			case len(b.regs) > 0 && !errors.Is(err, ErrInvalidArgument):
+				t.Fatalf("FreeBuffer of a registered buffer: %v, want ErrInvalidArgument", err)
+			case len(b.regs) == 0 && err != nil:
+				t.Fatalf("FreeBuffer of a deregistered buffer: %v", err)
+			case len(b.regs) == 0:
+				pools[r] = slices.DeleteFunc(pools[r], func(e *soakBuf) bool { return e == b })
+			}
+		}
+	}
+	// pick is a buffer for one call: a registered one, or the heap.
+	pick := func(r int) []byte {
+		var regd []*soakBuf
+		for _, b := range pools[r] {
+			if len(b.regs) > 0 {
+				regd = append(regd, b)
+			}
+		}
+		if len(regd) == 0 || rng.IntN(4) == 0 {
+			return make([]byte, n*block)
+		}
+		b := regd[rng.IntN(len(regd))]
+		clear(b.mem)
+		return b.mem[:n*block]
+	}
+	send, recv := make([][]byte, n), make([][]byte, n)
+	for it := range iters {
+		for r := range n {
+			churn(r)
+			send[r], recv[r] = pick(r), pick(r)
+			for send[r] != nil && len(recv[r]) > 0 && &send[r][0] == &recv[r][0] {
+				recv[r] = make([]byte, n*block)
+			}
+			for i := range send[r] {
+				send[r][i] = byte(it + 31*r + i*5 + i>>10)
+			}
+		}
+		var err error
+		switch op := it % 3; op {
+		case 0:
+			mustAll(t, onAll(comms, func(c *Comm) error { return c.AllToAll(ctx, send[c.Rank()], recv[c.Rank()]) }))
+			for r := range n {
+				for src := range n {
+					if !bytes.Equal(recv[r][src*block:(src+1)*block], send[src][r*block:(r+1)*block]) {
+						t.Fatalf("call %d, alltoall: rank %d's block from rank %d differs", it, r, src)
+					}
+				}
+			}
+		case 1:
+			mustAll(t, onAll(comms, func(c *Comm) error { return c.AllReduce(ctx, send[c.Rank()], recv[c.Rank()], Int64, Sum) }))
+			for r := range n {
+				if err = checkSum(recv[r], send, 0); err != nil {
+					t.Fatalf("call %d, allreduce, rank %d: %v", it, r, err)
+				}
+			}
+		case 2:
+			mustAll(t, onAll(comms, func(c *Comm) error { return c.AllGather(ctx, send[c.Rank()][:block], recv[c.Rank()]) }))
+			for r := range n {
+				for src := range n {
+					if !bytes.Equal(recv[r][src*block:(src+1)*block], send[src][:block]) {
+						t.Fatalf("call %d, allgather: rank %d's block of rank %d differs", it, r, src)
+					}
+				}
+			}
+		}
+	}
+	var live []Registration
+	for r := range n {
+		for _, b := range pools[r] {
+			live = append(live, b.regs...)
+		}
+	}
+	if peerMapped(t, live) == 0 {
+		t.Errorf("peers mapped none of the %d live registered buffers", len(live))
+	}
+	for r := range n {
+		for _, b := range pools[r] {
+			for _, reg := range b.regs {
+				if err := comms[r].Deregister(reg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := FreeBuffer(b.mem); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := comms[r].Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range gens {
+		if bytes.Contains(maps, []byte("/memfd:"+transport.SharedName(g)+" ")) {
+			t.Errorf("buffer of generation %d still mapped after FreeBuffer and Close", g)
+		}
 	}
 }
