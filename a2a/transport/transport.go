@@ -235,11 +235,33 @@ type RecvOp struct {
 	Route func(peer int) ([]byte, error)
 	Got   Header
 	N     int // payload bytes received (valid when done)
+	// Combine, when not nil, offers a transport that reads the payload in
+	// place (shm's mapping of the sender's registered buffer) to reduce it
+	// into its final destination instead of copying it to Dst: it calls
+	// Combine.Combine(CombineID, off, src) for the payload's bytes from
+	// off, in order, and sets Combined. Every piece but the last is a
+	// multiple of CombinePiece bytes, so no element is cut. A transport
+	// that cannot lands the payload in Dst as usual, and the caller
+	// reduces from there. Only for an exact-length receive into Dst.
+	Combine   Combiner
+	CombineID int
+	Combined  bool // transport-owned: the payload went to Combine
 
 	Wire     [HeaderSize]byte // transport-owned
 	Progress int              // transport-owned
 	Started  bool             // transport-owned
 }
+
+// Combiner reduces received bytes into their destination in place of a
+// copy (RecvOp.Combine); id is the RecvOp's CombineID and off the offset of
+// src in the payload. An error fails the receive.
+type Combiner interface {
+	Combine(id, off int, src []byte) error
+}
+
+// CombinePiece divides every piece but the last that a transport passes to
+// a Combiner: a multiple of every element size.
+const CombinePiece = 4096
 
 // Reset prepares op to receive a message matching want into dst.
 func (op *RecvOp) Reset(want Header, dst []byte, anyLen bool) {
@@ -253,6 +275,7 @@ func (op *RecvOp) Reset(want Header, dst []byte, anyLen bool) {
 	op.N = 0
 	op.Progress = 0
 	op.Started = false
+	op.Combine, op.CombineID, op.Combined = nil, 0, false
 }
 
 // ResetVec prepares op to receive a message of exactly VecLen(vec) bytes

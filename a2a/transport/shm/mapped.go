@@ -245,7 +245,8 @@ func copyCached(dst, src []byte) {
 }
 
 // mapRecv copies the payload of a recMap descriptor out of the mapping of
-// the sender's buffer, at most cmaCallBytes per call.
+// the sender's buffer, at most cmaCallBytes per call, or has op.Combine
+// reduce it from there.
 func (c *conn) mapRecv(op *transport.RecvOp) (bool, error) {
 	got := op.Progress - hdrSize
 	plen := len(c.rsrc)
@@ -253,9 +254,17 @@ func (c *conn) mapRecv(op *transport.RecvOp) (bool, error) {
 	if plen > cachedCopyMax {
 		n = min(plen-got, cachedCopyMax) // whole copies, to stream past the caches
 	}
-	if op.DstVec == nil {
+	switch {
+	case op.Combine != nil && op.DstVec == nil && op.Window == nil:
+		// The reduction reads the mapping in place: no copy to Dst. n is
+		// a multiple of transport.CombinePiece but at the end.
+		if err := op.Combine.Combine(op.CombineID, got, c.rsrc[got:got+n]); err != nil {
+			return false, err
+		}
+		op.Combined = true
+	case op.DstVec == nil:
 		copyCached(c.rdst[got:got+n], c.rsrc[got:got+n])
-	} else {
+	default:
 		for p, left := got, n; left > 0; {
 			b := c.rcur.Piece(op.DstVec, left)
 			copyCached(b, c.rsrc[p:p+len(b)])

@@ -453,3 +453,75 @@ func TestMappedSoak(t *testing.T) {
 		}
 	}
 }
+
+// xorCombiner xors the pieces a transport hands it into dst and records
+// their offsets and lengths.
+type xorCombiner struct {
+	dst    []byte
+	id     int
+	pieces [][2]int
+}
+
+func (x *xorCombiner) Combine(id, off int, src []byte) error {
+	if id != x.id {
+		return fmt.Errorf("combine id %d, want %d", id, x.id)
+	}
+	x.pieces = append(x.pieces, [2]int{off, len(src)})
+	for i, b := range src {
+		x.dst[off+i] ^= b
+	}
+	return nil
+}
+
+// TestMappedCombine: a receive that offers a Combiner gets a mapped
+// message's bytes through it, read in place, in order, in pieces that cut
+// no element (multiples of transport.CombinePiece but the last), with Dst
+// untouched; a message that is not mapped (heap, by CMA) lands in Dst and
+// leaves Combined false.
+func TestMappedCombine(t *testing.T) {
+	ts := newCluster(t, 2, 1, cmaAll)
+	const size = 3<<20 + 8 // pieces of cmaCallBytes, and a short last one
+	for round, mapped := range []bool{true, false} {
+		msg := pattern(uint64(round+7), size)
+		if mapped {
+			msg = sharedBuf(t, size, uint64(round+7))
+		}
+		acc := pattern(99, size)
+		want := bytes.Clone(acc)
+		for i := range want {
+			want[i] ^= msg[i]
+		}
+		landing := bytes.Repeat([]byte{0xEE}, size)
+		h := hdr(0, 0, round, 1)
+		rv := new(transport.RecvOp)
+		rv.Reset(h, landing, false)
+		x := &xorCombiner{dst: acc, id: 5}
+		rv.Combine, rv.CombineID = x, 5
+		err := firstErr(driveAll(ts, [][]job{
+			{sendJob(ts[0].Conn(1, 0), h, msg)},
+			{{C: ts[1].Conn(0, 0), Recv: rv}},
+		}, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !mapped {
+			if rv.Combined || len(x.pieces) != 0 || !bytes.Equal(landing, msg) {
+				t.Fatalf("heap message: combined %v, %d pieces, landed right %v", rv.Combined, len(x.pieces), bytes.Equal(landing, msg))
+			}
+			continue
+		}
+		if !rv.Combined || !bytes.Equal(acc, want) || !bytes.Equal(landing, bytes.Repeat([]byte{0xEE}, size)) {
+			t.Fatalf("mapped message: combined %v, reduced right %v, landing untouched %v", rv.Combined, bytes.Equal(acc, want), bytes.Equal(landing, bytes.Repeat([]byte{0xEE}, size)))
+		}
+		off := 0
+		for i, p := range x.pieces {
+			if p[0] != off || (i < len(x.pieces)-1 && p[1]%transport.CombinePiece != 0) {
+				t.Fatalf("pieces %v: not in order or cutting elements", x.pieces)
+			}
+			off += p[1]
+		}
+		if off != size || len(x.pieces) < 2 {
+			t.Fatalf("pieces %v cover %d of %d bytes", x.pieces, off, size)
+		}
+	}
+}
