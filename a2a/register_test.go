@@ -248,18 +248,39 @@ func testRegisteredCollectives(t *testing.T, ctx context.Context, comms []*Comm,
 			return nil
 		}},
 	}
+	var inPlace uint64 // frames the reductions read from peers' buffers in place
 	for seed, o := range ops {
 		fill(seed)
+		before := inPlaceReductions(comms)
 		mustAll(t, onAll(comms, o.run))
 		for r := range n {
 			if err := o.check(r); err != nil {
 				t.Fatalf("%s, rank %d: %v", o.name, r, err)
 			}
 		}
+		if d := inPlaceReductions(comms) - before; o.name == "allreduce" || o.name == "reducescatter" {
+			inPlace += d
+		}
+	}
+	switch {
+	case kind == registeredBufs && inPlace == 0:
+		t.Error("AllReduce and ReduceScatter over registered buffers reduced no frame in place")
+	case kind == heapBufs && inPlace != 0:
+		t.Errorf("%d frames of heap buffers reduced in place", inPlace)
 	}
 	if len(regs) > 0 && peerMapped(t, regs) == 0 {
 		t.Errorf("peers mapped none of %d registered buffers", len(regs))
 	}
+}
+
+// inPlaceReductions is how many frames comms reduced straight from a
+// peer's registered buffer.
+func inPlaceReductions(comms []*Comm) uint64 {
+	var n uint64
+	for _, c := range comms {
+		n += c.eng.InPlaceReductions()
+	}
+	return n
 }
 
 // sumTo is the sum of counts[:k].

@@ -74,6 +74,9 @@ type Engine struct {
 	// aux is the collective signature carried in every frame of the
 	// running operation (0 for AllToAllV).
 	aux uint64
+	// inPlace counts the RecvReduce frames the transport reduced where
+	// they lay (RecvOp.Combine), with no landing copy.
+	inPlace uint64
 }
 
 // reduction is the element type and operator of the running schedule's
@@ -141,6 +144,11 @@ func (e *Engine) Waiting() Waiting { return e.wait }
 
 // Timeout bounds an operation without a deadline, from when it first waits.
 func (e *Engine) Timeout() time.Duration { return e.timeout }
+
+// InPlaceReductions is how many received frames were reduced straight from
+// the sender's memory (a mapping of its registered buffer) instead of from
+// a landing copy, since the engine was made.
+func (e *Engine) InPlaceReductions() uint64 { return e.inPlace }
 
 // SameHost reports whether peer shares this rank's host.
 func (e *Engine) SameHost(peer int) bool { return e.op.sameHost[peer] }

@@ -223,13 +223,17 @@ func (e *Engine) resetRecvReduce(op *transport.RecvOp, h transport.Header, bufs 
 	if err != nil {
 		return 0, err
 	}
+	op.Reset(h, dst, false)
 	if st.Kind == algo.StepRecvReduce {
 		if a.into, a.with, err = reduceSpans(bufs, st, len(dst)); err != nil {
 			return 0, err
 		}
 		a.landedFirst = st.LandedFirst
+		// A transport that reads the frame in place (a peer's registered
+		// buffer, mapped) reduces it from there, with no landing copy;
+		// a is the round's next active op.
+		op.Combine, op.CombineID = e, len(e.round.active)
 	}
-	op.Reset(h, dst, false)
 	return len(dst), nil
 }
 

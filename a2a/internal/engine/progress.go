@@ -153,10 +153,13 @@ func (e *Engine) landed(a *activeOp, waited bool) error {
 		var c transport.VecCursor
 		c.Scatter(a.scatter, e.round.recvOps[a.idx].Dst)
 	}
-	if a.into != nil {
+	switch op := &e.round.recvOps[a.idx]; {
+	case a.into != nil && op.Combined:
+		e.inPlace++
+	case a.into != nil:
 		// Reduce at once: the next round may forward this result, and the
 		// landed frame is still in cache.
-		if err := e.reduceLanded(a, e.round.recvOps[a.idx].Dst); err != nil {
+		if err := e.reduceLanded(a, op.Dst); err != nil {
 			return err
 		}
 	}
@@ -166,14 +169,27 @@ func (e *Engine) landed(a *activeOp, waited bool) error {
 
 // reduceLanded reduces a landed RecvReduce frame into its destination.
 func (e *Engine) reduceLanded(a *activeOp, landed []byte) error {
+	return e.reduceAt(a, 0, landed)
+}
+
+// Combine reduces the bytes of active op id's frame from off, read in place
+// by the transport (transport.RecvOp.Combine), into their destination.
+func (e *Engine) Combine(id, off int, src []byte) error {
+	return e.reduceAt(&e.round.active[id], off, src)
+}
+
+// reduceAt reduces src, the bytes of a's frame from off, into a's
+// destination (with a's second operand, if any).
+func (e *Engine) reduceAt(a *activeOp, off int, src []byte) error {
+	into := a.into[off : off+len(src)]
 	var err error
 	switch {
 	case a.with == nil:
-		err = reduce.Reduce(e.reducer.dtype, e.reducer.op, a.into, landed)
+		err = reduce.Reduce(e.reducer.dtype, e.reducer.op, into, src)
 	case a.landedFirst:
-		err = reduce.ReduceTo(e.reducer.dtype, e.reducer.op, a.into, landed, a.with)
+		err = reduce.ReduceTo(e.reducer.dtype, e.reducer.op, into, src, a.with[off:off+len(src)])
 	default:
-		err = reduce.ReduceTo(e.reducer.dtype, e.reducer.op, a.into, a.with, landed)
+		err = reduce.ReduceTo(e.reducer.dtype, e.reducer.op, into, a.with[off:off+len(src)], src)
 	}
 	if err != nil {
 		return fault.Wrap(fault.ErrInvalidArgument, -1, err, "reduction")
