@@ -15,11 +15,35 @@ import (
 // measures or loads and then broadcasts at join), so the cost of every
 // candidate, computed from the table and a counts matrix every rank holds,
 // is the same everywhere and every rank picks the same algorithm.
+//
+// Mapped is a third class, of the local role's pairs when both ranks'
+// buffers are registered: the receiver copies from its mapping of the
+// sender's buffer (the mapped-copy class, MappedClass, named after the
+// local class: "shm-mapped"), with no kernel call per message. It is zero
+// where the local class cannot map registered buffers. Per-call choices
+// price with Local: whether a call's buffers are registered is each rank's
+// own business, and the ranks must choose alike without a round. Registered
+// gives the table for callers that know every buffer is registered.
 type Links struct {
 	Local       Link   `json:"local"`
 	Remote      Link   `json:"remote"`
+	Mapped      Link   `json:"mapped,omitzero"`
 	LocalClass  string `json:"local_class,omitempty"`
 	RemoteClass string `json:"remote_class,omitempty"`
+	MappedClass string `json:"mapped_class,omitempty"`
+}
+
+// MappedSuffix makes a local class's mapped-copy class name: "shm" ->
+// "shm-mapped".
+const MappedSuffix = "-mapped"
+
+// Registered is the table for exchanges whose buffers are all registered:
+// the local role priced by the mapped-copy class, where there is one.
+func (l Links) Registered() Links {
+	if l.MappedClass != "" && l.Mapped.Beta > 0 {
+		l.Local, l.LocalClass = l.Mapped, l.MappedClass
+	}
+	return l
 }
 
 // ClassLinks are the built-in links of the link classes a communicator may
@@ -35,21 +59,40 @@ func (cl ClassLinks) Link(class string) Link {
 	return DefaultLink()
 }
 
-// Table is the built-in table for the given classes of the two roles.
+// Table is the built-in table for the given classes of the two roles, with
+// the local class's mapped-copy class where ClassLinks lists one.
 func (cl ClassLinks) Table(local, remote string) Links {
-	return Links{Local: cl.Link(local), Remote: cl.Link(remote), LocalClass: local, RemoteClass: remote}
+	l := Links{Local: cl.Link(local), Remote: cl.Link(remote), LocalClass: local, RemoteClass: remote}
+	if m, ok := cl[local+MappedSuffix]; ok {
+		l.Mapped, l.MappedClass = m, local+MappedSuffix
+	}
+	return l
 }
 
 // For returns the table for a communicator whose roles are played by the
 // classes local and remote: a role whose class differs from the one l was
 // measured with takes that class's built-in Link from builtin (a table
 // without classes, as older `a2ad tune` files, fits any).
+//
+// The mapped-copy class follows the local one: a table measured with local
+// class shm keeps its Mapped link for shm, and prices a local role played
+// by "shm-mapped" itself (a2ad plan --local-class shm-mapped) with it.
 func (l Links) For(local, remote string, builtin ClassLinks) Links {
-	if l.LocalClass != "" && l.LocalClass != local {
+	measuredMapped := l.MappedClass != "" && l.Mapped.Beta > 0
+	switch {
+	case measuredMapped && local == l.MappedClass:
+		l.Local = l.Mapped
+	case l.LocalClass != "" && l.LocalClass != local:
 		l.Local = builtin.Link(local)
 	}
 	if l.RemoteClass != "" && l.RemoteClass != remote {
 		l.Remote = builtin.Link(remote)
+	}
+	if want := local + MappedSuffix; !measuredMapped || l.MappedClass != want {
+		l.Mapped, l.MappedClass = Link{}, ""
+		if m, ok := builtin[want]; ok {
+			l.Mapped, l.MappedClass = m, want
+		}
 	}
 	l.LocalClass, l.RemoteClass = local, remote
 	return l
@@ -65,12 +108,16 @@ func (l Links) Flat(hosts int) Link {
 	return l.Local
 }
 
-// Validate reports a table no cost model can use.
+// Validate reports a table no cost model can use. Mapped may be zero: no
+// mapped-copy class.
 func (l Links) Validate() error {
 	for _, c := range []struct {
 		name string
 		link Link
-	}{{"local", l.Local}, {"remote", l.Remote}} {
+	}{{"local", l.Local}, {"remote", l.Remote}, {"mapped", l.Mapped}} {
+		if c.name == "mapped" && c.link == (Link{}) {
+			continue
+		}
 		if !(c.link.Alpha >= 0) || !(c.link.Beta > 0) || math.IsInf(c.link.Alpha, 0) || math.IsInf(c.link.Beta, 0) || c.link.Lanes < 0 {
 			return fmt.Errorf("links: %s link alpha=%g beta=%g lanes=%d: need alpha >= 0, beta > 0, both finite", c.name, c.link.Alpha, c.link.Beta, c.link.Lanes)
 		}

@@ -203,3 +203,45 @@ var testClasses = ClassLinks{
 // testLinks is the built-in table of a communicator whose ranks of one host
 // talk through shared memory and whose hosts talk through TCP.
 func testLinks() Links { return testClasses.Table("shm", "tcp") }
+
+// TestMappedClass: the mapped-copy class comes with its local class from
+// the built-in links, survives a file measured on that class, is dropped
+// for another local class, prices a local role named after it, and
+// Registered swaps it in for the local role; a file's mapped link is
+// validated like the others, and may be absent.
+func TestMappedClass(t *testing.T) {
+	shm, mapped, tcp := Link{Alpha: 1e-6, Beta: 1 / 8e9, Lanes: 1}, Link{Alpha: 3e-6, Beta: 1 / 20e9, Lanes: 1}, Link{Alpha: 1e-5, Beta: 1 / 3e9, Lanes: 1}
+	builtin := ClassLinks{"shm": shm, "shm" + MappedSuffix: mapped, "tcp": tcp}
+	tab := builtin.Table("shm", "tcp")
+	if tab.Mapped != mapped || tab.MappedClass != "shm-mapped" {
+		t.Fatalf("Table(shm, tcp) = %+v: want the shm-mapped class", tab)
+	}
+	if reg := tab.Registered(); reg.Local != mapped || reg.LocalClass != "shm-mapped" || reg.Remote != tcp {
+		t.Errorf("Registered() = %+v: want the local role priced as shm-mapped", reg)
+	}
+	if tcpTab := builtin.Table("tcp", "tcp"); tcpTab.MappedClass != "" || tcpTab.Registered() != tcpTab {
+		t.Errorf("Table(tcp, tcp) = %+v: tcp has no mapped-copy class", tcpTab)
+	}
+	measured := Links{Local: Link{Alpha: 2e-6, Beta: 1 / 7e9, Lanes: 1}, Remote: tcp, Mapped: Link{Alpha: 4e-6, Beta: 1 / 25e9, Lanes: 1},
+		LocalClass: "shm", RemoteClass: "tcp", MappedClass: "shm-mapped"}
+	if got := measured.For("shm", "tcp", builtin); got != measured {
+		t.Errorf("For(shm) of a table measured on shm = %+v, want it unchanged", got)
+	}
+	if got := measured.For("shm-mapped", "tcp", builtin); got.Local != measured.Mapped || got.LocalClass != "shm-mapped" || got.MappedClass != "" {
+		t.Errorf("For(shm-mapped) = %+v: want the measured mapped link as the local role", got)
+	}
+	if got := measured.For("tcp", "tcp", builtin); got.Local != tcp || got.MappedClass != "" || got.Mapped != (Link{}) {
+		t.Errorf("For(tcp) = %+v: want tcp's link and no mapped class", got)
+	}
+	old := Links{Local: shm, Remote: tcp, LocalClass: "shm", RemoteClass: "tcp"} // a file from before the class
+	if got := old.For("shm", "tcp", builtin); got.Mapped != mapped || got.MappedClass != "shm-mapped" {
+		t.Errorf("For(shm) of a table without mapped = %+v: want the built-in shm-mapped", got)
+	}
+	b, _ := json.Marshal(measured)
+	if got, err := ParseLinks(b); err != nil || got != measured {
+		t.Errorf("ParseLinks(Marshal) = %+v, %v; want %+v", got, err, measured)
+	}
+	if _, err := ParseLinks([]byte(`{"local":{"Alpha":1e-6,"Beta":1e-9},"remote":{"Alpha":1e-5,"Beta":1e-9},"mapped":{"Alpha":-1,"Beta":1e-9}}`)); err == nil {
+		t.Error("ParseLinks accepted a negative mapped alpha")
+	}
+}
