@@ -1,6 +1,8 @@
 package a2a
 
 import (
+	"strings"
+
 	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/transport"
 )
@@ -34,11 +36,16 @@ func newLinkClasses(providers []transport.Provider) linkClasses {
 	return lc
 }
 
-// builtin is the cost model's built-in link of every class.
+// builtin is the cost model's built-in link of every class, with the
+// mapped-copy class ("shm-mapped") of each provider that maps registered
+// buffers.
 func (lc linkClasses) builtin() algo.ClassLinks {
 	links := make(algo.ClassLinks, len(lc.caps))
 	for name, caps := range lc.caps {
 		links[name] = algo.Link{Alpha: caps.Cost.Alpha, Beta: caps.Cost.Beta, Lanes: caps.Cost.Lanes}
+		if m := caps.MappedCost; m.Beta > 0 {
+			links[name+algo.MappedSuffix] = algo.Link{Alpha: m.Alpha, Beta: m.Beta, Lanes: m.Lanes}
+		}
 	}
 	return links
 }
@@ -49,7 +56,8 @@ func (lc linkClasses) builtin() algo.ClassLinks {
 // every pair is quiet (algo.AllToAllVArgs.LLQuiet): a class with slots
 // watches them (transport.SlotWatcher).
 func (lc linkClasses) llCutoff(class string, llBytes int) int {
-	if slot := lc.caps[class].SlotBytes; slot > 0 {
+	// A mapped-copy class ("shm-mapped") has its provider's slots.
+	if slot := lc.caps[strings.TrimSuffix(class, algo.MappedSuffix)].SlotBytes; slot > 0 {
 		return min(llBytes, slot)
 	}
 	return llBytes

@@ -25,6 +25,10 @@ const (
 	probeSmallReps  = 40
 	probeLargeReps  = 8
 	probeWarmupReps = 4
+	// The mapped-copy class: two sizes above shm's zero-copy threshold, so
+	// both go by mapped copies, from registered buffers.
+	probeMappedSmall = 16 << 10
+	probeMappedLarge = 1 << 20
 )
 
 // Links returns the link table every rank of the communicator agreed on at
@@ -92,6 +96,9 @@ func (c *Comm) agreeLinks(ctx context.Context) error {
 				*p.link = l
 			}
 		}
+		if err := c.probeMappedRole(ctx, local); err != nil {
+			return err
+		}
 		if c.rank == 0 {
 			encodeLinks(table, c.plan.links)
 		}
@@ -104,45 +111,82 @@ func (c *Comm) agreeLinks(ctx context.Context) error {
 	return nil
 }
 
+// probeMappedRole measures the mapped-copy class with local, rank 0's
+// first peer on its host, when the table has that class (shm): rank 0 and
+// local ping-pong from registered buffers. Other ranks return at once.
+func (c *Comm) probeMappedRole(ctx context.Context, local int) error {
+	if local < 0 || c.plan.links.MappedClass == "" || (c.rank != 0 && c.rank != local) {
+		return nil
+	}
+	buf, err := AllocBuffer(probeMappedLarge)
+	if err != nil {
+		return err
+	}
+	// Nothing holds it once the ping-pong is done: FreeBuffer cannot fail.
+	defer func() { _ = FreeBuffer(buf) }()
+	peer := local
+	if c.rank != 0 {
+		peer = 0
+	}
+	small, err := c.pingPong(ctx, buf, peer, probeMappedSmall, probeLargeReps)
+	if err != nil {
+		return err
+	}
+	large, err := c.pingPong(ctx, buf, peer, probeMappedLarge, probeLargeReps)
+	if err != nil {
+		return err
+	}
+	if c.rank == 0 {
+		beta := max((large.Seconds()-small.Seconds())/2/(probeMappedLarge-probeMappedSmall), 1e-12)
+		alpha := max(small.Seconds()/2-beta*probeMappedSmall, 0)
+		c.plan.links.Mapped = algo.Link{Alpha: alpha, Beta: beta, Lanes: 1}
+	}
+	return nil
+}
+
+// pingPong times reps round trips of size bytes of buf between rank 0
+// (which sends first) and peer, after probeWarmupReps untimed ones, and
+// returns the mean round trip.
+func (c *Comm) pingPong(ctx context.Context, buf []byte, peer, size, reps int) (time.Duration, error) {
+	var total time.Duration
+	for i := range probeWarmupReps + reps {
+		start := time.Now()
+		if c.rank == 0 {
+			if err := c.Send(ctx, buf[:size], peer, i); err != nil {
+				return 0, err
+			}
+			if _, err := c.Recv(ctx, buf[:size], peer, i); err != nil {
+				return 0, err
+			}
+		} else {
+			if _, err := c.Recv(ctx, buf[:size], peer, i); err != nil {
+				return 0, err
+			}
+			if err := c.Send(ctx, buf[:size], peer, i); err != nil {
+				return 0, err
+			}
+		}
+		if i >= probeWarmupReps {
+			total += time.Since(start)
+		}
+	}
+	return total / time.Duration(reps), nil
+}
+
 // probeLink runs rank 0's ping-pong with peer (rank 0 measures; peer echoes)
 // and returns, on rank 0, the link it saw: Alpha is half the small round
 // trip, Beta the extra half round trip of a large message per byte.
 func (c *Comm) probeLink(ctx context.Context, peer int) (algo.Link, error) {
-	buf := make([]byte, probeLarge)
+	buf := make([]byte, probeLarge) // the heap: not registered
 	other := peer
 	if c.rank != 0 {
 		other = 0
 	}
-	pingPong := func(size, reps int) (time.Duration, error) {
-		var total time.Duration
-		for i := range probeWarmupReps + reps {
-			start := time.Now()
-			if c.rank == 0 {
-				if err := c.Send(ctx, buf[:size], other, i); err != nil {
-					return 0, err
-				}
-				if _, err := c.Recv(ctx, buf[:size], other, i); err != nil {
-					return 0, err
-				}
-			} else {
-				if _, err := c.Recv(ctx, buf[:size], other, i); err != nil {
-					return 0, err
-				}
-				if err := c.Send(ctx, buf[:size], other, i); err != nil {
-					return 0, err
-				}
-			}
-			if i >= probeWarmupReps {
-				total += time.Since(start)
-			}
-		}
-		return total / time.Duration(reps), nil
-	}
-	small, err := pingPong(probeSmall, probeSmallReps)
+	small, err := c.pingPong(ctx, buf, other, probeSmall, probeSmallReps)
 	if err != nil {
 		return algo.Link{}, err
 	}
-	large, err := pingPong(probeLarge, probeLargeReps)
+	large, err := c.pingPong(ctx, buf, other, probeLarge, probeLargeReps)
 	if err != nil {
 		return algo.Link{}, err
 	}
@@ -175,30 +219,35 @@ func (c *Comm) linkClasses() (local, remote string) {
 }
 
 // linksBytes is the size of an encoded link table: alpha, beta and lanes of
-// each role as float64s, then each role's class name in classBytes.
+// the local, remote and mapped classes as float64s, then each one's name in
+// classBytes.
 const (
 	classBytes = 16
-	linksBytes = 48 + 2*classBytes
+	linksBytes = 72 + 3*classBytes
 )
 
 func encodeLinks(b []byte, l algo.Links) {
 	for i, v := range []float64{l.Local.Alpha, l.Local.Beta, float64(l.Local.Lanes),
-		l.Remote.Alpha, l.Remote.Beta, float64(l.Remote.Lanes)} {
+		l.Remote.Alpha, l.Remote.Beta, float64(l.Remote.Lanes),
+		l.Mapped.Alpha, l.Mapped.Beta, float64(l.Mapped.Lanes)} {
 		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
 	}
 	// Class names are provider names: short words, cut to fit.
-	clear(b[48:linksBytes])
-	copy(b[48:48+classBytes], l.LocalClass)
-	copy(b[48+classBytes:linksBytes], l.RemoteClass)
+	clear(b[72:linksBytes])
+	for i, name := range []string{l.LocalClass, l.RemoteClass, l.MappedClass} {
+		copy(b[72+i*classBytes:72+(i+1)*classBytes], name)
+	}
 }
 
 func decodeLinks(b []byte) algo.Links {
 	f := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:])) }
-	name := func(b []byte) string { return string(bytes.TrimRight(b, "\x00")) }
+	name := func(i int) string { return string(bytes.TrimRight(b[72+i*classBytes:72+(i+1)*classBytes], "\x00")) }
 	return algo.Links{
 		Local:       algo.Link{Alpha: f(0), Beta: f(1), Lanes: int(f(2))},
 		Remote:      algo.Link{Alpha: f(3), Beta: f(4), Lanes: int(f(5))},
-		LocalClass:  name(b[48 : 48+classBytes]),
-		RemoteClass: name(b[48+classBytes : linksBytes]),
+		Mapped:      algo.Link{Alpha: f(6), Beta: f(7), Lanes: int(f(8))},
+		LocalClass:  name(0),
+		RemoteClass: name(1),
+		MappedClass: name(2),
 	}
 }

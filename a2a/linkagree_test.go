@@ -57,6 +57,13 @@ func TestLinksAgreed(t *testing.T) {
 			if l.Local.Alpha <= 0 || l.Local.Alpha > 0.1 || l.Remote.Alpha <= 0 || l.Remote.Alpha > 0.1 {
 				return fmt.Errorf("%+v: implausible latencies", l)
 			}
+			// The mapped-copy class, measured from registered buffers.
+			if l.MappedClass != "shm-mapped" || l.Mapped == BuiltinLinks().Table("shm", "tcp").Mapped {
+				return fmt.Errorf("%+v: the mapped-copy class is not measured", l)
+			}
+			if l.Mapped.Alpha < 0 || l.Mapped.Alpha > 0.1 || l.Mapped.Beta <= 0 || 1/l.Mapped.Beta > 1e12 {
+				return fmt.Errorf("%+v: implausible mapped link", l)
+			}
 			return nil
 		}},
 	} {

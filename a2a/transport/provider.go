@@ -100,6 +100,10 @@ type Capabilities struct {
 	// Cost is the built-in price of one of its links, used where nothing
 	// was measured (a2ad tune, A2A_LINKS=probe).
 	Cost Cost
+	// MappedCost is the built-in price of a message a peer copies from its
+	// mapping of the sender's registered buffer (the mapped-copy link
+	// class); zero when its links never map registered buffers.
+	MappedCost Cost
 	// SlotBytes is the payload of one LL slot of the one-sided window its
 	// transports open to a peer (Slots, watched by SlotWatcher); 0 when it
 	// has none and LL messages travel as frames.

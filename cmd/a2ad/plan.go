@@ -70,7 +70,7 @@ func (f *planFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.machines, "machines", 0, "machines the hosts share (consecutive hosts per machine; 0: one per host), e.g. 1 for the test bed's namespaces")
 	fs.IntVar(&f.cores, "cores", 0, "CPUs each machine gives the job (0: a core per rank); fewer than its ranks bound every estimate by the machine's total work")
 	fs.StringVar(&f.linksFile, "links", "", "link table written by \"a2ad tune\" (default: built-in)")
-	fs.StringVar(&f.localClass, "local-class", "shm", "data plane between ranks of one host (shm, tcp, verbs): prices the local role")
+	fs.StringVar(&f.localClass, "local-class", "shm", "data plane between ranks of one host (shm, tcp, verbs; shm-mapped: shm copying from registered buffers): prices the local role")
 	fs.StringVar(&f.remoteClass, "remote-class", "tcp", "data plane between hosts (tcp, verbs): prices the remote role")
 	fs.StringVar(&f.moe, "moe", "", "instead: the MoE expert placement routing.Balance computes for -n ranks over --hosts from these loads: a rank's /metrics URL (a2a_moe_expert_load), a file of them, or a file (- for stdin) of one load per expert")
 	fs.IntVar(&f.redundant, "redundant", 0, "with --moe: slots beyond one per expert, for replicas of the hot ones")

@@ -68,7 +68,11 @@ func tuneWorker(ctx context.Context, log *slog.Logger, out string) error {
 		return err
 	}
 	l := c.Links()
-	fmt.Printf("a2ad tune: wrote %s: local (%s) alpha %.2fus %.2f GB/s, remote (%s) alpha %.2fus %.2f GB/s\n",
+	fmt.Printf("a2ad tune: wrote %s: local (%s) alpha %.2fus %.2f GB/s, remote (%s) alpha %.2fus %.2f GB/s",
 		out, l.LocalClass, l.Local.Alpha*1e6, 1/l.Local.Beta/1e9, l.RemoteClass, l.Remote.Alpha*1e6, 1/l.Remote.Beta/1e9)
+	if l.MappedClass != "" {
+		fmt.Printf(", registered buffers (%s) alpha %.2fus %.2f GB/s", l.MappedClass, l.Mapped.Alpha*1e6, 1/l.Mapped.Beta/1e9)
+	}
+	fmt.Println()
 	return nil
 }
