@@ -276,61 +276,82 @@ func sharedMappings() int {
 // once (the sender's side) or can free its own buffer (the receiver's
 // side), and Close leaves no mapping and no file (TestMain checks both).
 func TestMappedKilledPeer(t *testing.T) {
-	t.Run("sender killed", func(t *testing.T) {
-		group := testGroup(t)
-		h := startHelper(t, "mapped-send-stall", group, DefaultDir, cmaAll, false, false)
-		tr := openRank0(t, group, DefaultDir, cmaAll)
-		c := tr.conns[1]
-		first := make([]byte, 1<<20)
-		if err := drive(tr, []job{recvJob(c, hdr(1, 0, 0, 1), first)}, 10*time.Second); err != nil {
+	for _, combine := range []bool{false, true} {
+		name := "sender killed"
+		if combine {
+			name += ", reduced in place"
+		}
+		t.Run(name, func(t *testing.T) { testMappedSenderKilled(t, combine) })
+	}
+	t.Run("receiver killed", testMappedReceiverKilled)
+}
+
+// testMappedSenderKilled: the sender dies while this rank copies (or, with
+// combine, reduces in place) from its buffer.
+func testMappedSenderKilled(t *testing.T, combine bool) {
+	group := testGroup(t)
+	h := startHelper(t, "mapped-send-stall", group, DefaultDir, cmaAll, false, false)
+	tr := openRank0(t, group, DefaultDir, cmaAll)
+	c := tr.conns[1]
+	first := make([]byte, 1<<20)
+	if err := drive(tr, []job{recvJob(c, hdr(1, 0, 0, 1), first)}, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(first, pattern(4, helperSize)[:1<<20]) || c.rmapped != 1 || len(c.rmaps.ents) != 1 {
+		t.Fatalf("first message: equal %v, %d mapped, %d mappings", bytes.Equal(first, pattern(4, helperSize)[:1<<20]), c.rmapped, len(c.rmaps.ents))
+	}
+	h.expect(t, "ready")
+	r := recvJob(c, hdr(1, 0, 1, 1), make([]byte, helperSize))
+	x := &xorCombiner{dst: make([]byte, helperSize)}
+	if combine {
+		r.Recv.Combine = x
+	}
+	for r.Recv.Progress <= hdrSize { // the descriptor, and a first copy
+		if _, err := c.TryRecv(r.Recv); err != nil {
 			t.Fatal(err)
 		}
-		if !bytes.Equal(first, pattern(4, helperSize)[:1<<20]) || c.rmapped != 1 || len(c.rmaps.ents) != 1 {
-			t.Fatalf("first message: equal %v, %d mapped, %d mappings", bytes.Equal(first, pattern(4, helperSize)[:1<<20]), c.rmapped, len(c.rmaps.ents))
-		}
-		h.expect(t, "ready")
-		r := recvJob(c, hdr(1, 0, 1, 1), make([]byte, helperSize))
-		for r.Recv.Progress <= hdrSize { // the descriptor, and a first copy
-			if _, err := c.TryRecv(r.Recv); err != nil {
-				t.Fatal(err)
-			}
-		}
-		h.kill(t)
-		// As Wait does at its next park: the pidfd says the sender died.
-		if !transporttest.WaitFor(5*time.Second, func() bool { tr.checkPeers(); return tr.dead[1].Load() }) {
-			t.Fatal("the death is not noticed")
-		}
-		err := drive(tr, []job{r}, 5*time.Second)
-		var fe *fault.Error
-		if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &fe) || fe.Rank != 1 {
-			t.Fatalf("got %v, want ErrPeerLost naming rank 1", err)
-		}
-		if n := len(c.rmaps.ents); n != 0 {
-			t.Errorf("%d mappings of the dead rank's buffers kept", n)
-		}
-		tr.Close()
-		checkNoFiles(t, DefaultDir, group)
-	})
-	t.Run("receiver killed", func(t *testing.T) {
-		group := testGroup(t)
-		h := startHelper(t, "mapped-recv-stall", group, DefaultDir, cmaAll, false, false)
-		tr := openRank0(t, group, DefaultDir, cmaAll)
-		b, err := transport.AllocShared(helperSize, pageSize)
-		if err != nil {
-			t.Fatal(err)
-		}
-		errc := make(chan error, 1)
-		go func() { errc <- drive(tr, []job{sendJob(tr.Conn(1, 0), hdr(0, 0, 0, 1), b)}, 10*time.Second) }()
-		if lines := h.expect(t, "ready"); len(lines) != 1 || lines[0] != "mapped=1" {
-			t.Errorf("helper said %q, want mapped=1", lines)
-		}
-		h.killExpectLost(t, errc)
-		if err := transport.FreeShared(b); err != nil {
-			t.Fatalf("FreeShared after the failed send: %v", err)
-		}
-		tr.Close()
-		checkNoFiles(t, DefaultDir, group)
-	})
+	}
+	h.kill(t)
+	// As Wait does at its next park: the pidfd says the sender died.
+	if !transporttest.WaitFor(5*time.Second, func() bool { tr.checkPeers(); return tr.dead[1].Load() }) {
+		t.Fatal("the death is not noticed")
+	}
+	err := drive(tr, []job{r}, 5*time.Second)
+	var fe *fault.Error
+	if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &fe) || fe.Rank != 1 {
+		t.Fatalf("got %v, want ErrPeerLost naming rank 1", err)
+	}
+	if n := len(c.rmaps.ents); n != 0 {
+		t.Errorf("%d mappings of the dead rank's buffers kept", n)
+	}
+	if combine && (!r.Recv.Combined || len(x.pieces) == 0) {
+		t.Errorf("the reduction read nothing in place before the death (%d pieces)", len(x.pieces))
+	}
+	tr.Close()
+	checkNoFiles(t, DefaultDir, group)
+}
+
+// testMappedReceiverKilled: the receiver dies while it maps this rank's
+// buffer; the send fails and the buffer can be freed.
+func testMappedReceiverKilled(t *testing.T) {
+	group := testGroup(t)
+	h := startHelper(t, "mapped-recv-stall", group, DefaultDir, cmaAll, false, false)
+	tr := openRank0(t, group, DefaultDir, cmaAll)
+	b, err := transport.AllocShared(helperSize, pageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- drive(tr, []job{sendJob(tr.Conn(1, 0), hdr(0, 0, 0, 1), b)}, 10*time.Second) }()
+	if lines := h.expect(t, "ready"); len(lines) != 1 || lines[0] != "mapped=1" {
+		t.Errorf("helper said %q, want mapped=1", lines)
+	}
+	h.killExpectLost(t, errc)
+	if err := transport.FreeShared(b); err != nil {
+		t.Fatalf("FreeShared after the failed send: %v", err)
+	}
+	tr.Close()
+	checkNoFiles(t, DefaultDir, group)
 }
 
 // TestMappedFreed: a rank that frees a shareable buffer lists it in its
