@@ -173,11 +173,20 @@ func BenchmarkMappedExchangeProcs(b *testing.B) {
 // copies in (copyCached), which is what glibc's memcpy does at these sizes.
 // The ceiling of a mapped exchange, in which both ranks copy at once, each
 // on its core.
+//
+// The memfd modes copy, in pieces, from a shareable buffer as a mapped
+// receive does: where shmem_enabled forbids huge pages to shared memory
+// (the 2-core VM), its pages are 4 KiB while the Go heap's are
+// transparent huge pages, so they price the TLB misses of a peer's
+// mapping against the same copy from the heap.
 func BenchmarkMemcpy(b *testing.B) {
 	for _, size := range []int{64 << 10, 256 << 10, 1 << 20, 4 << 20} {
-		for _, mode := range []string{"copy", "pieces"} {
+		for _, mode := range []string{"copy", "pieces", "pieces-memfd"} {
 			b.Run(fmt.Sprintf("%s/%dKiB", mode, size>>10), func(b *testing.B) {
 				src, dst := pattern(1, size), make([]byte, size)
+				if mode == "pieces-memfd" {
+					src = sharedBuf(b, size, 1)
+				}
 				b.SetBytes(int64(size))
 				for b.Loop() {
 					if mode == "copy" {
