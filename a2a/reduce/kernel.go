@@ -94,6 +94,16 @@ func minTo[T native](d, a, b []T) {
 	}
 }
 
+// applyVec is applyTo with a Sum's (or Avg's) prefix done by vec, a vector
+// kernel (sum_amd64.go) that returns how many elements it did.
+func applyVec[T native](op Op, d, a, b []T, vec func(d, a, b []T) int) {
+	if op == Sum || op == Avg {
+		n := vec(d, a, b)
+		d, a, b = d[n:], a[n:], b[n:]
+	}
+	applyTo(op, d, a, b)
+}
+
 // applyTo dispatches op (already validated; Avg accumulates a Sum).
 func applyTo[T native](op Op, d, a, b []T) {
 	switch op {

@@ -95,25 +95,25 @@ func ReduceTo(dt DType, op Op, dst, a, b []byte) error {
 	switch dt {
 	case Float32:
 		if hostLittleEndian && aligned(4, dst, a, b) {
-			applyTo(op, view[float32](dst), view[float32](a), view[float32](b))
+			applyVec(op, view[float32](dst), view[float32](a), view[float32](b), sumF32Vec)
 		} else {
 			portable32[float32](op, dst, a, b)
 		}
 	case Int32:
 		if hostLittleEndian && aligned(4, dst, a, b) {
-			applyTo(op, view[int32](dst), view[int32](a), view[int32](b))
+			applyVec(op, view[int32](dst), view[int32](a), view[int32](b), sumI32Vec)
 		} else {
 			portable32[int32](op, dst, a, b)
 		}
 	case Float64:
 		if hostLittleEndian && aligned(unsafe.Alignof(float64(0)), dst, a, b) {
-			applyTo(op, view[float64](dst), view[float64](a), view[float64](b))
+			applyVec(op, view[float64](dst), view[float64](a), view[float64](b), sumF64Vec)
 		} else {
 			portable64[float64](op, dst, a, b)
 		}
 	case Int64:
 		if hostLittleEndian && aligned(unsafe.Alignof(int64(0)), dst, a, b) {
-			applyTo(op, view[int64](dst), view[int64](a), view[int64](b))
+			applyVec(op, view[int64](dst), view[int64](a), view[int64](b), sumI64Vec)
 		} else {
 			portable64[int64](op, dst, a, b)
 		}
