@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/a2a-moe/a2a/a2a/transport/shm"
 )
 
 // TestPlanDefaultIsSummary: plan prints one estimate line per candidate and
@@ -53,12 +56,12 @@ func TestPlanMappedClass(t *testing.T) {
 		return lines[0], auto
 	}
 	h, mapped := estimate("--local-class", "shm-mapped")
-	if !strings.Contains(h, "local(shm-mapped) alpha=3.0us beta=20.00GB/s") || !strings.Contains(h, "ll=shm-mapped:512,") {
+	if !strings.Contains(h, "local(shm-mapped) alpha=3.0us beta=20.00GB/s") || !strings.Contains(h, fmt.Sprintf("ll=shm-mapped:%d,", shm.DefaultSlotBytes)) {
 		t.Errorf("header %q: want the built-in shm-mapped link and shm's LL slot", h)
 	}
-	_, shm := estimate()
-	if !(parseFloat(t, mapped) < parseFloat(t, shm)) {
-		t.Errorf("1 MiB on 4 ranks: shm-mapped %s us, shm %s us; want mapped cheaper", mapped, shm)
+	_, plain := estimate()
+	if !(parseFloat(t, mapped) < parseFloat(t, plain)) {
+		t.Errorf("1 MiB on 4 ranks: shm-mapped %s us, shm %s us; want mapped cheaper", mapped, plain)
 	}
 	file := filepath.Join(t.TempDir(), "links.json")
 	tuned := `{"local":{"Alpha":2e-6,"Beta":2e-10,"Lanes":1},"remote":{"Alpha":1e-5,"Beta":3e-10,"Lanes":1},` +
