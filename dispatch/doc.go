@@ -80,7 +80,8 @@
 // block uses the whole E4M3 range. A wire row is the row's Hidden E4M3
 // bytes followed by its little-endian scales: at H=7168, 7392 bytes
 // instead of 14336 in bfloat16 (0.52x). Each token row is quantized once,
-// before the counts exchange, into a staging buffer of wire rows that the
+// before the counts exchange (without shared memory, in the pass that packs
+// the rows), into a staging buffer of wire rows that the
 // AllToAllVSpans gathers from and the shared-memory pack copies from (into
 // each same-host receiver's wire buffer); this rank's own rows take the same
 // round trip, so what an expert sees does not depend on where it runs. On

@@ -350,7 +350,7 @@ func (h *Handle) runDispatch() error {
 		return h.runHierDispatch(start)
 	}
 	sendLayout := h.layoutSend()
-	if d.fp8 {
+	if d.fp8 && !h.quantizeInPack() {
 		if err := h.quantizeTokens(); err != nil {
 			return h.rejectStep(err)
 		}
@@ -363,7 +363,9 @@ func (h *Handle) runDispatch() error {
 		if err := h.growWireFor(len(h.recv), 0); err != nil {
 			return err
 		}
-		h.pack()
+		if err := h.pack(); err != nil {
+			return h.rejectStep(err)
+		}
 	}
 	if err := h.exchangeCounts(); err != nil {
 		return err
@@ -647,8 +649,11 @@ const streamBytes = 1 << 20
 // send layout becomes a span of the tokens instead. A block is in the send
 // buffer, or with shared memory directly in the receiver's receive buffer:
 // byte pos of the send layout is rowSrc[j][pos-rowDelta[j]]. It records each
-// slot's send-layout offset for combine.
-func (h *Handle) pack() {
+// slot's send-layout offset for combine. With quantizeInPack it quantizes
+// each token row as it comes to it, into the token's wire row of h.qtok
+// (the gather-send's source), and copies it from there while it is in
+// cache; a row that cannot be quantized is its error.
+func (h *Handle) pack() error {
 	d, p := h.d, &h.plan
 	P, rb, me := d.size, d.rowBytes, d.rank
 	for j := range P {
@@ -670,12 +675,23 @@ func (h *Handle) pack() {
 	stream := p.Rows*rb >= streamBytes
 	K, owner := p.K, d.rt.slots.Owner
 	fp8, wb := d.fp8, d.wireRow
+	quantize, last := h.quantizeInPack(), -1
+	if quantize {
+		h.prepareQuantize()
+		h.qtok = grow(h.qtok, h.T*wb)
+	}
 	for a, r := range p.Row {
 		if r < 0 {
 			h.slotOff[a] = -1
 			continue
 		}
 		t := a / K
+		if quantize && t != last { // the token's first kept slot
+			if err := h.quantizeToken(h.qtok, t); err != nil {
+				return err
+			}
+			last = t
+		}
 		var src []byte
 		if fp8 {
 			src = h.qtok[t*wb : (t+1)*wb]
@@ -712,6 +728,7 @@ func (h *Handle) pack() {
 	if stream {
 		storeFence()
 	}
+	return nil
 }
 
 // selfOffset encodes the offset of a row this rank keeps for itself (in the

@@ -412,7 +412,9 @@ func (h *Handle) packShared() error {
 	if err := h.exchangeDescriptors("receive buffer", nil); err != nil {
 		return err
 	}
-	h.pack()
+	if err := h.pack(); err != nil { // quantized before: cannot fail
+		return err
+	}
 	h.observeShared(false)
 	return h.sharedStepDone()
 }

@@ -100,9 +100,7 @@ const rejectedRows = math.MaxUint32
 // h.qtok, one wire row per token: its E4M3 bytes, then its scales. A
 // non-finite element is ErrInvalidArgument naming the token.
 func (h *Handle) quantizeTokens() error {
-	H := h.d.cfg.Hidden
-	// unwire's scratch too
-	h.rowF, h.rowS = growFloats(h.rowF, H), growFloats(h.rowS, reduce.E4M3Scales(H))
+	h.prepareQuantize()
 	if h.preq != nil {
 		// An inner handle of the relay path (hier.go): its rows come
 		// quantized by their senders.
@@ -113,12 +111,28 @@ func (h *Handle) quantizeTokens() error {
 	return h.quantizeInto(h.qtok)
 }
 
+// quantizeInPack reports whether pack quantizes each token row itself, in
+// the pass that places its copies (quantizeToken), instead of
+// quantizeTokens quantizing every row in a pass of its own first: on the
+// flat path without shared memory. Its pack runs before the counts
+// exchange, so a row that cannot be quantized still rejects the step on
+// every rank there. With shared memory the pack waits for the peers'
+// descriptors, after the counts, and the relay path's inner handles get
+// their rows quantized (preq).
+func (h *Handle) quantizeInPack() bool {
+	return h.d.fp8 && !h.d.shared && h.preq == nil
+}
+
+// prepareQuantize sizes the scratch of the quantization and of unwire.
+func (h *Handle) prepareQuantize() {
+	H := h.d.cfg.Hidden
+	h.rowF, h.rowS = growFloats(h.rowF, H), growFloats(h.rowS, reduce.E4M3Scales(H))
+}
+
 // quantizeInto is quantizeTokens into dst (T wire rows).
 func (h *Handle) quantizeInto(dst []byte) error {
-	d := h.d
-	H, rb, wb, K := d.cfg.Hidden, d.rowBytes, d.wireRow, d.cfg.K
-	S := reduce.E4M3Scales(H)
-	h.rowF, h.rowS = growFloats(h.rowF, H), growFloats(h.rowS, S)
+	K := h.d.cfg.K
+	h.prepareQuantize()
 	for t := range h.T {
 		kept := false
 		for _, r := range h.plan.Row[t*K : (t+1)*K] {
@@ -127,15 +141,25 @@ func (h *Handle) quantizeInto(dst []byte) error {
 		if !kept {
 			continue
 		}
-		// The tokens may sit anywhere in memory: widen by bytes rather
-		// than through a view that needs alignment.
-		q := dst[t*wb : (t+1)*wb]
-		if err := quantizeRow(d.cfg.DType, q[:H], h.rowS, h.tokens[t*rb:(t+1)*rb], h.rowF); err != nil {
-			return fmt.Errorf("%w: dispatch: token %d: %w", a2a.ErrInvalidArgument, t, err)
+		if err := h.quantizeToken(dst, t); err != nil {
+			return err
 		}
-		for i, s := range h.rowS {
-			binary.LittleEndian.PutUint32(q[H+4*i:], math.Float32bits(s))
-		}
+	}
+	return nil
+}
+
+// quantizeToken encodes token t into its wire row of dst (T wire rows).
+func (h *Handle) quantizeToken(dst []byte, t int) error {
+	d := h.d
+	H, rb, wb := d.cfg.Hidden, d.rowBytes, d.wireRow
+	// The tokens may sit anywhere in memory: widen by bytes rather
+	// than through a view that needs alignment.
+	q := dst[t*wb : (t+1)*wb]
+	if err := quantizeRow(d.cfg.DType, q[:H], h.rowS, h.tokens[t*rb:(t+1)*rb], h.rowF); err != nil {
+		return fmt.Errorf("%w: dispatch: token %d: %w", a2a.ErrInvalidArgument, t, err)
+	}
+	for i, s := range h.rowS {
+		binary.LittleEndian.PutUint32(q[H+4*i:], math.Float32bits(s))
 	}
 	return nil
 }
