@@ -65,16 +65,7 @@ func benchLayer(b *testing.B, s benchShape, counts CountsMode, path RowPath) ([]
 		if err != nil {
 			return err
 		}
-		br.sendCounts = append([]int(nil), h.sendCounts...)
-		br.recvCounts = append([]int(nil), h.recvCounts...)
-		br.fwdSend = append([]int(nil), h.sendCounts...)
-		br.fwdRecv = append([]int(nil), h.recvCounts...)
-		br.fwdSend[r], br.fwdRecv[r] = h.selfBytes, h.selfBytes
-		sent := 0
-		for _, n := range h.sendCounts {
-			sent += n
-		}
-		br.send, br.recv = make([]byte, sent+h.selfBytes), make([]byte, len(h.recv))
+		br.bareOf(h, r)
 		if err := ds[r].Combine(context.Background(), h, h.Recv(), br.out); err != nil {
 			return err
 		}
@@ -83,6 +74,21 @@ func benchLayer(b *testing.B, s benchShape, counts CountsMode, path RowPath) ([]
 		return nil
 	}))
 	return ds, in
+}
+
+// bareOf sets br's baseline counts and buffers (baseStep) to the bytes that
+// rank r's dispatch h moved.
+func (br *benchRank) bareOf(h *Handle, r int) {
+	br.sendCounts = append([]int(nil), h.sendCounts...)
+	br.recvCounts = append([]int(nil), h.recvCounts...)
+	br.fwdSend = append([]int(nil), h.sendCounts...)
+	br.fwdRecv = append([]int(nil), h.recvCounts...)
+	br.fwdSend[r], br.fwdRecv[r] = h.selfBytes, h.selfBytes
+	sent := 0
+	for _, n := range h.sendCounts {
+		sent += n
+	}
+	br.send, br.recv = make([]byte, sent+h.selfBytes), make([]byte, len(h.recv))
 }
 
 // benchShapes are the benchmark points: the target (4 ranks, 4096 tokens of

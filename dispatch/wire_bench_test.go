@@ -18,7 +18,11 @@ import (
 // tokens and routing, so load changes on a shared machine land on both. It
 // reports, per step, the dispatch payload rank 0 sends (Stats.SentBytes),
 // the dispatch time (Stats.DispatchTime, mean over ranks) and the whole
-// step's wall time of each, and the FP8/same ratios. /shm runs one host
+// step's wall time of each, and the FP8/same ratios. A third step in each
+// alternation is the bare pair of AllToAllV that moves the WireSame step's
+// bytes (baseStep), so that every step time has its ratio to the bare
+// exchange run in the same process (same_overhead_%, fp8/base_step).
+// /shm runs one host
 // (rows through shared memory), /hosts2 two fake hosts (half the rows by
 // TCP), /tcp forces TCP between every pair.
 func BenchmarkWire(b *testing.B) {
@@ -75,8 +79,10 @@ func BenchmarkWire(b *testing.B) {
 				}))
 				return time.Since(t0)
 			}
+			bare := bareRanks(b, same, toks, decs)
 			var wall, disp [2]time.Duration
 			var sent [2]int64
+			var base time.Duration
 			for i := range b.N + 2 {
 				for w, ds := range [][]*Dispatcher{same, fp8} {
 					var s sample
@@ -90,8 +96,16 @@ func BenchmarkWire(b *testing.B) {
 					}
 					sent[w] += s.sent[0]
 				}
+				t0 := time.Now()
+				mustAll(b, onAll(ranks, baseStep(same, bare)))
+				if i >= 2 {
+					base += time.Since(t0)
+				}
 			}
 			n := float64(b.N)
+			b.ReportMetric(float64(base.Microseconds())/n, "base_step_us/step")
+			b.ReportMetric(100*(float64(wall[0])/float64(base)-1), "same_overhead_%")
+			b.ReportMetric(float64(wall[1])/float64(base), "fp8/base_step")
 			for w, name := range []string{"same", "fp8"} {
 				b.ReportMetric(float64(sent[w])/n, name+"_dispatch_B/step")
 				b.ReportMetric(float64(disp[w].Microseconds())/n, name+"_dispatch_us/step")
@@ -102,4 +116,21 @@ func BenchmarkWire(b *testing.B) {
 			b.ReportMetric(float64(wall[1])/float64(wall[0]), "fp8/same_step")
 		})
 	}
+}
+
+// bareRanks dispatches every rank's tokens once with ds and returns the
+// baseline (baseStep) of the bytes those dispatches moved.
+func bareRanks(b *testing.B, ds []*Dispatcher, toks [][]byte, decs []*routing.Decision) []*benchRank {
+	in := make([]*benchRank, len(ds))
+	mustAll(b, onAll(len(ds), func(r int) error {
+		h, err := ds[r].Dispatch(context.Background(), toks[r], decs[r])
+		if err != nil {
+			return err
+		}
+		defer h.Release()
+		in[r] = &benchRank{}
+		in[r].bareOf(h, r)
+		return ds[r].Combine(context.Background(), h, h.Output(), make([]byte, len(toks[r])))
+	}))
+	return in
 }
