@@ -17,7 +17,10 @@ import (
 // same group with the same tokens and routing, and reports both step times
 // (dispatch, identity experts in place, combine), their ratio and each
 // path's bytes sent across hosts per rank and step. Alternating keeps a
-// change of the machine's load from landing on one side only.
+// change of the machine's load from landing on one side only. A third step
+// in each alternation is the bare pair of AllToAllV that moves the flat
+// step's bytes (baseStep): flat/base and hier/base are both steps' ratios
+// to it.
 func BenchmarkHierarchy(b *testing.B) {
 	for _, tokens := range []int{64, 256} {
 		for _, wire := range []WireFormat{WireSame, WireFP8} {
@@ -69,18 +72,28 @@ func benchHierarchy(b *testing.B, tokens int, wire WireFormat) {
 			return ds[r].Combine(ctx, h, h.Output(), outs[r])
 		}
 	}
-	var tf, th time.Duration
+	decp := make([]*routing.Decision, ranks)
+	for r := range decp {
+		decp[r] = &decs[r]
+	}
+	bare := bareRanks(b, flat, toks, decp)
+	var tf, th, tb time.Duration
 	for i := range b.N + 2 {
 		t0 := time.Now()
 		mustAll(b, onAll(ranks, step(flat, 0)))
 		t1 := time.Now()
 		mustAll(b, onAll(ranks, step(hier, 1)))
 		t2 := time.Now()
+		mustAll(b, onAll(ranks, baseStep(flat, bare)))
+		t3 := time.Now()
 		if i >= 2 { // warm-up
-			tf, th = tf+t1.Sub(t0), th+t2.Sub(t1)
+			tf, th, tb = tf+t1.Sub(t0), th+t2.Sub(t1), tb+t3.Sub(t2)
 		}
 	}
 	n := float64(b.N)
+	b.ReportMetric(float64(tb.Microseconds())/n, "base_us/step")
+	b.ReportMetric(float64(tf)/float64(tb), "flat/base")
+	b.ReportMetric(float64(th)/float64(tb), "hier/base")
 	b.ReportMetric(float64(tf.Microseconds())/n, "flat_us/step")
 	b.ReportMetric(float64(th.Microseconds())/n, "hier_us/step")
 	b.ReportMetric(float64(th)/float64(tf), "hier/flat")
