@@ -93,8 +93,10 @@ type Request struct {
 	n       int
 	claimed bool // its Conn direction is ours: a failure leaves the stream mid-frame
 	pooled  bool // made by Send/Recv: back to the pool after its Wait
-	posted  bool
-	coll    *collOp // a nonblocking collective's (icoll.go); nil for point to point
+	// persistent: made by SendInit or RecvInit, posted again by each Start.
+	persistent bool
+	posted     bool
+	coll       *collOp // a nonblocking collective's (icoll.go); nil for point to point
 }
 
 var requestPool = sync.Pool{New: func() any { return new(Request) }}
@@ -213,7 +215,7 @@ func (r *Request) finish(n int, err error) {
 // or when its peer is lost or leaves.
 func (r *Request) Wait(ctx context.Context) (int, error) {
 	if !r.posted {
-		return 0, fault.New(fault.ErrInvalidArgument, r.c.rank, "%s: Wait on a request of a Group not posted", r.name())
+		return 0, fault.New(fault.ErrInvalidArgument, r.c.rank, "%s: Wait on a request not posted (a Group's before Post, a persistent one before Start)", r.name())
 	}
 	c := r.c
 	if r.coll != nil {
@@ -291,7 +293,7 @@ func (r *Request) result() (int, error) {
 // other goroutine is, and never blocks. When done it returns what Wait would.
 func (r *Request) Test() (bool, int, error) {
 	if !r.posted {
-		return false, 0, fault.New(fault.ErrInvalidArgument, r.c.rank, "%s: Test on a request of a Group not posted", r.name())
+		return false, 0, fault.New(fault.ErrInvalidArgument, r.c.rank, "%s: Test on a request not posted (a Group's before Post, a persistent one before Start)", r.name())
 	}
 	if r.coll != nil {
 		return r.coll.test()
