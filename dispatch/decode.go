@@ -85,18 +85,22 @@ type decodeSet struct {
 	seg            *segment // nil without shared-memory peers: mem is heap memory then
 	mem            []byte
 	ctl, rows, out []byte
-	recv           []byte   // what Recv returns: rows, or with WireFP8 the dequantized rows
-	dst            [][]byte // dispatch: where this step's block for rank j goes
-	send           [][]byte // point-to-point peers: the block, packed here
-	back           [][]byte // point-to-point peers: their outputs for this rank's rows
-	recvReq        []*a2a.Request
+	recv           []byte         // what Recv returns: rows, or with WireFP8 the dequantized rows
+	dst            [][]byte       // dispatch: where this step's block for rank j goes
+	send           [][]byte       // point-to-point peers: the block, packed here
+	back           [][]byte       // point-to-point peers: their outputs for this rank's rows
+	recvReq        []*a2a.Request // the operation in flight's: dispatch's or combine's
 	sendReq        []*a2a.Request
-	seq            uint64    // the step the set holds
-	start          time.Time // of the operation in flight
-	total          []int     // rows received from each source
-	recvN          []int     // bytes of each point-to-point receive
-	recv8          []byte    // KeepFP8: the E4M3 bytes of Recv's rows
-	scales         []float32 // KeepFP8: their scales
+	// The persistent requests of the point-to-point peers, made at New and
+	// started at every step, so that a step allocates none.
+	dispRecv, dispSend []*a2a.Request
+	combRecv, combSend []*a2a.Request
+	seq                uint64    // the step the set holds
+	start              time.Time // of the operation in flight
+	total              []int     // rows received from each source
+	recvN              []int     // bytes of each point-to-point receive
+	recv8              []byte    // KeepFP8: the E4M3 bytes of Recv's rows
+	scales             []float32 // KeepFP8: their scales
 }
 
 // initDecode lays out the buffer sets and, with shared-memory peers, maps
@@ -147,10 +151,15 @@ func (d *Dispatcher) initDecode(ctx context.Context) error {
 		set.dst, set.send, set.back = make([][]byte, P), make([][]byte, P), make([][]byte, P)
 		set.recvReq, set.sendReq = make([]*a2a.Request, P), make([]*a2a.Request, P)
 		set.total, set.recvN = make([]int, P), make([]int, P)
+		set.dispRecv, set.dispSend = make([]*a2a.Request, P), make([]*a2a.Request, P)
+		set.combRecv, set.combSend = make([]*a2a.Request, P), make([]*a2a.Request, P)
 		for j := range P {
 			if j != d.rank && !d.sharedWith[j] {
 				set.send[j] = largeBytes(ll.wireBlock)
 				set.back[j] = largeBytes(ll.block)
+				tag := decodeTag + 2*s
+				set.dispRecv[j], set.dispSend[j] = d.comm.RecvInit(j, tag), d.comm.SendInit(j, tag)
+				set.combRecv[j], set.combSend[j] = d.comm.RecvInit(j, tag+1), d.comm.SendInit(j, tag+1)
 			}
 		}
 		set.h = d.decodeHandle(set)
@@ -288,7 +297,9 @@ func (d *Dispatcher) dispatchDecode(ctx context.Context, tokens []byte, dec *rou
 	}
 	ll.seq, set.seq = seq, seq
 	h.packDecode()
-	h.postDispatch()
+	if err := h.postDispatch(); err != nil {
+		return nil, h.failDecode(err)
+	}
 	h.pending = true
 	if sync {
 		if err := h.Wait(); err != nil {
@@ -358,10 +369,9 @@ func (h *Handle) packDecode() {
 // postDispatch posts the point-to-point part of a dispatch: this rank's
 // block for each peer that does not share memory, header and rows in one
 // message (the block from its counts on), and a receive of theirs into
-// this rank's rows region.
-func (h *Handle) postDispatch() {
+// this rank's rows region, by the set's persistent requests.
+func (h *Handle) postDispatch() error {
 	d, set, ll := h.d, h.ll, h.d.ll
-	tag := decodeTag + 2*int(set.seq&1)
 	for j := range d.size {
 		set.recvReq[j], set.sendReq[j] = nil, nil
 		if j == d.rank || d.sharedWith[j] {
@@ -369,9 +379,22 @@ func (h *Handle) postDispatch() {
 		}
 		from := ll.wireHdr - ll.cntBytes
 		n := ll.wireHdr + h.plan.RankRows[j]*d.wireRow
-		set.recvReq[j] = d.comm.Irecv(h.ctx, set.rows[j*ll.wireBlock+from:(j+1)*ll.wireBlock], j, tag)
-		set.sendReq[j] = d.comm.Isend(h.ctx, set.send[j][from:n], j, tag)
+		set.recvReq[j], set.sendReq[j] = set.dispRecv[j], set.dispSend[j]
+		if err := startPair(h.ctx, set.recvReq[j], set.rows[j*ll.wireBlock+from:(j+1)*ll.wireBlock], set.sendReq[j], set.send[j][from:n]); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// startPair starts a persistent receive into in and a send of out. Start
+// fails only while a request of the step before last on this set is in
+// flight, which a released handle rules out.
+func startPair(ctx context.Context, recv *a2a.Request, in []byte, send *a2a.Request, out []byte) error {
+	if err := recv.Start(ctx, in); err != nil {
+		return err
+	}
+	return send.Start(ctx, out)
 }
 
 // failDecode makes err the handle's, aborting the Comm: the peers wait for

@@ -43,16 +43,17 @@ func (d *Dispatcher) combineDecode(ctx context.Context, h *Handle, expertOutputs
 		}
 	}
 	atomic.StoreUint64(readyOf(set.ctl), set.seq<<1|uint64(boolBits(inRows)))
-	tag := decodeTag + 2*int(set.seq&1) + 1
 	for j := range d.size {
 		set.recvReq[j], set.sendReq[j] = nil, nil
 		if j == d.rank || d.sharedWith[j] {
 			continue
 		}
 		back := ll.recvHdr + h.plan.RankRows[j]*rb
-		set.recvReq[j] = d.comm.Irecv(ctx, set.back[j][ll.recvHdr:back], j, tag)
 		off := j*ll.block + ll.recvHdr
-		set.sendReq[j] = d.comm.Isend(ctx, outs[off:off+set.total[j]*rb], j, tag)
+		set.recvReq[j], set.sendReq[j] = set.combRecv[j], set.combSend[j]
+		if err := startPair(ctx, set.recvReq[j], set.back[j][ll.recvHdr:back], set.sendReq[j], outs[off:off+set.total[j]*rb]); err != nil {
+			return h.failDecode(err)
+		}
 	}
 	h.pending = true
 	if sync {
