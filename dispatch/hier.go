@@ -141,7 +141,9 @@ func (d *Dispatcher) newHierarchy() (*hierarchy, error) {
 	case d.cfg.Rebalance.Every > 0:
 		why = "it does not re-place experts"
 	case d.cfg.MaxTokens > 0:
-		why = "the decode mode (MaxTokens) receives into fixed buffers of its own"
+		// As DeepEP's low-latency kernels, which skip the NVLink forward:
+		// a decode step is bound by latency, and a relay adds a hop.
+		why = "the decode mode (MaxTokens) sends every row directly, without a relay (see README)"
 	}
 	if why != "" {
 		if mode == HierarchyOn {
