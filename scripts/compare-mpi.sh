@@ -21,6 +21,10 @@
 # a2a, MPICH / a2a and unregistered / registered a2a (above 1: registered a2a is faster).
 # Needs make build (bin/a2ad; bin/compareplot to plot). Both sides are bimodal at small
 # sizes on shared machines: trust a ratio of medians over rounds, not one round.
+# Before every round it also times the floor of the 8 B cells, the cross-core round trip of
+# one cache line (scripts/peers/shm_pingpong.c, cores 0 and 1; needs gcc and 2 cores), and
+# prints its range over the run above the table: the hypervisor moves it between ~90 ns
+# (two hyperthreads of one core) and ~400 ns, so a cell is read against its own run's floor.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SWEEP="8,64,256,1K,4K,16K,64K,256K,1M" QUICK="8,64K,1M"
@@ -48,7 +52,7 @@ while getopts "qp:r:n:w:t:s:o:b:" opt; do
 	s) SIZES=$OPTARG ;;
 	o) OPS=$OPTARG ;;
 	b) BUDGET=$OPTARG ;;
-	*) sed -n '2,23p' "$0"; exit 2 ;;
+	*) sed -n '2,27p' "$0"; exit 2 ;;
 	esac
 done
 PEERS=scripts/peers/run_mpi.sh
@@ -64,8 +68,22 @@ if ! dpkg -s libopenmpi-dev libmpich-dev >/dev/null 2>&1; then
 	apt-get update -qq >/dev/null
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev mpich libmpich-dev >/dev/null
 fi
-out=$(mktemp) table=$(mktemp)
-trap 'rm -f "$out" "$table"' EXIT
+out=$(mktemp) table=$(mktemp) floors=$(mktemp)
+trap 'rm -f "$out" "$table" "$table.floor" "$table.all" "$floors"' EXIT
+# The floor's probe, built next to the peers' benchmark; none without gcc or a second core.
+PINGPONG=${TMPDIR:-/tmp}/a2av_bench_peers/shm_pingpong
+if [ "$(nproc)" -ge 2 ] && command -v gcc >/dev/null; then
+	mkdir -p "$(dirname "$PINGPONG")"
+	[ "$PINGPONG" -nt scripts/peers/shm_pingpong.c ] || gcc -O2 -o "$PINGPONG" scripts/peers/shm_pingpong.c
+else
+	PINGPONG=""
+fi
+
+# floor: one sample of the cross-core round trip (median of its batches, ns) into $floors.
+floor() {
+	[ -n "$PINGPONG" ] || return 0
+	"$PINGPONG" -n 200000 -c 0,1 | sed -n 's/.* rtt_med_ns=\([0-9.]*\) .*/\1/p' >>"$floors"
+}
 
 # peer TRANSPORT RANKS IMPL CONFIG OPS: one MPI's rows, "tr n impl op bytes us -".
 peer() {
@@ -95,6 +113,7 @@ for tr in $TRANSPORTS; do
 		[ "$n" = "$WIDE" ] && ops=alltoallv
 		for ((round = 1; round <= ROUNDS; round++)); do
 			echo "compare-mpi: $tr, $n ranks, round $round of $ROUNDS" >&2
+			floor
 			peer "$tr" "$n" ompi "ompi-$tr" "$ops"
 			[ "$tr" = shm ] && peer "$tr" "$n" mpich mpich "$ops"
 			ours "$tr" "$n" "$ops" huge a2a
@@ -126,6 +145,12 @@ awk -v rounds="$ROUNDS" '
 			printf "%-4s %-5s %-10s %9s %11s %11s %11.2f %11s  %-16s %9s %10s %9s\n", f[1], f[2], f[3], f[4], lat(k, "ompi"), lat(k, "mpich"), med(k, "a2a"), lat(k, "a2a-heap"), algos[k], ratio(k, "ompi"), ratio(k, "mpich"), ratio(k, "a2a-heap")
 		}
 	}' "$out" >"$table"
+# The floor's range goes above the table as a comment line, which compareplot skips.
+if [ -s "$floors" ]; then
+	sort -n "$floors" | awk '{ v[++n] = $1 } END {
+		printf "# floor: cross-core round trip of one cache line (shm_pingpong, cores 0,1), %d samples: %.0f-%.0f ns, median %.0f ns\n", n, v[1], v[n], v[int((n + 1) / 2)] }' >"$table.floor"
+	cat "$table.floor" "$table" >"$table.all" && mv "$table.all" "$table" && rm -f "$table.floor"
+fi
 cat "$table"
 if [ -n "$PLOT" ]; then
 	mkdir -p "$(dirname "$PLOT")"
