@@ -267,8 +267,12 @@ func pushZero[T any](s []T) ([]T, *T) {
 		var zero T
 		s = append(s, zero)
 	} else {
+		// An assignment, not clear: clear of one element with pointers
+		// calls memclrHasPointers and its bulk write barrier (~10 ns of
+		// a persistent 8 B call's ~120).
 		s = s[:n+1]
-		clear(s[n:])
+		var zero T
+		s[n] = zero
 	}
 	return s, &s[n]
 }
