@@ -94,8 +94,9 @@ func parseMark(s string) (Mark, error) {
 }
 
 // Parse returns the fenced blocks of the page at filepath.Join(root, page).
-// A fence without a language, a doc-test comment that is not before a fence,
-// or one that does not parse, is an error.
+// A fence without a language, a fence not closed before the next one opens,
+// a doc-test comment that is not before a fence, or one that does not parse,
+// is an error.
 func Parse(root, page string) ([]Block, error) {
 	raw, err := os.ReadFile(filepath.Join(root, page))
 	if err != nil {
@@ -118,6 +119,11 @@ func Parse(root, page string) ([]Block, error) {
 		case b != nil && trimmed == "```":
 			blocks = append(blocks, *b)
 			b = nil
+		case b != nil && strings.HasPrefix(trimmed, "```"):
+			// A fence with a language closes nothing: it opens a block, so
+			// the one before lost its closing fence (a merge dropped it) and
+			// swallows what follows, its commands and marks unseen.
+			return nil, errorAt(b.Line, "the fence is not closed before the fence of line %d", n)
 		case b != nil:
 			b.Body = append(b.Body, line)
 		case strings.HasPrefix(trimmed, "```"):

@@ -67,6 +67,7 @@ func TestParse(t *testing.T) {
 		{"stray comment", "<!-- doc-test: skip: x -->\ntext\n```sh\nls\n```\n", nil, "page.md:1: a doc-test comment must be on the line before a fence"},
 		{"no reason", "<!-- doc-test: skip -->\n```sh\nls\n```\n", nil, "page.md:1: doc-test comment \"skip\""},
 		{"open", "```sh\nls\n", nil, "page.md:1: the fence is never closed"},
+		{"closing fence lost", "```sh\nls\n\n## Next\n```sh\npwd\n```\n", nil, "page.md:1: the fence is not closed before the fence of line 5"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
