@@ -92,9 +92,6 @@ func (c *Comm) stoppedFor(r *Request) error {
 	return nil
 }
 
-// fail aborts the running collective because of err (see failAt).
-func (c *Comm) fail(err error) error { return c.failAt(c.queue.seq, err) }
-
 // failAt aborts the communicator from op sequence from on because of err
 // (this rank's failure), tells the other ranks, and returns the error the
 // caller should see: err, or, when the Comm had stopped already (an earlier

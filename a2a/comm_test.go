@@ -9,6 +9,7 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -740,5 +741,40 @@ func TestAutoLLAcrossHosts(t *testing.T) {
 			}
 		}
 		exchange(t, comms, m, true)
+	}
+}
+
+// TestExchangeCountsMatrixLength: a matrix of the wrong length is
+// ErrInvalidArgument on the rank that passed it and fails the same call on
+// the others (they do not wait out their deadline), while a nonblocking
+// collective every rank started before it completes.
+func TestExchangeCountsMatrixLength(t *testing.T) {
+	comms := group(t, startNATS(t), 2, func(cfg *Config) { cfg.Timeout = 20 * time.Second })
+	ctx := context.Background()
+	start := time.Now()
+	errs := onAll(comms, func(c *Comm) error {
+		in, out := []byte{byte(c.Rank()), 0, 0, 0}, make([]byte, 8)
+		req := c.IAllGather(ctx, in, out)
+		matrix := make([]int, 4)
+		if c.Rank() == 0 {
+			matrix = matrix[:3]
+		}
+		err := c.ExchangeCountsMatrix(ctx, []int{1, 1}, make([]int, 2), matrix)
+		if _, werr := req.Wait(ctx); werr != nil {
+			return fmt.Errorf("the AllGather begun before: %w", werr)
+		}
+		if out[0] != 0 || out[4] != 1 {
+			return fmt.Errorf("AllGather gave %v", out)
+		}
+		return err
+	})
+	if !errors.Is(errs[0], ErrInvalidArgument) || !strings.Contains(errs[0].Error(), "len(matrix)=3, want 4") {
+		t.Errorf("rank 0: %v, want ErrInvalidArgument naming the matrix length", errs[0])
+	}
+	if !errors.Is(errs[1], ErrAborted) || !errors.Is(errs[1], ErrInvalidArgument) {
+		t.Errorf("rank 1: %v, want ErrAborted by rank 0's invalid argument", errs[1])
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("took %v, want the peer released at once", d)
 	}
 }
