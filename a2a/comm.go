@@ -307,6 +307,9 @@ func (c *Comm) teardown() error {
 			first = err
 		}
 	}
+	if c.eng != nil {
+		c.eng.Close() // after the transport: no send holds its scratch
+	}
 	if c.nc != nil {
 		c.nc.Close()
 	}

@@ -165,7 +165,9 @@ func (c *Comm) newChild(id uint16, members []int) (*Comm, error) {
 // The data plane and the control plane stay the root's.
 func (c *Comm) closeChild() error {
 	c.share.scope.LeaveAt(c.life.okSeq.Load() + 2)
-	return c.share.view.Close()
+	err := c.share.view.Close()
+	c.eng.Close() // after the view: none of its sends is in flight
+	return err
 }
 
 // errChildCounts refuses ExchangeCounts on a child: the control plane's

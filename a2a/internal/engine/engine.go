@@ -64,13 +64,13 @@ type Engine struct {
 	placer transport.Placer
 	placed time.Time
 
-	round   round     // the round being posted and progressed
-	ll      llState   // the one-sided window and the LL epoch
-	frames  frameSeq  // frame numbers of the running operation
-	op      opState   // the running operation's figures and deadline
-	scratch []byte    // BufScratch, grown to the largest ScratchBytes seen
-	vec     vecState  // gathered and scattered buffers (vec.go)
-	reducer reduction // dtype and operator of the running schedule
+	round   round        // the round being posted and progressed
+	ll      llState      // the one-sided window and the LL epoch
+	frames  frameSeq     // frame numbers of the running operation
+	op      opState      // the running operation's figures and deadline
+	scr     scratchState // BufScratch, grown to the largest ScratchBytes seen
+	vec     vecState     // gathered and scattered buffers (vec.go)
+	reducer reduction    // dtype and operator of the running schedule
 	// aux is the collective signature carried in every frame of the
 	// running operation (0 for AllToAllV).
 	aux uint64
@@ -189,10 +189,7 @@ func (e *Engine) Run(ctx context.Context, kind transport.OpKind, seq, aux uint64
 	clear(e.frames.received)
 	e.reducer, e.aux = reduction{reduce.DType(s.DType), reduce.Op(s.Op)}, aux
 	e.ll.tag = uint32(kind)
-	if cap(e.scratch) < s.ScratchBytes {
-		e.scratch = make([]byte, s.ScratchBytes)
-	}
-	bufs[algo.BufScratch] = e.scratch[:s.ScratchBytes]
+	bufs[algo.BufScratch] = e.scratchFor(s.ScratchBytes)
 	if w := e.ll.window; w != nil {
 		if !w.BeginBatch() {
 			return fault.New(fault.ErrClosed, -1, "transport closed")
