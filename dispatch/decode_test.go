@@ -166,15 +166,7 @@ func checkDecodeFP8(l layer, r, step, size int, pl *routing.Placement, h *Handle
 		}
 		row := seg.Offset/(H*dt.Size()) + n
 		if keep {
-			if got := h.Recv()[row*H : (row+1)*H]; string(got) != string(ref.q) {
-				return fmt.Errorf("token %d: FP8 bytes differ from QuantizeE4M3's", t)
-			}
-			for b, s := range h.Scales()[row*S : (row+1)*S] {
-				if s != ref.scales[b] {
-					return fmt.Errorf("token %d block %d: scale %v, want %v", t, b, s, ref.scales[b])
-				}
-			}
-			return nil
+			return checkKeptFP8Row(h, row, t, ref)
 		}
 		for j, x := range ref.deq {
 			if got := getElem(dt, h.Recv(), row*H+j); got != roundTo(dt, x) {
@@ -189,30 +181,11 @@ func checkDecodeFP8(l layer, r, step, size int, pl *routing.Placement, h *Handle
 // combines and checks every combined element.
 func combineFP8(ctx context.Context, d *Dispatcher, combine func(context.Context, *Handle, []byte, []byte) error,
 	h *Handle, l layer, r, step int, tokens []byte, keep bool) error {
-	H, dt := l.hidden, l.dtype
-	S := reduce.E4M3Scales(H)
-	out, f := h.Output(), make([]float32, H)
-	for li := range h.LocalExperts() {
-		e := h.Expert(li)
-		for _, seg := range h.Segments(li) {
-			for n := range seg.Rows {
-				row := seg.Offset/(H*dt.Size()) + n
-				if keep {
-					if err := reduce.DequantizeE4M3(f, h.Recv()[row*H:(row+1)*H], h.Scales()[row*S:(row+1)*S]); err != nil {
-						return err
-					}
-				} else {
-					for j := range H {
-						f[j] = getElem(dt, h.Recv(), row*H+j)
-					}
-				}
-				for j := range H {
-					putElem(dt, out, row*H+j, expertFn(e, roundTo(dt, f[j])))
-				}
-			}
-		}
+	dt := l.dtype
+	if err := comboExperts(h, l, keep); err != nil {
+		return err
 	}
-	if err := combine(ctx, h, out, tokens); err != nil {
+	if err := combine(ctx, h, h.Output(), tokens); err != nil {
 		return err
 	}
 	if err := h.Wait(); err != nil {

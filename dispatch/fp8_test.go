@@ -190,15 +190,7 @@ func checkFP8Received(l layer, r, step, size int, pl *routing.Placement, h *Hand
 		}
 		row := seg.Offset/(H*dt.Size()) + n
 		if keep {
-			if got := h.Recv()[row*H : (row+1)*H]; string(got) != string(ref.q) {
-				return fmt.Errorf("token %d: FP8 bytes differ from QuantizeE4M3's", t)
-			}
-			for b, s := range h.Scales()[row*S : (row+1)*S] {
-				if s != ref.scales[b] {
-					return fmt.Errorf("token %d block %d: scale %v, want %v", t, b, s, ref.scales[b])
-				}
-			}
-			return nil
+			return checkKeptFP8Row(h, row, t, ref)
 		}
 		for j, x := range ref.x {
 			got := float64(getElem(dt, h.Recv(), row*H+j))
@@ -209,6 +201,22 @@ func checkFP8Received(l layer, r, step, size int, pl *routing.Placement, h *Hand
 		}
 		return nil
 	})
+}
+
+// checkKeptFP8Row checks received row row of token t, kept in FP8
+// (KeepFP8): its E4M3 bytes and its scales exactly as QuantizeE4M3 gives them.
+func checkKeptFP8Row(h *Handle, row, t int, ref fp8Ref) error {
+	H := len(ref.q)
+	S := len(ref.scales)
+	if got := h.Recv()[row*H : (row+1)*H]; string(got) != string(ref.q) {
+		return fmt.Errorf("token %d: FP8 bytes differ from QuantizeE4M3's", t)
+	}
+	for b, s := range h.Scales()[row*S : (row+1)*S] {
+		if s != ref.scales[b] {
+			return fmt.Errorf("token %d block %d: scale %v, want %v", t, b, s, ref.scales[b])
+		}
+	}
+	return nil
 }
 
 // TestFP8NonFinite: a token row holding Inf or NaN fails the dispatch with
