@@ -29,17 +29,33 @@ func uiHandler(svc metrics.TrafficSource, tl *moeTimeline) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /ui/", http.StripPrefix("/ui/", http.FileServerFS(static)))
 	mux.HandleFunc("GET /ui/api/groups", func(w http.ResponseWriter, r *http.Request) {
+		// ?since=CURSOR, an earlier answer's moe_cursor: the MoE
+		// history then holds only what was sampled after it, so that a
+		// page polling every second does not fetch five minutes of a few
+		// hundred experts each time.
+		var since time.Time
+		if v := r.URL.Query().Get("since"); v != "" {
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				http.Error(w, "since: want an earlier answer's moe_cursor (RFC 3339)", http.StatusBadRequest)
+				return
+			}
+			since = t
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
-		_ = json.NewEncoder(w).Encode(uiSnapshot(svc, tl, time.Now()))
+		_ = json.NewEncoder(w).Encode(uiSnapshot(svc, tl, time.Now(), since))
 	})
 	return mux
 }
 
 // uiState is the JSON of /ui/api/groups. Matrices are [from rank][to rank].
 type uiState struct {
-	Time   time.Time `json:"time"`
-	Groups []uiGroup `json:"groups"`
+	Time time.Time `json:"time"`
+	// MoECursor is the time of the newest MoE samples in the answer: pass
+	// it as ?since= to get only newer ones.
+	MoECursor time.Time `json:"moe_cursor"`
+	Groups    []uiGroup `json:"groups"`
 }
 
 type uiGroup struct {
@@ -89,9 +105,9 @@ type uiOp struct {
 }
 
 // uiSnapshot gathers the membership, traffic and MoE layer of every group
-// at now.
-func uiSnapshot(svc metrics.TrafficSource, tl *moeTimeline, now time.Time) uiState {
-	st := uiState{Time: now, Groups: []uiGroup{}}
+// at now, with the MoE history after since (all of it if since is zero).
+func uiSnapshot(svc metrics.TrafficSource, tl *moeTimeline, now, since time.Time) uiState {
+	st := uiState{Time: now, MoECursor: tl.cursor(), Groups: []uiGroup{}}
 	for _, g := range svc.Groups() {
 		ug := uiGroup{Group: g.Group, Epoch: g.Epoch, Size: g.Size, Forming: g.Forming, Aborted: g.Aborted,
 			PendingCounts: g.PendingCounts, Hosts: []string{}, Ranks: []uiRank{}}
@@ -124,7 +140,7 @@ func uiSnapshot(svc metrics.TrafficSource, tl *moeTimeline, now time.Time) uiSta
 		}
 		if haveTraffic {
 			ug.Traffic = uiTrafficOf(tv)
-			ug.MoE = tl.view(tv, now)
+			ug.MoE = tl.view(tv, now, since, st.MoECursor)
 		}
 		st.Groups = append(st.Groups, ug)
 	}

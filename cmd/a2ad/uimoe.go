@@ -27,6 +27,7 @@ type moeTimeline struct {
 	src    metrics.TrafficSource
 	mu     sync.Mutex
 	groups map[string]*moeHistory
+	latest time.Time // of the last sample taken
 }
 
 // moeHistory is one group's samples, oldest first, within moeKeep.
@@ -76,41 +77,61 @@ func (tl *moeTimeline) run(ctx context.Context) {
 }
 
 // sample adds a sample at now to every formed group whose ranks report MoE
-// figures, and forgets the groups that are gone.
+// figures, and forgets the groups that are gone. It adds them all at once,
+// so that a view sees a tick's samples of every group or of none, and
+// latest tells it which.
 func (tl *moeTimeline) sample(now time.Time) {
-	seen := map[string]bool{}
+	type taken struct {
+		group string
+		epoch uint32
+		s     moeSample
+		repl  uint64
+	}
+	var samples []taken
 	for _, g := range tl.src.Groups() {
 		tv, ok := tl.src.Traffic(g.Group)
 		if !ok || g.Forming || tv.Epoch != g.Epoch {
 			continue
 		}
-		s, repl, ok := moeSampleOf(tv, now)
-		if !ok {
-			continue
+		if s, repl, ok := moeSampleOf(tv, now); ok {
+			samples = append(samples, taken{g.Group, tv.Epoch, s, repl})
 		}
-		seen[g.Group] = true
-		tl.mu.Lock()
-		h := tl.groups[g.Group]
-		if h == nil || h.epoch != tv.Epoch {
-			fresh := &moeHistory{epoch: tv.Epoch}
+	}
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	seen := map[string]bool{}
+	for _, t := range samples {
+		seen[t.group] = true
+		h := tl.groups[t.group]
+		if h == nil || h.epoch != t.epoch {
+			fresh := &moeHistory{epoch: t.epoch}
 			if h != nil {
 				// A new epoch of a group (a shrink): its ranks' counts go
 				// on, so only the re-placements from now on are new.
-				fresh.repl = repl
+				fresh.repl = t.repl
 			}
 			h = fresh
-			tl.groups[g.Group] = h
+			tl.groups[t.group] = h
 		}
-		h.add(s, repl)
-		tl.mu.Unlock()
+		h.add(t.s, t.repl)
 	}
-	tl.mu.Lock()
 	for name := range tl.groups {
 		if !seen[name] {
 			delete(tl.groups, name)
 		}
 	}
-	tl.mu.Unlock()
+	tl.latest = now
+}
+
+// cursor is the time of the newest samples: a view up to it, asked for
+// again with it as since, misses none and repeats none.
+func (tl *moeTimeline) cursor() time.Time {
+	if tl == nil {
+		return time.Time{}
+	}
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	return tl.latest
 }
 
 // add appends s, whose ranks had made repl re-placements, and drops what is
@@ -200,6 +221,11 @@ func addUints(dst, src []uint64) []uint64 {
 // seconds.
 type uiMoE struct {
 	Experts int `json:"experts"`
+	// Partial says the series hold only the samples and re-placements
+	// after the request's since; KeepS is how far back the full history
+	// goes, so a page merging partial answers knows what to forget.
+	Partial bool    `json:"partial"`
+	KeepS   float64 `json:"keep_s"`
 	// Dispatches counts the group's dispatches (summed over the ranks).
 	Dispatches uint64 `json:"dispatches"`
 	// Tokens is the rows dispatched to each expert since the ranks started,
@@ -247,8 +273,9 @@ type uiWire struct {
 }
 
 // view returns group's MoE panel at now from its traffic view tv and the
-// history; nil when no rank reported MoE figures.
-func (tl *moeTimeline) view(tv control.TrafficView, now time.Time) *uiMoE {
+// history sampled after since (all of it if since is zero) up to upTo; nil
+// when no rank reported MoE figures.
+func (tl *moeTimeline) view(tv control.TrafficView, now, since, upTo time.Time) *uiMoE {
 	m := moeTotals(tv)
 	if m == nil {
 		return nil
@@ -262,7 +289,11 @@ func (tl *moeTimeline) view(tv control.TrafficView, now time.Time) *uiMoE {
 	if h == nil || h.epoch != tv.Epoch || len(h.samples) == 0 {
 		return m
 	}
+	m.Partial, m.KeepS = !since.IsZero(), moeKeep.Seconds()
 	for _, s := range h.samples {
+		if !s.at.After(since) || s.at.After(upTo) {
+			continue
+		}
 		m.Ages = append(m.Ages, now.Sub(s.at).Seconds())
 		m.TokenRate = append(m.TokenRate, rounded(s.tokens))
 		m.Load = append(m.Load, rounded(s.load))
@@ -271,6 +302,9 @@ func (tl *moeTimeline) view(tv control.TrafficView, now time.Time) *uiMoE {
 		m.Experts = max(m.Experts, len(s.tokens))
 	}
 	for _, k := range h.marks {
+		if !k.at.After(since) || k.at.After(upTo) {
+			continue
+		}
 		m.ReplaceAges = append(m.ReplaceAges, now.Sub(k.at).Seconds())
 		m.ReplaceCounts = append(m.ReplaceCounts, k.n)
 	}

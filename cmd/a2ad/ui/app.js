@@ -252,11 +252,55 @@ function setStatus(ok, text) {
   s.textContent = text;
 }
 
+// moeHistory keeps each group's MoE series between polls, since serve sends
+// only what it sampled after the last answer's moe_cursor. Keyed by group
+// and epoch, as serve's own history is; times in ms of serve's clock.
+const moeHistory = new Map();
+let moeCursor = "";
+
+// mergeMoE adds the samples of state's (partial) MoE series to moeHistory,
+// forgets what is older than serve keeps, and puts the whole history back
+// into state, ages counted from state.time, so that moe.js draws it as if
+// serve had sent it all.
+function mergeMoE(state) {
+  const now = Date.parse(state.time), live = new Set();
+  const series = ["token_rate", "load", "imbalance", "estimate"];
+  for (const g of state.groups) {
+    const m = g.moe;
+    if (!m) continue;
+    const key = `${g.group}@${g.epoch}`;
+    live.add(key);
+    let h = moeHistory.get(key);
+    if (!h || !m.partial) {
+      h = { at: [], token_rate: [], load: [], imbalance: [], estimate: [], marks: [] };
+      moeHistory.set(key, h);
+    }
+    m.ages_s.forEach((a, s) => {
+      h.at.push(now - a * 1000);
+      for (const k of series) h[k].push(m[k][s]);
+    });
+    m.replace_ages_s.forEach((a, i) => h.marks.push({ at: now - a * 1000, n: m.replace_counts[i] }));
+    const cut = now - m.keep_s * 1000;
+    let old = 0;
+    while (old < h.at.length && h.at[old] < cut) old++;
+    for (const k of ["at", ...series]) h[k].splice(0, old);
+    h.marks = h.marks.filter((k) => k.at >= cut);
+    m.ages_s = h.at.map((t) => (now - t) / 1000);
+    for (const k of series) m[k] = h[k];
+    m.replace_ages_s = h.marks.map((k) => (now - k.at) / 1000);
+    m.replace_counts = h.marks.map((k) => k.n);
+  }
+  for (const key of moeHistory.keys()) if (!live.has(key)) moeHistory.delete(key);
+  moeCursor = state.moe_cursor;
+}
+
 async function poll() {
   try {
-    const res = await fetch("api/groups", { cache: "no-store" });
+    const since = moeCursor ? "?since=" + encodeURIComponent(moeCursor) : "";
+    const res = await fetch("api/groups" + since, { cache: "no-store" });
     if (!res.ok) throw new Error(`${res.status} ${res.statusText}`);
     const state = await res.json();
+    mergeMoE(state);
     render(state);
     const n = state.groups.length;
     setStatus(true, `${n} group${n === 1 ? "" : "s"} · updated ${new Date(state.time).toLocaleTimeString("en-GB")}`);
