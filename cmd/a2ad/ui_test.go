@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,7 +12,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -33,40 +31,12 @@ import (
 // shows traffic, and a screenshot is kept (under $A2A_TEST_ARTIFACTS, else
 // the test's temporary directory).
 func TestLiveView(t *testing.T) {
-	chromium, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Fatal("chromium not found: the live view's test needs a headless browser; scripts/deps.sh (make deps) installs Debian's chromium")
-	}
+	chromium := needChromium(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	natsAddr := freeAddr(t)
-	creds := filepath.Join(t.TempDir(), "serve.env")
-	serve := a2ad(t, ctx, "serve", "--listen", natsAddr, "--metrics", "127.0.0.1:0", "--creds", creds)
-	so, _ := serve.StdoutPipe()
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		serve.Process.Signal(syscall.SIGTERM)
-		serve.Wait()
-	}()
-	var uiURL, metricsURL string
-	sc := bufio.NewScanner(so)
-	for uiURL == "" && sc.Scan() {
-		line := sc.Text()
-		if u, ok := strings.CutPrefix(line, "a2ad: metrics at "); ok {
-			metricsURL = u
-		}
-		if u, ok := strings.CutPrefix(line, "a2ad: live view at "); ok {
-			uiURL = u
-		}
-	}
-	if uiURL == "" || metricsURL == "" {
-		t.Fatalf("serve did not announce its metrics and live view (metrics %q)", metricsURL)
-	}
-	go io.Copy(io.Discard, so)
+	serve := startUIServe(t, ctx)
 	// The ranks log in with serve's credentials file, as a launcher passes it.
-	login := []string{"A2A_CREDS=" + creds}
+	login := []string{"A2A_CREDS=" + serve.creds}
 
 	const n = 4
 	group := fmt.Sprintf("ui%d", os.Getpid())
@@ -76,7 +46,7 @@ func TestLiveView(t *testing.T) {
 		// so the view fills quickly.
 		cmd := a2ad(t, ctx, "bench", "--worker", "--sizes", "16K", "--dist", "zipf:1.5", "--iters", "100000000",
 			"--budget", "1h", "--warmup", "1")
-		cmd.Env = append(append(os.Environ(), login...), "A2A_NATS_URL=nats://"+natsAddr, "A2A_GROUP="+group, "A2A_REPORT=200ms",
+		cmd.Env = append(append(os.Environ(), login...), "A2A_NATS_URL=nats://"+serve.natsAddr, "A2A_GROUP="+group, "A2A_REPORT=200ms",
 			"A2A_RANK="+strconv.Itoa(r), "A2A_WORLD_SIZE="+strconv.Itoa(n))
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -92,9 +62,9 @@ func TestLiveView(t *testing.T) {
 
 	// Load the page once the API shows every pair busy, so the browser's
 	// view has something to show.
-	waitForTraffic(t, ctx, uiURL+"api/groups", group, n)
+	waitForTraffic(t, ctx, serve.uiURL+"api/groups", group, n)
 	profile := t.TempDir()
-	dom := runChromium(t, ctx, chromium, profile, "--dump-dom", uiURL)
+	dom := runChromium(t, ctx, chromium, profile, "--dump-dom", serve.uiURL)
 	checkMatrix(t, dom, "traffic", n, true)
 	checkMatrix(t, dom, "wait", n, false)
 	for _, want := range []string{`data-group="` + group + `"`, `data-op="alltoallv"`, `data-state="alive"`} {
@@ -102,33 +72,15 @@ func TestLiveView(t *testing.T) {
 			t.Errorf("the page lacks %s", want)
 		}
 	}
-
-	dir := os.Getenv("A2A_TEST_ARTIFACTS")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	shot := filepath.Join(dir, "a2ad-live-view.png")
-	runChromium(t, ctx, chromium, profile, "--screenshot="+shot, "--window-size=1280,1000", "--hide-scrollbars", uiURL)
-	png, err := os.ReadFile(shot)
-	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) || len(png) < 10000 {
-		t.Fatalf("screenshot %s: %d bytes, %v", shot, len(png), err)
-	}
+	shot := screenshot(t, ctx, chromium, profile, "a2ad-live-view.png", "1280,1000", serve.uiURL)
 	t.Logf("screenshot of the live view: %s", shot)
 
 	// /metrics shares the listener.
-	resp, err := http.Get(metricsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(string(body), fmt.Sprintf(`a2a_control_members{group=%q} 4`, group)) {
+	body := scrape(t, serve.metricsURL)
+	if !strings.Contains(body, fmt.Sprintf(`a2a_control_members{group=%q} 4`, group)) {
 		t.Errorf("/metrics beside /ui/ lacks the group's members:\n%.1500s", body)
 	}
-	checkTrafficSeries(t, string(body), group, n)
+	checkTrafficSeries(t, body, group, n)
 }
 
 // checkTrafficSeries asserts that /metrics has the matrices /ui/ draws: a

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -27,48 +25,20 @@ import (
 // the traffic matrix carries the shared-memory rows as class local; no card
 // scrolls sideways; /metrics has the same figures.
 func TestLiveViewMoE(t *testing.T) {
-	chromium, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Fatal("chromium not found: the live view's test needs a headless browser; scripts/deps.sh (make deps) installs Debian's chromium")
-	}
+	chromium := needChromium(t)
 	moe := filepath.Join(binDir, "moe")
 	if err := goBuild(moe, "../../examples/moe"); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	natsAddr := freeAddr(t)
-	creds := filepath.Join(t.TempDir(), "serve.env")
-	serve := a2ad(t, ctx, "serve", "--listen", natsAddr, "--metrics", "127.0.0.1:0", "--creds", creds)
-	so, _ := serve.StdoutPipe()
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		serve.Process.Signal(syscall.SIGTERM)
-		serve.Wait()
-	}()
-	var uiURL, metricsURL string
-	sc := bufio.NewScanner(so)
-	for uiURL == "" && sc.Scan() {
-		line := sc.Text()
-		if u, ok := strings.CutPrefix(line, "a2ad: metrics at "); ok {
-			metricsURL = u
-		}
-		if u, ok := strings.CutPrefix(line, "a2ad: live view at "); ok {
-			uiURL = u
-		}
-	}
-	if uiURL == "" || metricsURL == "" {
-		t.Fatalf("serve did not announce its metrics and live view (metrics %q)", metricsURL)
-	}
-	go io.Copy(io.Discard, so)
+	serve := startUIServe(t, ctx)
 
 	// One host: the rows go through shared memory, the counts through the
 	// data plane.
 	const n = 4
 	group := fmt.Sprintf("moeui%d", os.Getpid())
-	run := a2ad(t, ctx, "run", "--nats", "nats://"+natsAddr, "--creds", creds, "--group", group, "-n", strconv.Itoa(n), "--",
+	run := a2ad(t, ctx, "run", "--nats", "nats://"+serve.natsAddr, "--creds", serve.creds, "--group", group, "-n", strconv.Itoa(n), "--",
 		moe, "--worker", "-n", strconv.Itoa(n), "--experts", "16", "--k", "2", "--tokens", "96", "--hidden", "128", "--ffn", "16",
 		"--skew", "1.2", "--capacity", "1.0", "--wire", "fp8", "--redundant", "4", "--rebalance-every", "20",
 		"--steps", "100000", "--interval", "20ms")
@@ -85,33 +55,13 @@ func TestLiveViewMoE(t *testing.T) {
 		run.Wait()
 	}()
 
-	g := waitForMoE(t, ctx, uiURL+"api/groups", group, &out)
+	g := waitForMoE(t, ctx, serve.uiURL+"api/groups", group, &out)
 	profile := t.TempDir()
-	dom := runChromium(t, ctx, chromium, profile, "--window-size=1400,1000", "--dump-dom", uiURL)
+	dom := runChromium(t, ctx, chromium, profile, "--window-size=1400,1000", "--dump-dom", serve.uiURL)
 	checkMoEPage(t, dom, group, g)
-
-	dir := os.Getenv("A2A_TEST_ARTIFACTS")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	shot := filepath.Join(dir, "a2ad-live-view-moe.png")
-	runChromium(t, ctx, chromium, profile, "--screenshot="+shot, "--window-size=1400,2200", "--hide-scrollbars", uiURL)
-	png, err := os.ReadFile(shot)
-	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) || len(png) < 10000 {
-		t.Fatalf("screenshot %s: %d bytes, %v", shot, len(png), err)
-	}
+	shot := screenshot(t, ctx, chromium, profile, "a2ad-live-view-moe.png", "1400,2200", serve.uiURL)
 	t.Logf("screenshot of the MoE panel: %s", shot)
-
-	resp, err := http.Get(metricsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	checkMoESeries(t, string(body), group)
+	checkMoESeries(t, scrape(t, serve.metricsURL), group)
 }
 
 // waitForMoE polls the live view's API until group's MoE panel has

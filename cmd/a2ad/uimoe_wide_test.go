@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -24,10 +21,7 @@ import (
 // at 1400 px with the experts in bands (at most 64 rows) and no card
 // scrolling sideways.
 func TestLiveViewWideMoE(t *testing.T) {
-	chromium, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Fatal("chromium not found: the live view's test needs a headless browser; scripts/deps.sh (make deps) installs Debian's chromium")
-	}
+	chromium := needChromium(t)
 	ranks := natsd.NewUser("wide", control.Subjects("wide"))
 	cp, err := startControlPlane(slog.New(slog.DiscardHandler), cpConfig{Listen: "127.0.0.1:0", Users: []natsd.User{ranks}})
 	if err != nil {
@@ -98,15 +92,7 @@ func TestLiveViewWideMoE(t *testing.T) {
 	if !strings.Contains(tag, `data-rows="50"`) || !strings.Contains(tag, `data-band="4"`) || strings.Contains(tag, `data-lit="0"`) {
 		t.Errorf("tokens heatmap %s: want 50 bands of 4 experts, lit", tag)
 	}
-	dir := os.Getenv("A2A_TEST_ARTIFACTS")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	shot := filepath.Join(dir, "a2ad-live-view-wide-moe.png")
-	runChromium(t, ctx, chromium, t.TempDir(), "--screenshot="+shot, "--window-size=1400,1400", "--hide-scrollbars", srv.URL+"/ui/")
+	shot := screenshot(t, ctx, chromium, t.TempDir(), "a2ad-live-view-wide-moe.png", "1400,1400", srv.URL+"/ui/")
 	t.Logf("screenshot of 200 experts: %s", shot)
 	if strings.Contains(dom, `data-overflows="true"`) || !strings.Contains(dom, `data-overflows="false"`) {
 		t.Errorf("a card scrolls sideways at 1400 px, or none was measured: %s",
