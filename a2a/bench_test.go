@@ -9,8 +9,10 @@ import (
 )
 
 // BenchmarkAllToAllV measures one rank's AllToAllV latency with 2 in-process
-// ranks over loopback TCP; the partner rank runs the same number of calls in
-// another goroutine. -benchmem shows the steady-state allocations per op.
+// ranks over the default data plane, shared memory (both ranks are on one
+// host; BenchmarkSendRecv compares shm with tcp); the partner rank runs the
+// same number of calls in another goroutine. -benchmem shows the
+// steady-state allocations per op.
 func BenchmarkAllToAllV(b *testing.B) {
 	url := startNATS(b)
 	for _, size := range []int{8, 64 << 10, 1 << 20} {
