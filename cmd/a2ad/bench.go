@@ -35,7 +35,14 @@ func cmdBench(ctx context.Context, log *slog.Logger, args []string) error {
 	if f.trans != "" {
 		env = append(env, "A2A_TRANSPORT="+f.trans)
 	}
-	return launchSelf(ctx, log, "bench", args, launch.Spec{N: f.n, NATSURL: f.nats, BindVia: bindVia(f.bind), Env: env})
+	// Other processes' load, not the launch, decides whether a run on a
+	// shared machine gets the quiet machine's figures: say how much there was.
+	start, markErr := markLoad()
+	err = launchSelf(ctx, log, "bench", args, launch.Spec{N: f.n, NATSURL: f.nats, BindVia: bindVia(f.bind), Env: env})
+	if err == nil && markErr == nil {
+		reportLoad(os.Stderr, start)
+	}
+	return err
 }
 
 // benchWorker is one rank of the benchmark: it joins the job, measures every

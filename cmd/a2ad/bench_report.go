@@ -28,7 +28,9 @@ line says what size counts for the op):
           broadcast and reduce, (n-1)/n for the others
   #wrong  elements found wrong by --check over all ranks (N/A without it)
 --json prints the same fields, one object per row (wrong is null without
---check).
+--check). At the end, a "# load:" line on stderr says how much of the CPUs
+processes outside the job took while it ran: on a shared machine their
+load, not the launch, makes a run slow (docs/PERFORMANCE.md).
 `
 
 // benchRow is one line of output; the JSON keys are a stable interface
