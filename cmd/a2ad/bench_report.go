@@ -28,9 +28,11 @@ line says what size counts for the op):
           broadcast and reduce, (n-1)/n for the others
   #wrong  elements found wrong by --check over all ranks (N/A without it)
 --json prints the same fields, one object per row (wrong is null without
---check). At the end, a "# load:" line on stderr says how much of the CPUs
-processes outside the job took while it ran: on a shared machine their
-load, not the launch, makes a run slow (docs/PERFORMANCE.md).
+--check). At the end, two comment lines on stderr say what, besides a2a,
+decides a run's figures on a shared VM (docs/PERFORMANCE.md): "# load:",
+how much of the CPUs processes outside the job took while it ran, and
+"# floor:", one cache line's round trip between the first two CPUs before
+and after the run, which tells where the hypervisor placed them.
 `
 
 // benchRow is one line of output; the JSON keys are a stable interface

@@ -99,6 +99,6 @@ func reportLoad(w *os.File, start loadMark) {
 	if err != nil {
 		return
 	}
-	fmt.Fprintf(w, "# load: processes outside this job kept %.0f%% of the %d CPUs busy while it ran (/proc/stat less the job's CPU time); above ~10%% the figures are not the quiet machine's\n",
+	fmt.Fprintf(w, "# load: processes outside this job kept %.0f%% of the %d CPUs busy while it ran (/proc/stat less the job's CPU time); above ~10%% the figures may not be the quiet machine's\n",
 		100*outsideShare(start, end), end.cpus)
 }
