@@ -23,8 +23,9 @@
 # sizes on shared machines: trust a ratio of medians over rounds, not one round.
 # Before every round it also times the floor of the 8 B cells, the cross-core round trip of
 # one cache line (scripts/peers/shm_pingpong.c, cores 0 and 1; needs gcc and 2 cores), and
-# prints its range over the run above the table: the hypervisor moves it between ~90 ns
-# (two hyperthreads of one core) and ~400 ns, so a cell is read against its own run's floor.
+# prints its range over the run above the table: the hypervisor moves it between ~50-110 ns
+# (the two vCPUs share a cache) and ~400 ns (separate dies, where the shm cells at 1 MiB run
+# 3-6x slower), so a cell is read against its own run's floor.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SWEEP="8,64,256,1K,4K,16K,64K,256K,1M" QUICK="8,64K,1M"
