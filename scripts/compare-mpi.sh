@@ -21,11 +21,12 @@
 # a2a, MPICH / a2a and unregistered / registered a2a (above 1: registered a2a is faster).
 # Needs make build (bin/a2ad; bin/compareplot to plot). Both sides are bimodal at small
 # sizes on shared machines: trust a ratio of medians over rounds, not one round.
-# Before every round it also times the floor of the 8 B cells, the cross-core round trip of
-# one cache line (scripts/peers/shm_pingpong.c, cores 0 and 1; needs gcc and 2 cores), and
-# prints its range over the run above the table: the hypervisor moves it between ~50-110 ns
-# (the two vCPUs share a cache) and ~400 ns (separate dies, where the shm cells at 1 MiB run
-# 3-6x slower), so a cell is read against its own run's floor.
+# Before and after every round it also times the floor of the 8 B cells, the cross-core
+# round trip of one cache line (scripts/peers/shm_pingpong.c, cores 0 and 1; needs gcc and 2
+# cores), and prints its range over the run above the table, with how many rounds began and
+# ended on different sides of 250 ns: the hypervisor moves it between ~50-110 ns (the two
+# vCPUs share a cache) and ~400 ns (separate dies, where the shm cells at 1 MiB run 3-6x
+# slower), so a cell is read against its own run's floor.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SWEEP="8,64,256,1K,4K,16K,64K,256K,1M" QUICK="8,64K,1M"
@@ -69,8 +70,8 @@ if ! dpkg -s libopenmpi-dev libmpich-dev >/dev/null 2>&1; then
 	apt-get update -qq >/dev/null
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev mpich libmpich-dev >/dev/null
 fi
-out=$(mktemp) table=$(mktemp) floors=$(mktemp)
-trap 'rm -f "$out" "$table" "$table.floor" "$table.all" "$floors"' EXIT
+out=$(mktemp) table=$(mktemp) floors=$(mktemp) spans=$(mktemp)
+trap 'rm -f "$out" "$table" "$table.floor" "$table.all" "$floors" "$spans"' EXIT
 # The floor's probe, built next to the peers' benchmark; none without gcc or a second core.
 PINGPONG=${TMPDIR:-/tmp}/a2av_bench_peers/shm_pingpong
 if [ "$(nproc)" -ge 2 ] && command -v gcc >/dev/null; then
@@ -80,10 +81,13 @@ else
 	PINGPONG=""
 fi
 
-# floor: one sample of the cross-core round trip (median of its batches, ns) into $floors.
+# floor: one sample of the cross-core round trip (median of its batches, ns) into $floors
+# and $last_floor (empty without the probe).
 floor() {
+	last_floor=""
 	[ -n "$PINGPONG" ] || return 0
-	"$PINGPONG" -n 200000 -c 0,1 | sed -n 's/.* rtt_med_ns=\([0-9.]*\) .*/\1/p' >>"$floors"
+	last_floor=$("$PINGPONG" -n 200000 -c 0,1 | sed -n 's/.* rtt_med_ns=\([0-9.]*\) .*/\1/p')
+	echo "$last_floor" >>"$floors"
 }
 
 # peer TRANSPORT RANKS IMPL CONFIG OPS: one MPI's rows, "tr n impl op bytes us -".
@@ -115,10 +119,14 @@ for tr in $TRANSPORTS; do
 		for ((round = 1; round <= ROUNDS; round++)); do
 			echo "compare-mpi: $tr, $n ranks, round $round of $ROUNDS" >&2
 			floor
+			first=$last_floor
 			peer "$tr" "$n" ompi "ompi-$tr" "$ops"
 			[ "$tr" = shm ] && peer "$tr" "$n" mpich mpich "$ops"
 			ours "$tr" "$n" "$ops" huge a2a
 			ours "$tr" "$n" "$ops" heap a2a-heap
+			# Again after the round: the hypervisor may have moved the vCPUs in it.
+			floor
+			[ -z "$first" ] || echo "$first $last_floor" >>"$spans"
 		done
 	done
 done
@@ -150,6 +158,10 @@ awk -v rounds="$ROUNDS" '
 if [ -s "$floors" ]; then
 	sort -n "$floors" | awk '{ v[++n] = $1 } END {
 		printf "# floor: cross-core round trip of one cache line (shm_pingpong, cores 0,1), %d samples: %.0f-%.0f ns, median %.0f ns\n", n, v[1], v[n], v[int((n + 1) / 2)] }' >"$table.floor"
+	# Under 250 ns the vCPUs share a cache, over it they sit apart and the shm cells from
+	# 64 KiB run up to 6x slower (docs/PERFORMANCE.md, "Bimodal runs on the 2-core machine").
+	awk '{ n++; if (($1 < 250) != ($2 < 250)) s++ } END {
+		printf "# floor: %d of %d rounds began and ended on different sides of 250 ns: their implementations may have run with the vCPUs placed differently\n", s, n }' "$spans" >>"$table.floor"
 	cat "$table.floor" "$table" >"$table.all" && mv "$table.all" "$table" && rm -f "$table.floor"
 fi
 cat "$table"
