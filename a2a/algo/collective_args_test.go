@@ -169,7 +169,7 @@ func TestCollShapes(t *testing.T) {
 	}{
 		{"allreduce-ring", PlanAllReduceRing, nil, 14, 14},
 		{"allreduce-recdoubling", PlanAllReduceRecursiveDoubling, nil, 4, 3},
-		{"allreduce-ll", PlanAllReduceLL, nil, 5, 1},
+		{"allreduce-ll", PlanAllReduceLL, nil, 4, 1},
 		{"allreduce-hierarchical 2x4", PlanAllReduceHierarchical, []int{0, 0, 0, 0, 1, 1, 1, 1}, 8, 8},
 		{"allreduce-hierarchical 4x2", PlanAllReduceHierarchical, []int{0, 0, 1, 1, 2, 2, 3, 3}, 8, 8},
 		{"allreduce-hierarchical one host", PlanAllReduceHierarchical, nil, 14, 14},
@@ -433,6 +433,31 @@ func TestBarrierLL(t *testing.T) {
 		}
 		if err := Simulate(scheds, send, recv); err != nil {
 			t.Fatalf("p=%d: %v", p, err)
+		}
+	}
+}
+
+// TestAllReduceLLTwoRanks pins the 2-rank LL AllReduce to its two rounds:
+// the exchange, with each rank's input read from send (no copy to scratch),
+// then one reduction straight into recv (no copy after it). Every local
+// step is an engine round's worth of per-call CPU at 8 B.
+func TestAllReduceLLTwoRanks(t *testing.T) {
+	for r := range 2 {
+		var s Schedule
+		if err := PlanAllReduceLL(&s, CollArgs{Rank: r, World: 2, Bytes: 8, ElemSize: 4, DType: uint8(reduce.Float32), Op: uint8(reduce.Sum), Streams: 1, BlockSize: 8}); err != nil {
+			t.Fatal(err)
+		}
+		if s.NumRounds() != 2 {
+			t.Fatalf("rank %d: %d rounds, want 2", r, s.NumRounds())
+		}
+		for _, st := range s.Steps {
+			if st.Kind == StepCopy {
+				t.Fatalf("rank %d: a copy step %v", r, st)
+			}
+		}
+		last := s.Round(1)
+		if len(last) != 1 || last[0].Kind != StepReduce || last[0].Dst.Buf != BufRecv || last[0].With.Len != 8 {
+			t.Fatalf("rank %d: last round %v, want one three-operand reduce into recv", r, last)
 		}
 	}
 }

@@ -40,7 +40,7 @@ const (
 	StepSend   StepKind = iota // send Src to Peer on Stream
 	StepRecv                   // receive from Peer on Stream into Dst
 	StepCopy                   // copy Src to Dst locally
-	StepReduce                 // Dst = Dst (op) Src, elementwise, locally
+	StepReduce                 // Dst = Dst (op) Src (With (op) Src with With), elementwise, locally
 	// StepRecvReduce receives a frame from Peer on Stream into the landing
 	// span Src (normally scratch) and, once it has arrived, computes
 	// Dst = Dst (op) Src. The reduction runs as soon as that frame is in,
@@ -105,7 +105,10 @@ type Step struct {
 	// With, when not empty, makes a RecvReduce three-operand: Dst = With op
 	// Src (or Src op With when LandedFirst), so a rank can combine its value
 	// with a partner's frame into a third buffer (or into the landing span
-	// itself) while its own value is still being sent.
+	// itself) while its own value is still being sent. On a Reduce it is
+	// Dst = With op Src, so a result lands where it is wanted without a
+	// copy after it (LandedFirst unused); Src or With may then be Dst
+	// itself, exactly, as in place.
 	With        Span
 	LandedFirst bool
 	// CountOnly makes a Store or Load carry the block's length instead of

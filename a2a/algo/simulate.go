@@ -305,8 +305,8 @@ func (sim *simulator) checkReduce(rk *simRank, st *Step) string {
 		return fmt.Sprintf("reduces %d bytes into %d", st.Src.Len, st.Dst.Len)
 	}
 	if st.With.Len > 0 {
-		if st.Kind != StepRecvReduce {
-			return "a third operand is only allowed on recvreduce"
+		if st.Kind != StepRecvReduce && st.Kind != StepReduce {
+			return "a third operand is only allowed on reduce and recvreduce"
 		}
 		if err := rk.checkSpan(st.With, false); err != "" {
 			return "third operand: " + err
@@ -523,7 +523,14 @@ func (rk *simRank) appendStepSpans(sp []simSpan, st *Step, i int) []simSpan {
 			sp = rk.appendSpan(sp, st.Dst, true, i)
 		}
 	case StepReduce:
-		sp = rk.appendSpan(sp, st.Src, false, i)
+		// An operand exactly aliasing Dst (in place) is what a three-operand
+		// kernel supports; only other overlaps race.
+		if st.With.Len == 0 || rk.addr(st.Src) != rk.addr(st.Dst) {
+			sp = rk.appendSpan(sp, st.Src, false, i)
+		}
+		if st.With.Len > 0 && rk.addr(st.With) != rk.addr(st.Dst) {
+			sp = rk.appendSpan(sp, st.With, false, i)
+		}
 		sp = rk.appendSpan(sp, st.Dst, true, i)
 	case StepRecvReduce:
 		sp = rk.appendSpan(sp, st.Src, true, i)

@@ -29,6 +29,7 @@ type round struct {
 type localCopy struct {
 	dst, src []byte
 	reduce   bool
+	with     []byte // a three-operand reduce: dst = with op src
 	// A copy from or to a gathered buffer: the slices, the cursors and the
 	// bytes left (vec.go).
 	sv, dv [][]byte
@@ -129,6 +130,17 @@ func (e *Engine) postReduce(st *algo.Step, bufs *Buffers) error {
 		return fault.New(fault.ErrInvalidArgument, -1, "schedule reduces %d bytes into %d", len(src), len(dst))
 	}
 	e.addCopy(dst, src, true)
+	if st.With.Len > 0 {
+		rd := &e.round
+		with, err := bufs.span(st.With)
+		if err != nil {
+			return err
+		}
+		if len(with) != len(dst) {
+			return fault.New(fault.ErrInvalidArgument, -1, "schedule combines %d bytes with %d", len(dst), len(with))
+		}
+		rd.copies[len(rd.copies)-1].with = with
+	}
 	return nil
 }
 

@@ -256,11 +256,17 @@ func (e *Engine) copySome() (bool, error) {
 		return true, nil
 	}
 	n := min(len(c.dst), copyChunk) // copyChunk is a multiple of every element size
-	if c.reduce {
+	switch {
+	case c.with != nil:
+		if err := reduce.ReduceTo(e.reducer.dtype, e.reducer.op, c.dst[:n], c.with[:n], c.src[:n]); err != nil {
+			return false, fault.Wrap(fault.ErrInvalidArgument, -1, err, "reduction")
+		}
+		c.with = c.with[n:]
+	case c.reduce:
 		if err := reduce.Reduce(e.reducer.dtype, e.reducer.op, c.dst[:n], c.src[:n]); err != nil {
 			return false, fault.Wrap(fault.ErrInvalidArgument, -1, err, "reduction")
 		}
-	} else {
+	default:
 		copy(c.dst[:n], c.src)
 	}
 	c.dst, c.src = c.dst[n:], c.src[n:]
