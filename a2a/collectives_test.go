@@ -469,3 +469,30 @@ func TestAllReduceLL(t *testing.T) {
 		})
 	}
 }
+
+// TestAllReduceLLTwoRanksMismatch: at 2 ranks the LL AllReduce reduces the
+// peer's input as it arrives; the signature after it is checked first, so
+// ranks running different reductions of one size fail with ErrMismatch
+// instead of reducing the other's input.
+func TestAllReduceLLTwoRanksMismatch(t *testing.T) {
+	url := startNATS(t)
+	comms := group(t, url, 2, nil)
+	errs := onAll(comms, func(c *Comm) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		op := Sum
+		if c.Rank() == 1 {
+			op = Max
+		}
+		in := input(Float32, op, c.Rank(), 2)
+		return c.AllReduce(ctx, in, make([]byte, len(in)), Float32, op)
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ErrMismatch) {
+			t.Errorf("rank %d: %v, want ErrMismatch", r, err)
+		}
+	}
+	if got := comms[0].LastAlgo(); got != "ll" {
+		t.Errorf("ran %q, want ll", got)
+	}
+}

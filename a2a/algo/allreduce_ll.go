@@ -39,6 +39,18 @@ func PlanAllReduceLL(s *Schedule, a CollArgs) error {
 		s.EndRound()
 		return nil
 	}
+	if p == 2 && !a.InPlace {
+		// One round: the peer's input is reduced with this rank's as it
+		// arrives, in rank order (x0 op x1 on both ranks). In place the
+		// load would write the send buffer the store reads in the same
+		// round, so that case takes the tree's two rounds.
+		q := 1 - r
+		s.Add(Step{Kind: StepStore, Peer: q, Src: Span{Buf: BufSend, Len: n}})
+		s.Add(Step{Kind: StepLoad, Peer: q, Src: Span{Buf: BufScratch, Len: n}, Dst: Span{Buf: BufRecv, Len: n},
+			With: Span{Buf: BufSend, Len: n}, LandedFirst: q < r})
+		s.EndRound()
+		return nil
+	}
 	if own {
 		// A level before the last reduces into this rank's input: it goes
 		// to scratch first, since send is the caller's (and may be recv).

@@ -437,27 +437,39 @@ func TestBarrierLL(t *testing.T) {
 	}
 }
 
-// TestAllReduceLLTwoRanks pins the 2-rank LL AllReduce to its two rounds:
-// the exchange, with each rank's input read from send (no copy to scratch),
-// then one reduction straight into recv (no copy after it). Every local
-// step is an engine round's worth of per-call CPU at 8 B.
+// TestAllReduceLLTwoRanks pins the 2-rank LL AllReduce to one round (a
+// store, and a load that reduces the peer's input with this rank's as it
+// arrives, in rank order) and, in place, to two: the exchange with each
+// rank's input read from send (no copy to scratch), then one reduction
+// straight into recv (no copy after it). Every local step is an engine
+// round's worth of per-call CPU at 8 B.
 func TestAllReduceLLTwoRanks(t *testing.T) {
-	for r := range 2 {
-		var s Schedule
-		if err := PlanAllReduceLL(&s, CollArgs{Rank: r, World: 2, Bytes: 8, ElemSize: 4, DType: uint8(reduce.Float32), Op: uint8(reduce.Sum), Streams: 1, BlockSize: 8}); err != nil {
-			t.Fatal(err)
-		}
-		if s.NumRounds() != 2 {
-			t.Fatalf("rank %d: %d rounds, want 2", r, s.NumRounds())
-		}
-		for _, st := range s.Steps {
-			if st.Kind == StepCopy {
-				t.Fatalf("rank %d: a copy step %v", r, st)
+	for _, inPlace := range []bool{false, true} {
+		for r := range 2 {
+			var s Schedule
+			if err := PlanAllReduceLL(&s, CollArgs{Rank: r, World: 2, Bytes: 8, ElemSize: 4, DType: uint8(reduce.Float32), Op: uint8(reduce.Sum),
+				Streams: 1, BlockSize: 8, InPlace: inPlace}); err != nil {
+				t.Fatal(err)
 			}
-		}
-		last := s.Round(1)
-		if len(last) != 1 || last[0].Kind != StepReduce || last[0].Dst.Buf != BufRecv || last[0].With.Len != 8 {
-			t.Fatalf("rank %d: last round %v, want one three-operand reduce into recv", r, last)
+			for _, st := range s.Steps {
+				if st.Kind == StepCopy {
+					t.Fatalf("rank %d in place %t: a copy step %v", r, inPlace, st)
+				}
+			}
+			if !inPlace {
+				ld := s.Round(0)[1]
+				if s.NumRounds() != 1 || ld.Kind != StepLoad || ld.Dst.Buf != BufRecv || ld.With.Buf != BufSend || ld.LandedFirst != (r == 1) {
+					t.Fatalf("rank %d: %d rounds, load %v, want one round whose load reduces into recv, landed first on rank 1", r, s.NumRounds(), ld)
+				}
+				continue
+			}
+			if s.NumRounds() != 2 {
+				t.Fatalf("rank %d in place: %d rounds, want 2", r, s.NumRounds())
+			}
+			last := s.Round(1)
+			if len(last) != 1 || last[0].Kind != StepReduce || last[0].Dst.Buf != BufRecv || last[0].With.Len != 8 {
+				t.Fatalf("rank %d in place: last round %v, want one three-operand reduce into recv", r, last)
+			}
 		}
 	}
 }

@@ -55,7 +55,10 @@ const (
 	StepStore
 	// StepLoad takes Peer's LL message into Dst (its exact length). With
 	// CountOnly it expects the 8-byte announcement of a Dst.Len-byte block
-	// and writes nothing.
+	// and writes nothing. With a third operand (With) it reduces on
+	// arrival, as a RecvReduce: the message lands in Src and Dst = With op
+	// Src (Src op With when LandedFirst), so a 2-rank AllReduce is one
+	// round.
 	StepLoad
 )
 

@@ -128,10 +128,16 @@ func (rk *simRank) noop(st *Step) bool {
 
 // recvSpan is where a receiving step lands its frame.
 func recvSpan(st *Step) Span {
-	if st.Kind == StepRecvReduce {
+	if reducesOnArrival(st) {
 		return st.Src
 	}
 	return st.Dst
+}
+
+// reducesOnArrival reports whether st lands a message in Src and reduces it
+// into Dst once in: a RecvReduce, or a Load with a third operand.
+func reducesOnArrival(st *Step) bool {
+	return st.Kind == StepRecvReduce || st.Kind == StepLoad && st.With.Len > 0
 }
 
 func isRecv(k StepKind) bool { return k == StepRecv || k == StepRecvReduce || k == StepLoad }
@@ -242,7 +248,7 @@ func (sim *simulator) checkTransfer(rk *simRank, st *Step) string {
 	if why := rk.checkSpan(sp, isRecv(st.Kind)); why != "" {
 		return why
 	}
-	if st.Kind == StepRecvReduce {
+	if reducesOnArrival(st) {
 		return sim.checkReduce(rk, st)
 	}
 	return ""
@@ -305,8 +311,8 @@ func (sim *simulator) checkReduce(rk *simRank, st *Step) string {
 		return fmt.Sprintf("reduces %d bytes into %d", st.Src.Len, st.Dst.Len)
 	}
 	if st.With.Len > 0 {
-		if st.Kind != StepRecvReduce && st.Kind != StepReduce {
-			return "a third operand is only allowed on reduce and recvreduce"
+		if st.Kind != StepRecvReduce && st.Kind != StepReduce && st.Kind != StepLoad {
+			return "a third operand is only allowed on reduce, recvreduce and load"
 		}
 		if err := rk.checkSpan(st.With, false); err != "" {
 			return "third operand: " + err
@@ -453,7 +459,7 @@ func (sim *simulator) match(ci int) error {
 		if !ss.CountOnly {
 			copy(dst.bytes(land), src.bytes(ss.Src))
 		}
-		if rs.Kind == StepRecvReduce {
+		if reducesOnArrival(rs) {
 			if err := sim.doReduce(c.dst, rs); err != nil {
 				return err
 			}
@@ -514,7 +520,9 @@ func (rk *simRank) appendStepSpans(sp []simSpan, st *Step, i int) []simSpan {
 			sp = rk.appendSpan(sp, st.Src, false, i)
 		}
 	case StepLoad:
-		if !st.CountOnly {
+		if reducesOnArrival(st) {
+			sp = rk.appendReduceSpans(sp, st, i)
+		} else if !st.CountOnly {
 			sp = rk.appendSpan(sp, st.Dst, true, i)
 		}
 	case StepCopy:
@@ -533,15 +541,22 @@ func (rk *simRank) appendStepSpans(sp []simSpan, st *Step, i int) []simSpan {
 		}
 		sp = rk.appendSpan(sp, st.Dst, true, i)
 	case StepRecvReduce:
-		sp = rk.appendSpan(sp, st.Src, true, i)
-		if st.Dst != st.Src {
-			sp = rk.appendSpan(sp, st.Dst, true, i)
-		}
-		if st.With.Len > 0 && rk.addr(st.With) != rk.addr(st.Dst) {
-			// A third operand exactly aliasing Dst (in place) is what
-			// a three-operand kernel supports; only other overlaps race.
-			sp = rk.appendSpan(sp, st.With, false, i)
-		}
+		sp = rk.appendReduceSpans(sp, st, i)
+	}
+	return sp
+}
+
+// appendReduceSpans appends the memory of a step that reduces a message on
+// arrival (reducesOnArrival): the landing span and Dst written, With read.
+func (rk *simRank) appendReduceSpans(sp []simSpan, st *Step, i int) []simSpan {
+	sp = rk.appendSpan(sp, st.Src, true, i)
+	if st.Dst != st.Src {
+		sp = rk.appendSpan(sp, st.Dst, true, i)
+	}
+	if st.With.Len > 0 && rk.addr(st.With) != rk.addr(st.Dst) {
+		// A third operand exactly aliasing Dst (in place) is what
+		// a three-operand kernel supports; only other overlaps race.
+		sp = rk.appendSpan(sp, st.With, false, i)
 	}
 	return sp
 }

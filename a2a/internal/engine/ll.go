@@ -46,6 +46,10 @@ type llLoad struct {
 	announce bool
 	count    int
 	load     transport.SlotLoad
+	// into, when set, is where the landed message is reduced once in:
+	// into = with op landed (landed op with when landedFirst).
+	into, with  []byte
+	landedFirst bool
 }
 
 // newLLState reads the transport's window. Slot capacities are fixed when
@@ -175,26 +179,38 @@ func (e *Engine) postLoad(id opID, st *algo.Step, bufs *Buffers) error {
 	if err := e.checkOneSidedPeer(st); err != nil {
 		return err
 	}
-	dst, err := bufs.span(st.Dst)
+	landing := st.Dst
+	if st.With.Len > 0 {
+		landing = st.Src // reduced into Dst on arrival (algo.StepLoad)
+	}
+	dst, err := bufs.span(landing)
 	if err != nil {
 		return err
+	}
+	var into, with []byte
+	if st.With.Len > 0 {
+		if into, with, err = reduceSpans(bufs, st, len(dst)); err != nil {
+			return err
+		}
 	}
 	if st.CountOnly {
 		dst = e.ll.countIn[8*st.Peer : 8*st.Peer+8]
 	}
 	e.op.traffic.Add(false, e.op.sameHost[st.Peer], len(dst))
 	if e.ll.room[st.Peer] > 0 {
-		e.addLoad(st, dst)
+		l := e.addLoad(st, dst)
+		l.into, l.with, l.landedFirst = into, with, st.LandedFirst
 		return nil
 	}
 	op, idx := e.round.nextRecvOp()
 	op.Reset(e.llHeader(id, st.Peer, st.Peer, false), dst, false)
-	e.round.active = append(e.round.active, activeOp{peer: st.Peer, dst: dst, announce: st.CountOnly, count: st.Dst.Len, idx: idx, conn: e.conns.Conn(st.Peer, 0)})
+	e.round.active = append(e.round.active, activeOp{peer: st.Peer, dst: dst, announce: st.CountOnly, count: st.Dst.Len, idx: idx, conn: e.conns.Conn(st.Peer, 0),
+		into: into, with: with, landedFirst: st.LandedFirst})
 	return nil
 }
 
 // addLoad adds the load of an LL message into dst from the peer's slot.
-func (e *Engine) addLoad(st *algo.Step, dst []byte) {
+func (e *Engine) addLoad(st *algo.Step, dst []byte) *llLoad {
 	var l *llLoad
 	e.ll.loads, l = pushZero(e.ll.loads)
 	l.peer, l.slots, l.dst, l.announce, l.count = st.Peer, e.ll.slotOf[st.Peer], dst, st.CountOnly, st.Dst.Len
@@ -208,6 +224,7 @@ func (e *Engine) addLoad(st *algo.Step, dst []byte) {
 		l.dst, l.sigDst = e.ll.sigIn[st.Peer][:len(dst)+8], dst
 	}
 	e.ll.left = len(e.ll.loads)
+	return l
 }
 
 // checkSignature verifies the collective signature after the data of a
@@ -275,7 +292,16 @@ func (e *Engine) loaded(l *llLoad) error {
 		}
 	}
 	if l.sigDst != nil {
-		return e.checkSignature(l)
+		if err := e.checkSignature(l); err != nil {
+			return err
+		}
 	}
-	return nil
+	if l.into == nil {
+		return nil
+	}
+	landed := l.dst
+	if l.sigDst != nil {
+		landed = l.sigDst
+	}
+	return e.reduceInto(l.into, l.with, landed, l.landedFirst)
 }

@@ -181,15 +181,24 @@ func (e *Engine) Combine(id, off int, src []byte) error {
 // reduceAt reduces src, the bytes of a's frame from off, into a's
 // destination (with a's second operand, if any).
 func (e *Engine) reduceAt(a *activeOp, off int, src []byte) error {
-	into := a.into[off : off+len(src)]
+	var with []byte
+	if a.with != nil {
+		with = a.with[off : off+len(src)]
+	}
+	return e.reduceInto(a.into[off:off+len(src)], with, src, a.landedFirst)
+}
+
+// reduceInto reduces landed into into: into = into op landed, or with a
+// second operand into = with op landed (landed op with when landedFirst).
+func (e *Engine) reduceInto(into, with, landed []byte, landedFirst bool) error {
 	var err error
 	switch {
-	case a.with == nil:
-		err = reduce.Reduce(e.reducer.dtype, e.reducer.op, into, src)
-	case a.landedFirst:
-		err = reduce.ReduceTo(e.reducer.dtype, e.reducer.op, into, src, a.with[off:off+len(src)])
+	case with == nil:
+		err = reduce.Reduce(e.reducer.dtype, e.reducer.op, into, landed)
+	case landedFirst:
+		err = reduce.ReduceTo(e.reducer.dtype, e.reducer.op, into, landed, with)
 	default:
-		err = reduce.ReduceTo(e.reducer.dtype, e.reducer.op, into, a.with[off:off+len(src)], src)
+		err = reduce.ReduceTo(e.reducer.dtype, e.reducer.op, into, with, landed)
 	}
 	if err != nil {
 		return fault.Wrap(fault.ErrInvalidArgument, -1, err, "reduction")
