@@ -19,6 +19,8 @@
 # machine's moods. It prints one line per case: the medians over the rounds of the p50
 # latencies (slowest rank after a barrier, us), a2a's algorithm, and the ratios Open MPI /
 # a2a, MPICH / a2a and unregistered / registered a2a (above 1: registered a2a is faster).
+# Bytes are per peer: an AllToAll(V) sends that much to each rank, and an AllReduce sums a
+# buffer of ranks x bytes on both sides (the AllToAll's send buffer).
 # Needs make build (bin/a2ad; bin/compareplot to plot). Both sides are bimodal at small
 # sizes on shared machines: trust a ratio of medians over rounds, not one round.
 # Before and after every round it also times the floor of the 8 B cells, the cross-core
@@ -97,18 +99,40 @@ peer() {
 		awk -v ops=" $5 " 'index(ops, " " $4 " ")' >>"$out"
 }
 
+# bytes SIZE: a size as the sweep writes it (8, 64K, 1M) in bytes.
+bytes() {
+	case $1 in
+	*[Kk]) echo $((${1%[Kk]} * 1024)) ;;
+	*[Mm]) echo $((${1%[Mm]} * 1048576)) ;;
+	*) echo "$1" ;;
+	esac
+}
+
+# scaled SIZES N: every size of the list, in bytes, times N.
+scaled() {
+	local s list=""
+	for s in ${1//,/ }; do list+="${list:+,}$(($(bytes "$s") * $2))"; done
+	echo "$list"
+}
+
 # ours TRANSPORT RANKS OPS ALLOC WHO: a2a's rows, "tr n WHO op bytes us algo".
+# The peers' AllReduce sums ranks x bytes per rank (the AllToAll's send buffer, see
+# a2av_bench.c); a2a's bench takes the buffer's own size, so it gets that product, and its
+# rows are filed under the bytes per peer again.
 ours() {
+	local sizes per
 	for op in $3; do
+		sizes=$SIZES per=1
+		[ "$op" = allreduce ] && sizes=$(scaled "$SIZES" "$2") per=$2
 		# One JSON object per row; pick size, p50_us and algo by key.
-		bin/a2ad bench --op "$op" -n "$2" --transport "$1" --sizes "$SIZES" --budget "${BUDGET}s" --alloc "$4" --json 2>&1 |
-			awk -v k="$1 $2 $5 $op" '
+		bin/a2ad bench --op "$op" -n "$2" --transport "$1" --sizes "$sizes" --budget "${BUDGET}s" --alloc "$4" --json 2>&1 |
+			awk -v k="$1 $2 $5 $op" -v per="$per" '
 				function val(key,   v) {
 					if (!match($0, "\"" key "\": *(\"[^\"]*\"|[^,}]*)")) return ""
 					v = substr($0, RSTART, RLENGTH); sub(/^"[^"]*": */, "", v); gsub(/"/, "", v)
 					return v
 				}
-				/^\{.*"p50_us":/ {print k, val("size"), val("p50_us"), val("algo")}' >>"$out"
+				/^\{.*"p50_us":/ {print k, val("size") / per, val("p50_us"), val("algo")}' >>"$out"
 	done
 }
 
