@@ -42,10 +42,12 @@ type conn struct {
 	sendSide transport.SendSide // which op owns the send direction; sticky error
 	siov     [2]unix.Iovec
 	smsg     unix.Msghdr
+	sstage   staging // a small frame being sent (smallMax)
 
 	recvSide transport.RecvSide // which op owns the receive direction; sticky error
 	rdst     []byte             // payload destination, known once the header is in
 	riov     [2]unix.Iovec
+	rstage   staging // a small frame being received (smallMax)
 
 	// Vectored payloads (SendOp.Vec, RecvOp.DstVec): where the next byte
 	// is, and iovecs for the header and up to maxVecIov slices per call,
@@ -99,6 +101,11 @@ func (c *conn) TrySend(op *transport.SendOp) (bool, error) {
 	fresh, ok, err := c.sendSide.Claim(op, c.peer, "tcp")
 	if !ok {
 		return false, err
+	}
+	if smallSend(op) {
+		done, err := c.sendSmall(op, fresh)
+		c.sendSide.Finish(done, err)
+		return done, err
 	}
 	if op.Vec == nil {
 		done, err := c.send(op)
@@ -217,6 +224,13 @@ func (c *conn) TryRecv(op *transport.RecvOp) (bool, error) {
 	if fresh {
 		c.rdst = nil
 	}
+	if smallRecv(op) {
+		done, err := c.recvSmall(op)
+		if c.recvSide.Finish(done, err) {
+			c.rdst = nil
+		}
+		return done, err
+	}
 	if op.DstVec == nil {
 		done, err := c.recv(op)
 		if c.recvSide.Finish(done, err) {
@@ -333,20 +347,27 @@ func (c *conn) readvIov(iov []unix.Iovec) (int, error) {
 	for {
 		// RawSyscall: see send; readv on a non-blocking socket never sleeps.
 		n, _, errno := unix.RawSyscall(unix.SYS_READV, uintptr(c.fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
-		switch errno {
-		case 0:
-			if n == 0 {
-				return 0, fault.Wrap(fault.ErrPeerLost, c.peer, io.EOF, "tcp: rank %d closed stream %d", c.peer, c.stream)
-			}
-			c.recvd.Add(uint64(n))
-			return int(n), nil
-		case unix.EINTR:
+		if errno == unix.EINTR {
 			continue
-		case unix.EAGAIN:
-			return 0, nil
-		default:
-			return 0, c.lost(errno, "receive")
 		}
+		return c.received(int(n), errno)
+	}
+}
+
+// received is the outcome of a read that returned n and errno (not EINTR):
+// the bytes read, counted; 0 for an empty socket (EAGAIN); or the peer lost.
+func (c *conn) received(n int, errno unix.Errno) (int, error) {
+	switch errno {
+	case 0:
+		if n == 0 {
+			return 0, fault.Wrap(fault.ErrPeerLost, c.peer, io.EOF, "tcp: rank %d closed stream %d", c.peer, c.stream)
+		}
+		c.recvd.Add(uint64(n))
+		return n, nil
+	case unix.EAGAIN:
+		return 0, nil
+	default:
+		return 0, c.lost(errno, "receive")
 	}
 }
 
