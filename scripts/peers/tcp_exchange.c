@@ -18,6 +18,9 @@
 //   epoll  epoll_wait with timeout 0 in a loop, then one read (Open MPI's
 //          progress loop over libevent)
 //   block  a blocking read: the kernel parks and wakes the process
+// Above 64 KiB, -m read sends and receives in turn, at most 512 KiB per
+// call, as a2a's engine does (the other modes send in one call and would
+// fill both socket buffers).
 // -B precedes every timed exchange with an untimed one of a 48-byte header,
 // as a2ad bench and a2av_bench.c time a call after a barrier.
 // -s sets SO_SNDBUF and SO_RCVBUF (a2a's tcp sets 4 MiB); default: the
@@ -103,6 +106,30 @@ static void recv_all(int fd, int ep, char *buf, int n, char mode) {
 	}
 }
 
+// stream exchanges a large message as a2a's engine does: non-blocking sends
+// and receives of at most 512 KiB, alternating.
+static void stream(int fd, char *out, char *in, int bytes) {
+	int sent = 0, got = 0;
+	while (sent < bytes || got < bytes) {
+		if (sent < bytes) {
+			int n = bytes - sent < 512 << 10 ? bytes - sent : 512 << 10;
+			ssize_t r = send(fd, out + sent, n, MSG_NOSIGNAL);
+			if (r > 0)
+				sent += r;
+			else if (r < 0 && errno != EAGAIN && errno != EINTR)
+				die("send");
+		}
+		if (got < bytes) {
+			int n = bytes - got < 512 << 10 ? bytes - got : 512 << 10;
+			ssize_t r = recv(fd, in + got, n, MSG_DONTWAIT);
+			if (r > 0)
+				got += r;
+			else if (r == 0 || (errno != EAGAIN && errno != EINTR))
+				die("recv");
+		}
+	}
+}
+
 // run does the exchanges and returns the iteration times (us).
 static double *run(int fd, int iters, int bytes, char mode, int cpu, int sockbuf, int barrier) {
 	bind_cpu(cpu);
@@ -127,7 +154,9 @@ static double *run(int fd, int iters, int bytes, char mode, int cpu, int sockbuf
 			recv_all(fd, ep, in, sizeof hdr, mode);
 		}
 		double t0 = now_us();
-		if (mode == 'v' && bytes > 48) {
+		if (bytes > 64 << 10 && mode == 'r') {
+			stream(fd, out, in, bytes);
+		} else if (mode == 'v' && bytes > 48) {
 			struct iovec iov[2] = {{out, 48}, {out + 48, bytes - 48}};
 			struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
 			if (sendmsg(fd, &msg, MSG_NOSIGNAL) != bytes)
@@ -135,7 +164,8 @@ static double *run(int fd, int iters, int bytes, char mode, int cpu, int sockbuf
 		} else if (send(fd, out, bytes, MSG_NOSIGNAL) != bytes) {
 			die("send");
 		}
-		recv_all(fd, ep, in, bytes, mode);
+		if (!(bytes > 64 << 10 && mode == 'r'))
+			recv_all(fd, ep, in, bytes, mode);
 		if (i >= 0)
 			t[i] = now_us() - t0;
 	}
