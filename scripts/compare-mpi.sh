@@ -9,7 +9,7 @@
 #                (default bin/compare.svg), and keep the table beside it in FILE.txt
 #   -r  rounds per case (default 3): the cell is the median of the rounds
 #   -w  also run AllToAllV alone at this many ranks ("" for none; default 8)
-#   -b  time budget per size and op, seconds (default 0.5)
+#   -b  time budget per size and op, seconds (default 0.45: the full sweep in about 9 min)
 #
 # For every transport and rank count it runs, round after round, scripts/peers/run_mpi.sh
 # (Open MPI: ompi-shm or ompi-tcp; on shm also MPICH, whose default device uses shared
@@ -32,7 +32,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SWEEP="8,64,256,1K,4K,16K,64K,256K,1M" QUICK="8,64K,1M"
-RANKS="2 4" WIDE=8 TRANSPORTS="shm tcp" SIZES=$SWEEP OPS="alltoallv alltoall allreduce" ROUNDS=3 BUDGET=0.5
+RANKS="2 4" WIDE=8 TRANSPORTS="shm tcp" SIZES=$SWEEP OPS="alltoallv alltoall allreduce" ROUNDS=3 BUDGET=0.45
 PLOT="" cmdline="$*"
 # The long forms, anywhere on the line (make compare COMPARE="--quick --plot").
 args=()
