@@ -51,14 +51,25 @@ func TestMPICHWithoutGroup(t *testing.T) {
 	mpiexec := need(t, "mpiexec.hydra", "mpich")
 	// -launcher fork: no ssh to this host; -iface lo: Hydra's own
 	// connections on loopback.
-	cmd := command(t, mpiexec, "-launcher", "fork", "-iface", "lo", "-n", strconv.Itoa(ranks), "-genv", "A2A_NATS_URL", url, checkBin)
-	cmd.Env = cleanEnv()
-	out, err := cmd.CombinedOutput()
+	var out []byte
+	var err error
+	for try := 1; ; try++ {
+		cmd := command(t, mpiexec, "-launcher", "fork", "-iface", "lo", "-n", strconv.Itoa(ranks), "-genv", "A2A_NATS_URL", url, checkBin)
+		cmd.Env = cleanEnv()
+		out, err = cmd.CombinedOutput()
+		// Once in a CI run mpiexec exited at once with an error and not a
+		// byte of output: no rank had started. That is the launcher's
+		// failure, not the ranks' answer; it is tried once more.
+		if err == nil || len(out) > 0 || try == 2 {
+			break
+		}
+		t.Logf("mpiexec failed before starting any rank (%v): once more", err)
+	}
 	if err == nil {
 		t.Fatalf("mpiexec without A2A_GROUP succeeded:\n%s", out)
 	}
 	if n := strings.Count(string(out), "set A2A_GROUP"); n != ranks {
-		t.Errorf("%d of %d ranks ask for A2A_GROUP:\n%s", n, ranks, out)
+		t.Errorf("%d of %d ranks ask for A2A_GROUP (mpiexec: %v):\n%s", n, ranks, err, out)
 	}
 }
 
