@@ -159,16 +159,24 @@ func (c *conn) sendmsg(iov *unix.Iovec, cnt int) (n int, blocked bool, err error
 		// entering the scheduler's syscall state would let the runtime hand
 		// this P to another thread, waking a second core mid-operation.
 		sent, _, errno := unix.RawSyscall(unix.SYS_SENDMSG, uintptr(c.fd), uintptr(unsafe.Pointer(&c.smsg)), unix.MSG_NOSIGNAL)
-		switch errno {
-		case 0:
-			c.sent.Add(uint64(sent))
-			return int(sent), false, nil
-		case unix.EINTR:
-		case unix.EAGAIN:
-			return 0, true, nil
-		default:
-			return 0, false, c.lost(errno, "send")
+		if errno != unix.EINTR {
+			return c.sentResult(int(sent), errno)
 		}
+	}
+}
+
+// sentResult is the outcome of a send that returned n and errno (not
+// EINTR): the bytes sent, counted; blocked for a full socket buffer
+// (EAGAIN); or the peer lost.
+func (c *conn) sentResult(n int, errno unix.Errno) (sent int, blocked bool, err error) {
+	switch errno {
+	case 0:
+		c.sent.Add(uint64(n))
+		return n, false, nil
+	case unix.EAGAIN:
+		return 0, true, nil
+	default:
+		return 0, false, c.lost(errno, "send")
 	}
 }
 

@@ -55,15 +55,8 @@ func (c *conn) sendSmall(op *transport.SendOp, fresh bool) (bool, error) {
 func (c *conn) sendto(b []byte) (n int, blocked bool, err error) {
 	for {
 		sent, _, errno := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(c.fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), unix.MSG_NOSIGNAL, 0, 0)
-		switch errno {
-		case 0:
-			c.sent.Add(uint64(sent))
-			return int(sent), false, nil
-		case unix.EINTR:
-		case unix.EAGAIN:
-			return 0, true, nil
-		default:
-			return 0, false, c.lost(errno, "send")
+		if errno != unix.EINTR {
+			return c.sentResult(int(sent), errno)
 		}
 	}
 }
