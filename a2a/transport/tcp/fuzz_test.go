@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,20 +45,13 @@ func FuzzRecv(f *testing.F) {
 		if len(data) > 64<<10 { // stays within one socket buffer
 			return
 		}
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Close(fds[1])
-		var sent, recvd atomic.Uint64
-		c := &conn{fd: fds[0], peer: 1, sent: &sent, recvd: &recvd, closedErr: fault.New(fault.ErrClosed, 1, "closed")}
-		defer c.close()
+		c, other := rawConn(t)
 		if len(data) > 0 {
-			if n, err := unix.Write(fds[1], data); err != nil || n != len(data) {
+			if n, err := unix.Write(other, data); err != nil || n != len(data) {
 				t.Fatalf("writing %d bytes: %d, %v", len(data), n, err)
 			}
 		}
-		unix.Shutdown(fds[1], unix.SHUT_WR) // the peer goes away after its bytes
+		unix.Shutdown(other, unix.SHUT_WR) // the peer goes away after its bytes
 
 		var op transport.RecvOp
 		op.Reset(fuzzWant, make([]byte, fuzzWant.Len), anyLen)

@@ -16,12 +16,18 @@ import (
 
 // rawConn is a conn on one end of a socket pair, the other end returned for
 // the test to write and read raw bytes.
-func rawConn(t *testing.T) (*conn, int) {
+func rawConn(t testing.TB) (*conn, int) {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return testConn(t, fds)
+}
+
+// testConn is a conn on fds[0], closed with fds[1] when the test ends; it
+// returns fds[1] for the test to write and read raw bytes.
+func testConn(t testing.TB, fds [2]int) (*conn, int) {
 	var sent, recvd atomic.Uint64
 	c := &conn{fd: fds[0], peer: 1, sent: &sent, recvd: &recvd, closedErr: fault.New(fault.ErrClosed, 1, "closed")}
 	t.Cleanup(func() {
@@ -128,13 +134,7 @@ func tcpPair(t *testing.T) (*conn, int) {
 			t.Fatal(err)
 		}
 	}
-	var sent, recvd atomic.Uint64
-	c := &conn{fd: fds[0], peer: 1, sent: &sent, recvd: &recvd, closedErr: fault.New(fault.ErrClosed, 1, "closed")}
-	t.Cleanup(func() {
-		c.close()
-		unix.Close(fds[1])
-	})
-	return c, fds[1]
+	return testConn(t, fds)
 }
 
 // TestSmallSendBlocked sends small frames through a small send buffer,
