@@ -175,6 +175,7 @@ type bench struct {
 	redop        reduce.Op
 	want         []byte // a reduction's correct result
 	scratch      []byte
+	settled      bool // the launch's --settle calls are made
 }
 
 // newBench sets up a rank's benchmark; f has been validated by cmdBench.

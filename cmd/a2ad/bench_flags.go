@@ -23,6 +23,7 @@ type benchFlags struct {
 	dist    string
 	iters   int
 	warmup  int
+	settle  time.Duration
 	budget  time.Duration
 	check   bool
 	json    bool
@@ -59,6 +60,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.dist, "dist", "uniform", "traffic: uniform | zipf:S | lognormal:SIGMA | hot:F")
 	fs.IntVar(&f.iters, "iters", 1000, "maximum timed iterations per size")
 	fs.IntVar(&f.warmup, "warmup", 20, "warm-up iterations per size")
+	fs.DurationVar(&f.settle, "settle", 0, "untimed calls of the first size for this long before it is measured: fresh ranks can run slower for their first ~0.2 s (make compare gives the MPIs the same)")
 	fs.DurationVar(&f.budget, "budget", 1500*time.Millisecond, "time budget per size: fewer iterations (>= 20) for slow sizes")
 	fs.BoolVar(&f.check, "check", false, "verify every received element (#wrong counts the wrong ones, N/A without --check); exit non-zero on a mismatch")
 	fs.BoolVar(&f.json, "json", false, "one JSON object per row")

@@ -69,10 +69,45 @@ func (b *bench) firstCall(ctx context.Context, op collective) (wrong int, err er
 	return op.wrong(), nil
 }
 
+// settleBatch is how many untimed calls settle makes between two checks of
+// its clock: the check is a collective, so a batch keeps its cost small.
+const settleBatch = 64
+
+// settle makes untimed calls of op for --settle, once per launch: a fresh
+// pair of ranks can run its first ~0.1-0.2 s slower (docs/PERFORMANCE.md,
+// "Fast and slow periods of the 8 B shm cells"), which a count of warm-up
+// calls at 8 B does not outlast. The ranks stop together, when every rank's
+// clock has passed --settle.
+func (b *bench) settle(ctx context.Context, op collective) error {
+	if b.settled || b.f.settle <= 0 {
+		return nil
+	}
+	b.settled = true
+	t0 := time.Now()
+	for {
+		for range settleBatch {
+			if err := op.call(ctx); err != nil {
+				return err
+			}
+		}
+		more := 0
+		if time.Since(t0) < b.f.settle {
+			more = 1
+		}
+		more, err := b.agreeMin(ctx, more)
+		if err != nil || more == 0 {
+			return err
+		}
+	}
+}
+
 // warmUp makes the warm-up calls and returns the timed iterations every
 // rank agrees on: --iters, fewer (at least 20) when the warm-up calls say
 // they would overrun --budget.
 func (b *bench) warmUp(ctx context.Context, op collective) (iters int, err error) {
+	if err := b.settle(ctx, op); err != nil {
+		return 0, err
+	}
 	t0 := time.Now()
 	for range b.f.warmup {
 		if err := op.call(ctx); err != nil {
