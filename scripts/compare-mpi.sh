@@ -2,7 +2,7 @@
 # compare-mpi.sh: Open MPI and MPICH against a2a on this machine, in one run, same sizes.
 #
 #   scripts/compare-mpi.sh [-q] [-p FILE.svg] [-r ROUNDS] [-n "2 4"] [-w 8] [-t "shm tcp"]
-#                          [-s SIZES] [-o "alltoallv alltoall allreduce"] [-b BUDGET_S]
+#                          [-s SIZES] [-o "alltoallv alltoall allreduce"] [-b BUDGET_S] [-S SETTLE_S]
 #
 #   -q, --quick  three sizes, 8,64K,1M (default: the sweep 8,64,256,1K,4K,16K,64K,256K,1M)
 #   -p, --plot[=FILE.svg]  also draw the ratios against size (bin/compareplot) into FILE.svg
@@ -10,6 +10,8 @@
 #   -r  rounds per case (default 3): the cell is the median of the rounds
 #   -w  also run AllToAllV alone at this many ranks ("" for none; default 8)
 #   -b  time budget per size and op, seconds (default 0.45: the full sweep in about 9 min)
+#   -S  untimed calls for this long at the start of every launch, both sides (default 0.2):
+#       fresh ranks can run their first ~0.2 s slower, which 20 warm-up calls do not outlast
 #
 # For every transport and rank count it runs, round after round, scripts/peers/run_mpi.sh
 # (Open MPI: ompi-shm or ompi-tcp; on shm also MPICH, whose default device uses shared
@@ -32,7 +34,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SWEEP="8,64,256,1K,4K,16K,64K,256K,1M" QUICK="8,64K,1M"
-RANKS="2 4" WIDE=8 TRANSPORTS="shm tcp" SIZES=$SWEEP OPS="alltoallv alltoall allreduce" ROUNDS=3 BUDGET=0.45
+RANKS="2 4" WIDE=8 TRANSPORTS="shm tcp" SIZES=$SWEEP OPS="alltoallv alltoall allreduce" ROUNDS=3 BUDGET=0.45 SETTLE=0.2
 PLOT="" cmdline="$*"
 # The long forms, anywhere on the line (make compare COMPARE="--quick --plot").
 args=()
@@ -45,7 +47,7 @@ for a in "$@"; do
 	esac
 done
 set -- ${args[@]+"${args[@]}"}
-while getopts "qp:r:n:w:t:s:o:b:" opt; do
+while getopts "qp:r:n:w:t:s:o:b:S:" opt; do
 	case $opt in
 	q) SIZES=$QUICK ;;
 	p) PLOT=$OPTARG ;;
@@ -56,7 +58,8 @@ while getopts "qp:r:n:w:t:s:o:b:" opt; do
 	s) SIZES=$OPTARG ;;
 	o) OPS=$OPTARG ;;
 	b) BUDGET=$OPTARG ;;
-	*) sed -n '2,27p' "$0"; exit 2 ;;
+	S) SETTLE=$OPTARG ;;
+	*) awk 'NR > 1 && /^set -euo/ { exit } NR > 1' "$0"; exit 2 ;;
 	esac
 done
 PEERS=scripts/peers/run_mpi.sh
@@ -95,7 +98,7 @@ floor() {
 # peer TRANSPORT RANKS IMPL CONFIG OPS [ARGS...]: one MPI's rows, "tr n impl op bytes us -";
 # ARGS go to the MPI bench after the budget.
 peer() {
-	"$PEERS" "$4" "$2" "$SIZES" uniform -t "$BUDGET" "${@:6}" 2>&1 |
+	"$PEERS" "$4" "$2" "$SIZES" uniform -t "$BUDGET" -S "$SETTLE" "${@:6}" 2>&1 |
 		sed -n 's/^RESULT .* op=\([a-z]*\) .* peer_bytes=\([0-9]*\) .* med_us=\([0-9.]*\) .*/'"$1 $2 $3"' \1 \2 \3 -/p' |
 		awk -v ops=" $5 " 'index(ops, " " $4 " ")' >>"$out"
 }
@@ -126,7 +129,7 @@ ours() {
 		sizes=$SIZES per=1
 		[ "$op" = allreduce ] && sizes=$(scaled "$SIZES" "$2") per=$2
 		# One JSON object per row; pick size, p50_us and algo by key.
-		bin/a2ad bench --op "$op" -n "$2" --transport "$1" --sizes "$sizes" --budget "${BUDGET}s" --alloc "$4" --json 2>&1 |
+		bin/a2ad bench --op "$op" -n "$2" --transport "$1" --sizes "$sizes" --budget "${BUDGET}s" --settle "${SETTLE}s" --alloc "$4" --json 2>&1 |
 			awk -v k="$1 $2 $5 $op" -v per="$per" '
 				function val(key,   v) {
 					if (!match($0, "\"" key "\": *(\"[^\"]*\"|[^,}]*)")) return ""
