@@ -179,6 +179,39 @@ func checkKeys(t *testing.T, line string, row map[string]any) {
 
 // TestBenchColumns reads the text rows as nccl-tests' are read: an 8-byte
 // float32 AllReduce is 2 elements, and #wrong is 0 when checked, N/A when not.
+// TestBenchSettle: --settle makes untimed calls once per launch, before the
+// first size, for at least its time, and the sizes are measured as before.
+func TestBenchSettle(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stdout, stderr, code := exitCode(t, a2ad(t, ctx, "bench", "-n", "2", "--sizes", "8,64", "--iters", "20",
+		"--warmup", "2", "--check", "--settle", "200ms"))
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s\n%s", code, stdout, stderr)
+	}
+	settles := regexp.MustCompile(`# settle: (\d+) untimed calls of the first size in (\S+) before`).FindAllStringSubmatch(stderr, -1)
+	if len(settles) != 1 {
+		t.Fatalf("want one # settle: line (once per launch), got %d:\n%s", len(settles), stderr)
+	}
+	calls, _ := strconv.Atoi(settles[0][1])
+	took, err := time.ParseDuration(settles[0][2])
+	if err != nil || calls <= 0 || calls%64 != 0 || took < 200*time.Millisecond {
+		t.Errorf("settle: %d calls in %v (%v), want a positive multiple of 64 in >= 200ms", calls, took, err)
+	}
+	var rows int
+	for _, line := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		if f := strings.Fields(line); len(f) == 12 && !strings.HasPrefix(line, "#") {
+			rows++
+			if f[11] != "0" {
+				t.Errorf("size %s: #wrong %s, want 0", f[0], f[11])
+			}
+		}
+	}
+	if rows != 2 {
+		t.Errorf("want 2 rows, got %d:\n%s", rows, stdout)
+	}
+}
+
 func TestBenchColumns(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

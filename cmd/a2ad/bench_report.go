@@ -32,7 +32,9 @@ line says what size counts for the op):
 decides a run's figures on a shared VM (docs/PERFORMANCE.md): "# load:",
 how much of the CPUs processes outside the job took while it ran, and
 "# floor:", one cache line's round trip between the first two CPUs before
-and after the run, which tells where the hypervisor placed them.
+and after the run, which tells where the hypervisor placed them. With
+--settle, a "# settle:" line on stderr says how many untimed calls the
+first size had before it was measured.
 `
 
 // benchRow is one line of output; the JSON keys are a stable interface
