@@ -98,6 +98,17 @@ func (q *progressQueue) startColl(op *collOp) {
 // waited on it look again.
 func (q *progressQueue) finishColl(op *collOp, err error) {
 	q.mu.Lock()
+	parked := q.finishCollLocked(op, err)
+	q.mu.Unlock()
+	if parked {
+		q.eng.Transport().Wake() // costs a syscall: only when someone drives
+	}
+}
+
+// finishCollLocked is finishColl under the queue's lock; it reports
+// whether a point-to-point driver may be parked behind the fence, to wake
+// once the lock is given up.
+func (q *progressQueue) finishCollLocked(op *collOp, err error) bool {
 	op.err = err
 	p := q.colls.pending
 	copy(p, p[1:]) // shift, not reslice: Start allocates nothing
@@ -114,11 +125,7 @@ func (q *progressQueue) finishColl(op *collOp, err error) {
 	op.done.Store(true)
 	q.colls.running.Store(false)
 	q.broadcastLocked() // under the lock: a sleeper checks running under it
-	parked := q.driving // a point-to-point driver, maybe parked behind the fence
-	q.mu.Unlock()
-	if parked {
-		q.eng.Transport().Wake() // costs a syscall: only when someone drives
-	}
+	return q.driving    // a point-to-point driver, maybe parked behind the fence
 }
 
 // errFenced tells a point-to-point waiter that its request waits for a

@@ -2,6 +2,7 @@ package a2a
 
 import (
 	"context"
+	"time"
 
 	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/internal/engine"
@@ -17,7 +18,10 @@ import (
 // Start numbers the collective and queues it, as a nonblocking collective
 // is started (see IAllToAllV), and allocates nothing; the exchange runs on
 // the first goroutine that needs it, usually Wait's, so a Start-Wait pair
-// costs what the blocking call costs minus its planning. Every rank uses
+// costs what the blocking call costs minus its planning. A Wait that finds
+// its use the only collective started, with no point-to-point request in
+// flight, runs it with less turn-taking than a queued run (a direct turn),
+// in the same order with every other call. Every rank uses
 // the same persistent collective at the same point of its call order. A
 // Persistent is used by one goroutine at a time.
 type Persistent struct {
@@ -38,6 +42,9 @@ type Persistent struct {
 	avg                    DType // an Avg AllReduce's element type, to divide at the end
 	isAvg                  bool
 	started, closed        bool
+	// direct counts the uses that ran in a direct turn (persistent_direct.go):
+	// written by the one goroutine that uses the Persistent.
+	direct uint64
 }
 
 // persistSeg is one run of a use: the schedule and the byte range of the
@@ -153,8 +160,10 @@ func (p *Persistent) Wait(ctx context.Context) error {
 	if !p.started {
 		return nil
 	}
-	if err := p.c.runColls(ctx, &p.op); err != nil {
-		return err
+	if !p.runDirect() {
+		if err := p.c.runColls(ctx, &p.op); err != nil {
+			return err
+		}
 	}
 	p.started = false
 	return p.op.err
@@ -189,6 +198,16 @@ func (p *Persistent) run(ctx context.Context) error {
 		c.observeRejected(p.name, start, err)
 		return err
 	}
+	err = p.exchange(ctx, seq, start)
+	c.end(seq, true, err)
+	return err
+}
+
+// exchange runs the use numbered seq once begin (or a direct turn) holds
+// the engine, and reports it; the caller ends it.
+func (p *Persistent) exchange(ctx context.Context, seq uint64, start time.Time) error {
+	c := p.c
+	var err error
 	for _, s := range p.segs {
 		p.bufs[algo.BufSend], p.bufs[algo.BufRecv] = p.send, p.recv
 		if len(p.segs) > 1 {
@@ -212,6 +231,5 @@ func (p *Persistent) run(ctx context.Context) error {
 	}
 	c.observe(p.name, p.algo, seq, p.sendCounts, p.recvCounts, start, err)
 	c.tallyOp(p.name, p.algo, err)
-	c.end(seq, true, err)
 	return err
 }

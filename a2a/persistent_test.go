@@ -62,6 +62,9 @@ func TestPersistentAllToAllV(t *testing.T) {
 				}
 				use() // the first: AllocsPerRun's warm-up is one more
 				allocs[r] = testing.AllocsPerRun(uses-2, use)
+				if bad == nil && p.direct != uses {
+					bad = fmt.Errorf("%d of %d uses ran in a direct turn, want all", p.direct, uses)
+				}
 				return bad
 			}))
 			for r, a := range allocs {
