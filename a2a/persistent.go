@@ -45,6 +45,9 @@ type Persistent struct {
 	// direct counts the uses that ran in a direct turn (persistent_direct.go):
 	// written by the one goroutine that uses the Persistent.
 	direct uint64
+	// pend is the uses counted for the reports since the last flush to the
+	// Comm's tally (tallyUse); nil when the Comm reports nothing.
+	pend *useTally
 }
 
 // persistSeg is one run of a use: the schedule and the byte range of the
@@ -130,6 +133,9 @@ func (c *Comm) newPersistent(name string, kind transport.OpKind, send, recv []by
 	p := &Persistent{c: c, name: name, kind: kind, send: send, recv: recv}
 	p.op.run = p.run // made once: a method value allocates
 	p.op.tctx.op = &p.op
+	if c.rep != nil {
+		p.pend = &useTally{wait: make([]time.Duration, c.size), last: make([]uint64, c.size)}
+	}
 	return p
 }
 
@@ -176,6 +182,7 @@ func (p *Persistent) Close() error {
 		return fault.New(fault.ErrInvalidArgument, p.c.rank, "persistent %s: Close before the last use's Wait", p.name)
 	}
 	p.closed = true
+	p.flushTally()
 	p.segs, p.scheds = nil, [2]algo.Schedule{}
 	return nil
 }
@@ -230,6 +237,6 @@ func (p *Persistent) exchange(ctx context.Context, seq uint64, start time.Time) 
 		err = c.failAt(seq, err)
 	}
 	c.observe(p.name, p.algo, seq, p.sendCounts, p.recvCounts, start, err)
-	c.tallyOp(p.name, p.algo, err)
+	p.tallyUse(err)
 	return err
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/a2a-moe/a2a/a2a/algo"
 )
 
 // directUse is one rank's persistent AllToAllV of 8 bytes per peer (all LL
@@ -297,7 +299,59 @@ func TestPersistentDirectFailures(t *testing.T) {
 				if u.p.direct != 6 {
 					t.Errorf("%d uses ran in a direct turn, want all 6", u.p.direct)
 				}
+				// A failed use reaches the reports at once, not with its batch.
+				r := comms[0].rep
+				r.mu.Lock()
+				errs, ops := r.t.errors, r.t.ops[reportOp("alltoallv")][u.p.algo]
+				r.mu.Unlock()
+				if errs != 1 || ops != 6 {
+					t.Errorf("reports: %d errors of %d uses, want 1 of 6", errs, ops)
+				}
 			})
 		}
 	}
+}
+
+// TestPersistentTallyBatched: a Persistent's uses reach the Comm's report
+// tally in batches of tallyBatch, an error at once, and the rest at Close;
+// every use is counted once, with the wait attribution of its peer.
+func TestPersistentTallyBatched(t *testing.T) {
+	url := startNATS(t)
+	comms := group(t, url, 2, func(c *Config) { patient(c); c.Transport, c.Report = "shm", time.Hour })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const uses = tallyBatch + tallyBatch/2
+	counted := func(c *Comm) (ops, last uint64) {
+		c.rep.mu.Lock()
+		defer c.rep.mu.Unlock()
+		return c.rep.t.ops[reportOp("alltoallv")][algo.AlgoLL], c.rep.t.last[1-c.Rank()]
+	}
+	mustAll(t, onAll(comms, func(c *Comm) error {
+		u, err := newDirectUse(c, 8)
+		if err != nil {
+			return err
+		}
+		if u.p.algo != algo.AlgoLL {
+			return fmt.Errorf("algo %v, want ll", u.p.algo)
+		}
+		for k := range uses {
+			u.fill(k)
+			if err := u.p.Start(ctx); err != nil {
+				return err
+			}
+			if err := u.p.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		if ops, _ := counted(c); ops != tallyBatch {
+			return fmt.Errorf("%d uses counted before Close, want the first batch, %d", ops, tallyBatch)
+		}
+		if err := u.p.Close(); err != nil {
+			return err
+		}
+		if ops, last := counted(c); ops != uses || last == 0 || last > uses {
+			return fmt.Errorf("%d uses counted after Close (peer's arrivals %d), want %d", ops, last, uses)
+		}
+		return nil
+	}))
 }

@@ -247,3 +247,56 @@ func (c *Comm) fitMoE(m *control.MoEReport) *control.MoEReport {
 	}
 	return m
 }
+
+// tallyBatch is how many uses of a Persistent are counted on the Persistent
+// before they are added to the Comm's tally: one lock round per batch
+// instead of one per use, at most this many uses behind in a report.
+const tallyBatch = 64
+
+// useTally is a Persistent's uses not yet added to the Comm's tally: one
+// operation and algorithm, so a count, the errors and the wait attribution.
+type useTally struct {
+	n, errors uint64
+	wait      []time.Duration
+	last      []uint64
+}
+
+// tallyUse counts a use for the reports (as tallyOp counts a call), in
+// batches of tallyBatch; an error is added at once.
+func (p *Persistent) tallyUse(err error) {
+	u := p.pend
+	if u == nil {
+		return
+	}
+	u.n++
+	if err != nil {
+		u.errors++
+	} else if peer, wait := p.c.eng.LastArrival(); peer >= 0 && peer < len(u.wait) {
+		u.wait[peer] += wait
+		u.last[peer]++
+	}
+	if u.n >= tallyBatch || err != nil {
+		p.flushTally()
+	}
+}
+
+// flushTally adds the uses counted on p to the Comm's tally.
+func (p *Persistent) flushTally() {
+	u, r := p.pend, p.c.rep
+	if u == nil || u.n == 0 {
+		return
+	}
+	r.mu.Lock()
+	if i := reportOp(p.name); i >= 0 && int(p.algo) < algoSlots {
+		r.t.ops[i][p.algo] += u.n
+	}
+	r.t.errors += u.errors
+	for j := range u.wait {
+		r.t.wait[j] += u.wait[j]
+		r.t.last[j] += u.last[j]
+	}
+	r.mu.Unlock()
+	u.n, u.errors = 0, 0
+	clear(u.wait)
+	clear(u.last)
+}
