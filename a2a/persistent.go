@@ -48,6 +48,9 @@ type Persistent struct {
 	// pend is the uses counted for the reports since the last flush to the
 	// Comm's tally (tallyUse); nil when the Comm reports nothing.
 	pend *useTally
+	// ll is the one LL round of an all-LL AllToAllV resolved over the
+	// buffers (engine.PlanLL), nil when Run runs the schedule.
+	ll *engine.LLPlan
 }
 
 // persistSeg is one run of a use: the schedule and the byte range of the
@@ -82,6 +85,10 @@ func (c *Comm) AllToAllVInit(send []byte, sendCounts []int, recv []byte, recvCou
 		p.algo = algo.AlgoLL
 	}
 	p.segs = []persistSeg{{sched: &p.scheds[0]}} // the whole buffers
+	if allLL {
+		p.bufs[algo.BufSend], p.bufs[algo.BufRecv] = send, recv
+		p.ll = c.eng.PlanLL(p.kind, &p.scheds[0], &p.bufs)
+	}
 	return p, nil
 }
 
@@ -183,7 +190,7 @@ func (p *Persistent) Close() error {
 	}
 	p.closed = true
 	p.flushTally()
-	p.segs, p.scheds = nil, [2]algo.Schedule{}
+	p.segs, p.scheds, p.ll = nil, [2]algo.Schedule{}, nil
 	return nil
 }
 
@@ -215,6 +222,12 @@ func (p *Persistent) run(ctx context.Context) error {
 func (p *Persistent) exchange(ctx context.Context, seq uint64, start time.Time) error {
 	c := p.c
 	var err error
+	if p.ll != nil {
+		if err = c.eng.RunLL(ctx, p.ll); err == nil {
+			c.eng.NextLLEpoch()
+		}
+		return p.ended(seq, start, err)
+	}
 	for _, s := range p.segs {
 		p.bufs[algo.BufSend], p.bufs[algo.BufRecv] = p.send, p.recv
 		if len(p.segs) > 1 {
@@ -227,6 +240,13 @@ func (p *Persistent) exchange(ctx context.Context, seq uint64, start time.Time) 
 			c.eng.NextLLEpoch() // as alltoallv and ranCollective do
 		}
 	}
+	return p.ended(seq, start, err)
+}
+
+// ended finishes a use's exchange: Avg's division, the algorithm, the
+// failure's scope and the reports.
+func (p *Persistent) ended(seq uint64, start time.Time, err error) error {
+	c := p.c
 	if err == nil && p.isAvg {
 		if err = reduce.Finish(p.avg, reduce.Avg, p.recv, c.size); err != nil {
 			err = fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "%s", p.name)

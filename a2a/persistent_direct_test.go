@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -76,7 +77,8 @@ func ringP2P(ctx context.Context, c *Comm, k int) (rr, sr *Request, check func()
 // whichever turn is free, and the order of the calls stays today's.
 func TestPersistentDirectMix(t *testing.T) {
 	url := startNATS(t)
-	const ranks, rounds = 3, 30
+	const rounds = 30
+	ranks := 2 // not crowded on 2 CPUs: shm's uses run engine.RunLL
 	type step func(ctx context.Context, u *directUse, k int) error
 	waitP := func(ctx context.Context, u *directUse) error { return u.p.Wait(ctx) }
 	cases := []struct {
@@ -125,7 +127,7 @@ func TestPersistentDirectMix(t *testing.T) {
 			if err := WaitAll(ctx, ar, ib); err != nil {
 				return err
 			}
-			if out[0] != ranks {
+			if int(out[0]) != ranks {
 				return fmt.Errorf("allreduce: %d, want %d", out[0], ranks)
 			}
 			return nil
@@ -194,6 +196,9 @@ func TestPersistentDirectMix(t *testing.T) {
 	}
 	for _, dp := range dataPlanes {
 		t.Run(dp.name, func(t *testing.T) {
+			if ranks = 2; dp.name == "mixed" {
+				ranks = 3 // two hosts
+			}
 			comms := planeGroup(t, url, ranks, dp.mod)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
@@ -216,6 +221,9 @@ func TestPersistentDirectMix(t *testing.T) {
 						}
 						if tc.direct && u.p.direct != rounds {
 							return fmt.Errorf("%d of %d uses ran in a direct turn, want all", u.p.direct, rounds)
+						}
+						if want := dp.name == "shm" && ranks <= runtime.NumCPU(); (u.p.ll != nil) != want {
+							return fmt.Errorf("resolved LL round: %v, want %v", u.p.ll != nil, want)
 						}
 						return nil
 					}))
@@ -296,6 +304,9 @@ func TestPersistentDirectFailures(t *testing.T) {
 				if d := time.Since(start); d > 4*time.Second {
 					t.Errorf("Wait returned after %v", d)
 				}
+				if want := dp.name == "shm" && runtime.NumCPU() >= 2; (u.p.ll != nil) != want {
+					t.Errorf("resolved LL round: %v, want %v", u.p.ll != nil, want)
+				}
 				if u.p.direct != 6 {
 					t.Errorf("%d uses ran in a direct turn, want all 6", u.p.direct)
 				}
@@ -354,4 +365,55 @@ func TestPersistentTallyBatched(t *testing.T) {
 		}
 		return nil
 	}))
+}
+
+// TestPersistentDirect1000 reuses an all-LL persistent AllToAllV of 2 ranks
+// (on shm, its resolved round: engine.RunLL) for 1000 Starts with new
+// contents, checks every byte, and counts 0 allocations per Start-Wait.
+func TestPersistentDirect1000(t *testing.T) {
+	url := startNATS(t)
+	const uses = 1000
+	for _, dp := range dataPlanes[:2] {
+		t.Run(dp.name, func(t *testing.T) {
+			comms := planeGroup(t, url, 2, dp.mod)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			allocs := make([]float64, 2)
+			mustAll(t, onAll(comms, func(c *Comm) error {
+				u, err := newDirectUse(c, 24)
+				if err != nil {
+					return err
+				}
+				k := 0
+				var bad error
+				use := func() {
+					u.fill(k)
+					if err := u.p.Start(ctx); err != nil && bad == nil {
+						bad = err
+					}
+					if err := u.p.Wait(ctx); err != nil && bad == nil {
+						bad = fmt.Errorf("use %d: %w", k, err)
+					}
+					if err := u.check(k); err != nil && bad == nil {
+						bad = err
+					}
+					k++
+				}
+				use()
+				allocs[c.Rank()] = testing.AllocsPerRun(uses-2, use)
+				if bad == nil && (u.p.direct != uses || u.p.algo != algo.AlgoLL) {
+					bad = fmt.Errorf("%d of %d uses in a direct turn, algo %v; want all, ll", u.p.direct, uses, u.p.algo)
+				}
+				if want := dp.name == "shm" && runtime.NumCPU() >= 2; bad == nil && (u.p.ll != nil) != want {
+					bad = fmt.Errorf("resolved LL round: %v, want %v", u.p.ll != nil, want)
+				}
+				return errors.Join(bad, u.p.Close())
+			}))
+			for r, a := range allocs {
+				if a != 0 {
+					t.Errorf("rank %d: %v allocations per Start-Wait, want 0", r, a)
+				}
+			}
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -104,6 +105,9 @@ func directKillRun() error {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		return fmt.Errorf("the use failed after %v", d)
+	}
+	if want := cfg.Transport == "shm" && runtime.NumCPU() >= 2; (u.p.ll != nil) != want {
+		return fmt.Errorf("resolved LL round: %v, want %v", u.p.ll != nil, want)
 	}
 	if u.p.direct != uses+1 {
 		return fmt.Errorf("%d of %d uses ran in a direct turn, want all", u.p.direct, uses+1)
