@@ -9,7 +9,7 @@
 #                (default bin/compare.svg), and keep the table beside it in FILE.txt
 #   -r  rounds per case (default 3): the cell is the median of the rounds
 #   -w  also run AllToAllV alone at this many ranks ("" for none; default 8)
-#   -b  time budget per size and op, seconds (default 0.45: the full sweep in about 9 min)
+#   -b  time budget per size and op, seconds (default 0.45: the full sweep in about 6 min)
 #   -S  untimed calls for this long at the start of every launch, both sides (default 0.2):
 #       fresh ranks can run their first ~0.2 s slower, which 20 warm-up calls do not outlast
 #
