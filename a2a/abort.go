@@ -42,7 +42,7 @@ func (c *Comm) watchControl() {
 }
 
 // stopped returns why the running collective must stop, or nil.
-func (c *Comm) stopped() error { return c.stoppedAt(c.queue.cur.Load()) }
+func (c *Comm) stopped() error { return c.stoppedAt(c.queue.cur) }
 
 // stoppedAt returns why an operation numbered seq (see Comm) must stop:
 // Close (ErrClosed, before any abort: a closed Comm answers every call

@@ -351,7 +351,7 @@ func (c *Comm) begin(ctx context.Context, title string, start time.Time, engine 
 		last = turn.fence
 	}
 	if err == nil {
-		c.queue.cur.Store(seq)
+		c.queue.cur = seq
 	}
 	if err == nil {
 		err = c.stoppedAt(seq)

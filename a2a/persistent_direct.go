@@ -62,7 +62,7 @@ func (p *Persistent) runDirect() bool {
 	q.mu.Unlock()
 	p.direct++
 	seq, ctx := op.seq, &op.tctx
-	q.cur.Store(seq)
+	q.cur = seq
 	start := c.clock()
 	err := c.stoppedAt(seq)
 	if err == nil && ctx.Err() != nil {

@@ -43,8 +43,12 @@ type progressQueue struct {
 	sleepers         atomic.Int32  // goroutines waiting on wake
 	// cur is the op sequence of the collective running (or last run): what
 	// the engine's stop check covers. Not seq, which started collectives
-	// (icoll.go) move ahead while one runs.
-	cur atomic.Uint64
+	// (icoll.go) move ahead while one runs. A plain word: only the goroutine
+	// that holds the collective's turn writes it (begin, the direct turn)
+	// and reads it (the engine's Stopped), and the turn's hand-over orders
+	// one holder after the last; an atomic store cost a locked instruction
+	// per collective.
+	cur uint64
 	// fence is 1 + the last ticket posted before the oldest collective
 	// started ahead of its run (icoll.go), 0 when none waits: requests
 	// after it must not move before it runs, or they would pass it on the
