@@ -32,13 +32,20 @@ type collOp struct {
 	// fence is the last point-to-point ticket posted before it was started:
 	// those requests precede it on the streams.
 	fence uint64
-	err   error       // the result, set before done
-	done  atomic.Bool // run and removed from the queue
+	err   error // the result, set before doneAt
+	// doneAt is the op sequence of the last run that ended and left the
+	// queue: the collective is done when it is seq. A number, not a flag,
+	// so that a persistent collective's next Start has nothing to clear
+	// (an atomic store is a locked instruction, on the path of every use).
+	doneAt atomic.Uint64
 }
+
+// done reports whether the collective was run and removed from the queue.
+func (op *collOp) done() bool { return op.doneAt.Load() == op.seq }
 
 // test reports a collective's state without blocking, as Request.Test.
 func (op *collOp) test() (bool, int, error) {
-	if !op.done.Load() {
+	if !op.done() {
 		return false, 0, nil
 	}
 	return true, 0, op.err
@@ -69,9 +76,6 @@ func (t *turnCtx) Value(key any) any {
 type collQueue struct {
 	pending []*collOp
 	n       atomic.Int32 // len(pending), read without the lock
-	// head is pending[0] (nil when empty), read without the lock by the
-	// goroutine that holds running: a lock less per run.
-	head atomic.Pointer[collOp]
 	// running is held by the goroutine running pending collectives: one
 	// at a time, in order. An atomic, not a channel: a persistent
 	// Start-Wait of 8 bytes costs ~0.5 us, and every operation shows.
@@ -82,12 +86,10 @@ type collQueue struct {
 func (q *progressQueue) startColl(op *collOp) {
 	q.mu.Lock()
 	q.seq += 2
-	op.seq, op.fence, op.err = q.seq, q.tickets, nil
-	op.done.Store(false)
+	op.seq, op.fence, op.err = q.seq, q.tickets, nil // done() is false from here: doneAt < seq
 	q.colls.pending = append(q.colls.pending, op)
 	if len(q.colls.pending) == 1 {
 		q.fence.Store(op.fence + 1)
-		q.colls.head.Store(op)
 	}
 	q.colls.n.Store(int32(len(q.colls.pending)))
 	q.mu.Unlock()
@@ -116,13 +118,11 @@ func (q *progressQueue) finishCollLocked(op *collOp, err error) bool {
 	q.colls.pending = p[:len(p)-1]
 	if len(q.colls.pending) > 0 {
 		q.fence.Store(q.colls.pending[0].fence + 1)
-		q.colls.head.Store(q.colls.pending[0])
 	} else {
 		q.fence.Store(0)
-		q.colls.head.Store(nil)
 	}
 	q.colls.n.Store(int32(len(q.colls.pending)))
-	op.done.Store(true)
+	op.doneAt.Store(op.seq)
 	q.colls.running.Store(false)
 	q.broadcastLocked() // under the lock: a sleeper checks running under it
 	return q.driving    // a point-to-point driver, maybe parked behind the fence
@@ -138,23 +138,27 @@ var errFenced = fault.New(fault.ErrAborted, -1, "behind a started collective")
 func (c *Comm) runColls(ctx context.Context, op *collOp) error {
 	q := c.queue
 	for {
-		if op != nil && op.done.Load() || op == nil && q.colls.n.Load() == 0 {
+		if op != nil && op.done() || op == nil && q.colls.n.Load() == 0 {
 			return nil
 		}
 		if !q.colls.running.CompareAndSwap(false, true) {
-			if err := q.sleep(ctx, func() bool { return !q.colls.running.Load() || op != nil && op.done.Load() }); err != nil {
+			if err := q.sleep(ctx, func() bool { return !q.colls.running.Load() || op != nil && op.done() }); err != nil {
 				return err
 			}
 			continue
 		}
-		next := q.colls.head.Load()
-		if next == nil {
-			q.mu.Lock()
+		// The oldest, under the lock: no atomic copy of it is kept, which
+		// would cost two stores per use on a persistent collective's direct
+		// turn (persistent_direct.go) to save this lock round here.
+		q.mu.Lock()
+		if len(q.colls.pending) == 0 {
 			q.colls.running.Store(false)
 			q.broadcastLocked()
 			q.mu.Unlock()
 			continue
 		}
+		next := q.colls.pending[0]
+		q.mu.Unlock()
 		q.finishColl(next, next.run(&next.tctx)) // and gives running up
 	}
 }
@@ -164,7 +168,7 @@ func (c *Comm) runColls(ctx context.Context, op *collOp) error {
 // collective would hold this Wait past ctx, since it runs under the
 // context it was started with.
 func (c *Comm) waitColl(ctx context.Context, op *collOp) error {
-	if err := c.queue.sleepUntil(ctx, op.done.Load); err != nil {
+	if err := c.queue.sleepUntil(ctx, op.done); err != nil {
 		return err
 	}
 	return op.err

@@ -31,10 +31,12 @@ import (
 // steps). False leaves everything as it was: the caller waits as before.
 func (p *Persistent) runDirect() bool {
 	c, q, op := p.c, p.c.queue, &p.op
-	if q.colls.n.Load() != 1 || q.colls.head.Load() != op || !q.colls.running.CompareAndSwap(false, true) {
+	// Started and not done, op is queued; alone in the queue, it is the
+	// oldest, the one to run next.
+	if q.colls.n.Load() != 1 || op.done() || !q.colls.running.CompareAndSwap(false, true) {
 		return false
 	}
-	if q.colls.head.Load() != op {
+	if op.done() {
 		// Another goroutine ran the use between the look and the CAS.
 		q.mu.Lock()
 		q.colls.running.Store(false)
@@ -42,8 +44,8 @@ func (p *Persistent) runDirect() bool {
 		q.mu.Unlock()
 		return false
 	}
-	// running is ours and op is the head: from here on the use runs on this
-	// goroutine, one way or the other.
+	// running is ours and op is the oldest: from here on the use runs on
+	// this goroutine, one way or the other.
 	c.life.calls.RLock() // before the queue's look: Close's failAll touches reqs under the write lock
 	if !c.life.collBusy.CompareAndSwap(false, true) {
 		c.life.calls.RUnlock()
