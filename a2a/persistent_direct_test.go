@@ -234,9 +234,9 @@ func TestPersistentDirectMix(t *testing.T) {
 }
 
 // TestPersistentDirectFailures stops a use that runs in a direct turn: its
-// context's deadline, an abort of either rank, and the peer's Close must
-// each end the Wait with its typed error, within bounded time, on TCP and
-// shm.
+// context's deadline, an abort of either rank, the peer's Close and the
+// rank's own Close must each end the Wait with its typed error, within
+// bounded time, on TCP and shm.
 func TestPersistentDirectFailures(t *testing.T) {
 	url := startNATS(t)
 	cases := []struct {
@@ -250,6 +250,9 @@ func TestPersistentDirectFailures(t *testing.T) {
 		{"abort-self", func(comms []*Comm) { comms[0].Abort(errors.New("test abort")) }, 0, ErrAborted},
 		{"abort-peer", func(comms []*Comm) { comms[1].Abort(errors.New("test abort")) }, 0, ErrAborted},
 		{"peer-closed", func(comms []*Comm) { comms[1].Close() }, 0, ErrPeerLost},
+		// Close of the waiting rank's own Comm: it waits for the use to give
+		// the call lock up, which the use's engine does at its next check.
+		{"self-closed", func(comms []*Comm) { comms[0].Close() }, 0, ErrClosed},
 	}
 	for _, dp := range dataPlanes[:2] {
 		for _, tc := range cases {
