@@ -13,8 +13,11 @@
  * Before the harness the same run times a ping-pong of one line (the
  * cross-core round trip, as shm_pingpong.c), so the floor and the round trip
  * come from the same run.
- * Usage: shm_harness [-n iters] [-c cpuA,cpuB]
- * Output: SHMH cpus=.. iters=.. rtt_med_ns=.. call_p50_ns=.. call_p99_ns=..
+ * Usage: shm_harness [-n iters] [-c cpuA,cpuB] [-d ns]
+ *   -d  busy work of ns nanoseconds per exchange on each side, half before the
+ *       store and half after the load (a calibrated loop, no clock reads):
+ *       a library's per-call CPU, to see what a given CPU cost makes of the p50
+ * Output: SHMH cpus=.. iters=.. work_ns=.. rtt_med_ns=.. call_p50_ns=.. call_p99_ns=..
  *   a_p50_ns=.. b_p50_ns=.. skew_p50_ns=.. payload_errors=..
  *   call_*: the slower side's exchange, per iteration; skew: |A's start - B's
  *   start| (both clocks are CLOCK_MONOTONIC of one machine).
@@ -44,6 +47,13 @@ typedef struct {
 
 static int64_t nowns(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec; }
 static int cmpl(const void *x, const void *y) { int64_t a = *(const int64_t *)x, b = *(const int64_t *)y; return (a > b) - (a < b); }
+/* spin runs k iterations of an empty loop; work spends about ns nanoseconds
+ * in it, at the rate calibrate measured (clock reads would cost more than
+ * the work at these sizes). */
+static double iters_per_ns;
+static void spin(long k) { for (volatile long i = 0; i < k; i++) ; }
+static void work(long ns) { if (ns > 0) spin((long)(ns * iters_per_ns)); }
+static void calibrate(void) { int64_t t0 = nowns(); spin(20000000); iters_per_ns = 20000000.0 / (double)(nowns() - t0); }
 static void pin(int cpu) { cpu_set_t cs; CPU_ZERO(&cs); CPU_SET(cpu, &cs); sched_setaffinity(0, sizeof cs, &cs); }
 
 /* put stores v for sequence s into the writer's line of parity s&1; take
@@ -62,15 +72,17 @@ static uint64_t take(shm_t *m, int me, uint64_t s) {
 
 /* run is one side's loop: iteration i is the barrier of sequence 2i+2 and
  * the timed exchange of 2i+3; start[i] and dur[i] are its exchange's. */
-static void run(shm_t *m, int me, long iters, int64_t *start, int64_t *dur) {
+static void run(shm_t *m, int me, long iters, long work_ns, int64_t *start, int64_t *dur) {
     int bad = 0;
     for (long i = -WARM; i < iters; i++) {
         uint64_t s = 2 * (uint64_t)(i + WARM) + 2;
         put(m, me, s, 0);
         take(m, me, s);
         int64_t t0 = nowns();
+        work(work_ns / 2);
         put(m, me, s + 1, 2 * (s + 1) + me);
         volatile uint64_t got = take(m, me, s + 1);
+        work(work_ns - work_ns / 2);
         int64_t t1 = nowns();
         bad += got != 2 * (s + 1) + (1 - me);
         if (i >= 0) start[i] = t0, dur[i] = t1 - t0;
@@ -109,12 +121,14 @@ static double pingpong(shm_t *m, int me) {
 static int64_t pct(int64_t *v, long n, double p) { long i = (long)(p * n); return v[i < n ? i : n - 1]; }
 
 int main(int argc, char **argv) {
-    long iters = 100000; int cpuA = 0, cpuB = 1, opt;
-    while ((opt = getopt(argc, argv, "n:c:")) != -1) {
+    long iters = 100000, work_ns = 0; int cpuA = 0, cpuB = 1, opt;
+    while ((opt = getopt(argc, argv, "n:c:d:")) != -1) {
         if (opt == 'n') iters = atol(optarg);
+        else if (opt == 'd') work_ns = atol(optarg);
         else if (opt == 'c') sscanf(optarg, "%d,%d", &cpuA, &cpuB);
     }
     if (iters < 1) iters = 1;
+    calibrate();
     /* The shared mapping also holds both sides' stamps, for the parent. */
     size_t stamps = sizeof(int64_t) * (size_t)iters, size = sizeof(shm_t) + 4 * stamps;
     shm_t *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -126,13 +140,13 @@ int main(int argc, char **argv) {
         pin(cpuB);
         atomic_store_explicit(&m->ready.seq, 1, memory_order_release);
         pingpong(m, 1);
-        run(m, 1, iters, sb, db);
+        run(m, 1, iters, work_ns, sb, db);
         _exit(0);
     }
     pin(cpuA);
     while (!atomic_load_explicit(&m->ready.seq, memory_order_acquire)) sched_yield();
     double rtt = pingpong(m, 0);
-    run(m, 0, iters, sa, da);
+    run(m, 0, iters, work_ns, sa, da);
     int status = 0;
     waitpid(pid, &status, 0);
     int64_t *slow = malloc(stamps), *skew = malloc(stamps);
@@ -145,8 +159,8 @@ int main(int argc, char **argv) {
     qsort(da, iters, sizeof(int64_t), cmpl);
     qsort(db, iters, sizeof(int64_t), cmpl);
     int errors = atomic_load(&m->errors);
-    printf("SHMH cpus=%d,%d iters=%ld rtt_med_ns=%.1f call_p50_ns=%lld call_p99_ns=%lld a_p50_ns=%lld b_p50_ns=%lld skew_p50_ns=%lld payload_errors=%d\n",
-           cpuA, cpuB, iters, rtt, (long long)pct(slow, iters, 0.5), (long long)pct(slow, iters, 0.99),
+    printf("SHMH cpus=%d,%d iters=%ld work_ns=%ld rtt_med_ns=%.1f call_p50_ns=%lld call_p99_ns=%lld a_p50_ns=%lld b_p50_ns=%lld skew_p50_ns=%lld payload_errors=%d\n",
+           cpuA, cpuB, iters, work_ns, rtt, (long long)pct(slow, iters, 0.5), (long long)pct(slow, iters, 0.99),
            (long long)pct(da, iters, 0.5), (long long)pct(db, iters, 0.5), (long long)pct(skew, iters, 0.5), errors);
     free(slow); free(skew);
     munmap(m, size);
