@@ -175,6 +175,9 @@ func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64,
 		return a, err
 	}
 	c.setLastAlgo(a)
+	if round := c.llRound(kind, a, sched, send, recv); round != nil {
+		return a, c.runLLRound(ctx, round)
+	}
 	c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = send, recv
 	err = c.eng.Run(ctx, kind, seq, 0, sched, &c.scratch.bufs)
 	c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = nil, nil

@@ -119,6 +119,9 @@ type planState struct {
 	allReduce allReducePlan // the last AllReduce's plan (planner.go)
 	// unevenOnce logs once that staged falls back on uneven hosts.
 	unevenOnce sync.Once
+	// llRounds counts the blocking calls that ran a cached LL round
+	// (blockll.go); written by the collective running.
+	llRounds uint64
 }
 
 // scratch is the buffers a collective reuses from call to call, so that a

@@ -131,6 +131,8 @@ type cachedPlan struct {
 	send, recv []int
 	sched      algo.Schedule
 	allLL      bool // AllToAllVArgs.AllLL of the planned call: reported as ll
+	// ll is the blocking call's LL round over the last buffers (blockll.go).
+	ll blockLL
 }
 
 // lookup returns the schedule planned for op with algorithm a and these
@@ -150,7 +152,7 @@ func (p *planCache) lookup(op string, a algo.Algo, send, recv []int) (*algo.Sche
 	p.hit = p.next
 	e := &p.entries[p.next]
 	p.next = (p.next + 1) % len(p.entries)
-	e.valid, e.op, e.algo = true, op, a
+	e.valid, e.op, e.algo, e.ll = true, op, a, blockLL{} // a round of the old counts must not run
 	e.send, e.recv = append(e.send[:0], send...), append(e.recv[:0], recv...)
 	return &e.sched, e, false
 }

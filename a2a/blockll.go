@@ -1,0 +1,81 @@
+package a2a
+
+import (
+	"context"
+	"unsafe"
+
+	"github.com/a2a-moe/a2a/a2a/algo"
+	"github.com/a2a-moe/a2a/a2a/internal/engine"
+	"github.com/a2a-moe/a2a/a2a/transport"
+)
+
+// The blocking call's LL round: a loop of blocking AllToAllV (or AllToAll)
+// calls with the same counts and the same buffers, as a decode step with
+// fixed buffers makes, runs the resolved LL round a persistent AllToAllV
+// runs (engine.PlanLL, engine.RunLL) instead of engine.Run's generic post:
+// its step switch, span checks and load records, done once per buffers
+// instead of once per call.
+//
+// The round hangs off the plan cache's entry (planCache), so it is only
+// ever used with the schedule it was resolved from, for the counts that
+// schedule was planned for: an entry replanned for other counts, or
+// forgotten (SetAlgo), drops it. It is resolved over the very slices of
+// the call (the same first byte and length of send and of recv, compared
+// at every call), and only once a call finds the same buffers as the
+// entry's last call, so a loop whose buffers change every call keeps
+// running the schedule and allocates nothing.
+
+// blockLL is a plan cache entry's LL round, resolved for one kind of call
+// over one pair of buffers.
+type blockLL struct {
+	// send and recv are the buffers of the entry's last call, or of the
+	// round: held, not their addresses only, so that memory cannot be
+	// reused for another buffer while compared against.
+	send, recv []byte
+	kind       transport.OpKind
+	round      *engine.LLPlan
+	// failed: PlanLL refused these buffers (a block too large for its
+	// slot, a crowded host); the schedule runs, and is not resolved again
+	// until the buffers change.
+	failed bool
+}
+
+// sameBytes reports whether a and b are the same slice: the same first
+// byte and the same length (contents aside).
+func sameBytes(a, b []byte) bool {
+	return len(a) == len(b) && unsafe.SliceData(a) == unsafe.SliceData(b)
+}
+
+// llRound returns the LL round of the blocking call of kind that runs sched
+// over send and recv, or nil when the schedule must run: sched is not the
+// plan cache's (staged, skew) or not all LL, or the buffers are not the
+// last call's.
+func (c *Comm) llRound(kind transport.OpKind, a algo.Algo, sched *algo.Schedule, send, recv []byte) *engine.LLPlan {
+	e := &c.plan.cache.entries[c.plan.cache.hit] // the entry lookup returned
+	if a != algo.AlgoLL || &e.sched != sched {
+		return nil
+	}
+	b := &e.ll
+	if b.kind == kind && sameBytes(b.send, send) && sameBytes(b.recv, recv) {
+		if b.round != nil || b.failed {
+			return b.round
+		}
+		// The second call over these buffers: resolve the round once.
+		c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = send, recv
+		b.round = c.eng.PlanLL(kind, sched, &c.scratch.bufs)
+		c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = nil, nil
+		b.failed = b.round == nil
+		return b.round
+	}
+	*b = blockLL{send: send, recv: recv, kind: kind}
+	return nil
+}
+
+// runLLRound runs the LL round of a blocking call in place of engine.Run,
+// as Persistent.exchange does.
+func (c *Comm) runLLRound(ctx context.Context, round *engine.LLPlan) error {
+	c.plan.llRounds++
+	err := c.eng.RunLL(ctx, round)
+	c.eng.NextLLEpoch()
+	return err
+}

@@ -1,0 +1,366 @@
+package a2a
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// blockUse is one rank's buffers for a loop of blocking AllToAllV calls of
+// per bytes to every peer: two pairs, so a case can swap the slices while
+// the counts stay.
+type blockUse struct {
+	c          *Comm
+	per        int
+	send, recv [2][]byte
+	counts     []int
+}
+
+func newBlockUse(c *Comm, per int) *blockUse {
+	n := c.Size()
+	u := &blockUse{c: c, per: per, counts: make([]int, n)}
+	for i := range u.send {
+		u.send[i], u.recv[i] = make([]byte, per*n, per*n+8), make([]byte, per*n)
+	}
+	for j := range u.counts {
+		u.counts[j] = per
+	}
+	return u
+}
+
+// call runs call k over buffer pair b, all-to-all (counts equal) or
+// AllToAllV, with fresh contents, and checks every byte received.
+func (u *blockUse) call(ctx context.Context, k, b int, equal bool) error {
+	r, per := u.c.Rank(), u.per
+	send, recv := u.send[b], u.recv[b]
+	for j := range u.counts {
+		for x := range per {
+			send[j*per+x] = pat(r, j, x+k)
+		}
+	}
+	clear(recv)
+	var err error
+	if equal {
+		err = u.c.AllToAll(ctx, send, recv)
+	} else {
+		err = u.c.AllToAllV(ctx, send, u.counts, recv, u.counts)
+	}
+	if err != nil {
+		return fmt.Errorf("call %d: %w", k, err)
+	}
+	for j := range u.counts {
+		for x := range per {
+			if got, want := recv[j*per+x], pat(j, r, x+k); got != want {
+				return fmt.Errorf("call %d: byte %d from rank %d is %d, want %d", k, x, j, got, want)
+			}
+		}
+	}
+	return nil
+}
+
+// TestBlockingLLRound runs loops of blocking AllToAllV and AllToAll calls
+// over TCP, shm and mixed, alone and mixed with nonblocking collectives,
+// persistent uses, point-to-point waiters on other goroutines, and counts
+// and buffers that change between calls, checking every byte. The cached
+// LL round must serve the loops whose buffers stay (2 ranks on shm) and no
+// call whose counts or buffers differ from the round's.
+func TestBlockingLLRound(t *testing.T) {
+	url := startNATS(t)
+	const calls = 40
+	type step func(ctx context.Context, u *blockUse, k int) error
+	plain := func(ctx context.Context, u *blockUse, k int) error { return u.call(ctx, k, 0, false) }
+	cases := []struct {
+		name string
+		run  step
+		// rounds: the calls a resolved round must serve, of calls (on
+		// shm, 2 ranks): -1 none, else at least this many.
+		rounds int
+	}{
+		{"alone", plain, calls - 2},
+		{"alltoall", func(ctx context.Context, u *blockUse, k int) error { return u.call(ctx, k, 0, true) }, calls - 2},
+		{"alltoall-and-v", func(ctx context.Context, u *blockUse, k int) error {
+			// The same counts and buffers under two op kinds: one plan
+			// cache entry, whose round must carry the right kind.
+			return u.call(ctx, k, 0, k%2 == 0)
+		}, -1},
+		{"swap-buffers", func(ctx context.Context, u *blockUse, k int) error {
+			// The same counts, a different buffer pair every call.
+			return u.call(ctx, k, k%2, false)
+		}, -1},
+		{"swap-buffers-every-4", func(ctx context.Context, u *blockUse, k int) error {
+			return u.call(ctx, k, k/4%2, false)
+		}, calls / 2},
+		{"change-counts", func(ctx context.Context, u *blockUse, k int) error {
+			// Fewer bytes from the same buffers every 3rd call: another
+			// plan, and back.
+			per := u.per
+			if k%3 == 2 {
+				u.per = per / 2
+				for j := range u.counts {
+					u.counts[j] = u.per
+				}
+			}
+			err := u.call(ctx, k, 0, false)
+			u.per = per
+			for j := range u.counts {
+				u.counts[j] = per
+			}
+			return err
+		}, calls / 3},
+		{"many-shapes", func(ctx context.Context, u *blockUse, k int) error {
+			// More shapes than the plan cache keeps, each twice in a row
+			// over the same buffers: entries are replanned for other
+			// counts, and their old rounds must go.
+			per := u.per
+			u.per = 8 + 4*(k/2%(planCacheSize+1))
+			for j := range u.counts {
+				u.counts[j] = u.per
+			}
+			err := u.call(ctx, k, 0, false)
+			u.per = per
+			for j := range u.counts {
+				u.counts[j] = per
+			}
+			return err
+		}, calls / 2},
+		{"resliced-buffers", func(ctx context.Context, u *blockUse, k int) error {
+			// The same first byte and counts, a longer slice every other
+			// call: not the round's slices.
+			base := u.send[0]
+			if k%2 == 1 {
+				u.send[0] = base[:len(base)+8]
+			}
+			err := u.call(ctx, k, 0, false)
+			u.send[0] = base
+			return err
+		}, -1},
+		{"icoll-around", func(ctx context.Context, u *blockUse, k int) error {
+			out := make([]byte, 8)
+			ar := u.c.IAllReduce(ctx, []byte{byte(k), 0, 0, 0, 0, 0, 0, 0}, out, Int64, Sum)
+			if err := plain(ctx, u, k); err != nil {
+				return err
+			}
+			ib := u.c.IBarrier(ctx)
+			if err := WaitAll(ctx, ar, ib); err != nil {
+				return err
+			}
+			if want := byte(u.c.Size() * k); out[0] != want {
+				return fmt.Errorf("allreduce: %d, want %d", out[0], want)
+			}
+			return nil
+		}, calls / 2},
+		{"persistent-between", func(ctx context.Context, u *blockUse, k int) error {
+			p, err := newDirectUse(u.c, 8)
+			if err != nil {
+				return err
+			}
+			defer p.p.Close()
+			for i := range 2 {
+				if err := plain(ctx, u, 2*k+i); err != nil {
+					return err
+				}
+				p.fill(k + i)
+				if err := p.p.Start(ctx); err != nil {
+					return err
+				}
+				if err := p.p.Wait(ctx); err != nil {
+					return err
+				}
+				if err := p.check(k + i); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, calls},
+		{"p2p-waited-elsewhere", func(ctx context.Context, u *blockUse, k int) error {
+			rr, sr, check := ringP2P(ctx, u.c, k)
+			done := make(chan error, 1)
+			go func() { done <- WaitAll(ctx, rr, sr) }()
+			if err := plain(ctx, u, k); err != nil {
+				return err
+			}
+			if err := <-done; err != nil {
+				return err
+			}
+			return check()
+		}, calls / 2},
+	}
+	for _, dp := range dataPlanes {
+		t.Run(dp.name, func(t *testing.T) {
+			ranks := 2
+			if dp.name == "mixed" {
+				ranks = 3 // two hosts
+			}
+			comms := planeGroup(t, url, ranks, dp.mod)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			for _, tc := range cases {
+				t.Run(tc.name, func(t *testing.T) {
+					mustAll(t, onAll(comms, func(c *Comm) error {
+						u := newBlockUse(c, 24)
+						before := c.plan.llRounds
+						for k := range calls {
+							if err := tc.run(ctx, u, k); err != nil {
+								return err
+							}
+						}
+						got := c.plan.llRounds - before
+						switch {
+						case dp.name != "shm" || runtime.NumCPU() < ranks:
+							if got != 0 {
+								return fmt.Errorf("%d calls ran an LL round without LL slots to every peer", got)
+							}
+						case tc.rounds < 0 && got != 0:
+							return fmt.Errorf("%d calls ran an LL round, want none", got)
+						case got < uint64(max(tc.rounds, 0)):
+							return fmt.Errorf("%d calls ran an LL round, want at least %d", got, tc.rounds)
+						}
+						return nil
+					}))
+				})
+			}
+		})
+	}
+}
+
+// TestBlockingLLRoundFailures stops a blocking call that runs the cached
+// LL round: its context's deadline, an abort of either rank, the peer's
+// Close, and a second blocking call of another goroutine (which must be
+// refused with ErrInvalidArgument while the first completes). Each ends
+// with its typed error within bounded time, on TCP and shm.
+func TestBlockingLLRoundFailures(t *testing.T) {
+	url := startNATS(t)
+	cases := []struct {
+		name string
+		// stop stops rank 0's call, which waits for rank 1.
+		stop func(ctx context.Context, comms []*Comm, us []*blockUse) error
+		ctx  time.Duration // rank 0's call's context; 0: the test's
+		want error
+	}{
+		{"deadline", func(context.Context, []*Comm, []*blockUse) error { return nil }, 100 * time.Millisecond, ErrTimeout},
+		{"abort-self", func(_ context.Context, comms []*Comm, _ []*blockUse) error {
+			comms[0].Abort(errors.New("test abort"))
+			return nil
+		}, 0, ErrAborted},
+		{"abort-peer", func(_ context.Context, comms []*Comm, _ []*blockUse) error {
+			comms[1].Abort(errors.New("test abort"))
+			return nil
+		}, 0, ErrAborted},
+		{"peer-closed", func(_ context.Context, comms []*Comm, _ []*blockUse) error { return comms[1].Close() }, 0, ErrPeerLost},
+		{"second-call", func(ctx context.Context, comms []*Comm, us []*blockUse) error {
+			// Refused while rank 0's call runs; then rank 1 joins that call,
+			// which completes.
+			err := us[0].call(ctx, 1000, 1, false)
+			if !errors.Is(err, ErrInvalidArgument) {
+				return fmt.Errorf("second blocking call: %v, want ErrInvalidArgument", err)
+			}
+			return us[1].call(ctx, 999, 0, false)
+		}, 0, nil},
+	}
+	for _, dp := range dataPlanes[:2] {
+		for _, tc := range cases {
+			t.Run(dp.name+"/"+tc.name, func(t *testing.T) {
+				comms := planeGroup(t, url, 2, dp.mod)
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				us := make([]*blockUse, 2)
+				mustAll(t, onAll(comms, func(c *Comm) error { // good calls first: the round is resolved
+					u := newBlockUse(c, 8)
+					us[c.Rank()] = u
+					for k := range 5 {
+						if err := u.call(ctx, k, 0, false); err != nil {
+							return err
+						}
+					}
+					return nil
+				}))
+				want := uint64(0)
+				if dp.name == "shm" && runtime.NumCPU() >= 2 {
+					want = 4 // the first call only notes the buffers
+				}
+				if got := comms[0].plan.llRounds; got != want {
+					t.Fatalf("%d calls ran the LL round, want %d", got, want)
+				}
+				cctx := ctx
+				if tc.ctx > 0 {
+					var stop context.CancelFunc
+					cctx, stop = context.WithTimeout(ctx, tc.ctx)
+					defer stop()
+				}
+				done := make(chan error, 1)
+				start := time.Now()
+				go func() { done <- us[0].call(cctx, 999, 0, false) }()
+				time.Sleep(200 * time.Millisecond) // rank 0 polls its slots (or frames)
+				if err := tc.stop(ctx, comms, us); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case err := <-done:
+					if tc.want == nil && err != nil || tc.want != nil && !errors.Is(err, tc.want) {
+						t.Errorf("call: %v, want %v", err, tc.want)
+					}
+					if tc.want == ErrPeerLost && !namesRank(err, 1) {
+						t.Errorf("call: %v, want it to name rank 1", err)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatalf("the call did not return within 5 s of the stop")
+				}
+				if d := time.Since(start); d > 4*time.Second {
+					t.Errorf("the call returned after %v", d)
+				}
+				if want > 0 {
+					want++ // the stopped call's
+				}
+				if got := comms[0].plan.llRounds; got != want {
+					t.Errorf("%d calls ran the LL round, want %d", got, want)
+				}
+			})
+		}
+	}
+}
+
+// TestBlockingLLRound1000 runs 1000 blocking AllToAllV calls of 2 ranks
+// with fixed buffers and new contents, checks every byte, and counts 0
+// allocations per call, on TCP and shm (where the LL round serves them).
+func TestBlockingLLRound1000(t *testing.T) {
+	url := startNATS(t)
+	const calls = 1000
+	for _, dp := range dataPlanes[:2] {
+		t.Run(dp.name, func(t *testing.T) {
+			comms := planeGroup(t, url, 2, dp.mod)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			allocs := make([]float64, 2)
+			mustAll(t, onAll(comms, func(c *Comm) error {
+				u := newBlockUse(c, 24)
+				k := 0
+				var bad error
+				one := func() {
+					if err := u.call(ctx, k, 0, false); err != nil && bad == nil {
+						bad = err
+					}
+					k++
+				}
+				one()
+				one()
+				allocs[c.Rank()] = testing.AllocsPerRun(calls-3, one)
+				want := uint64(0)
+				if dp.name == "shm" && runtime.NumCPU() >= 2 {
+					want = calls - 1
+				}
+				if bad == nil && c.plan.llRounds != want {
+					bad = fmt.Errorf("%d of %d calls ran the LL round, want %d", c.plan.llRounds, calls, want)
+				}
+				return bad
+			}))
+			for r, a := range allocs {
+				if a != 0 {
+					t.Errorf("rank %d: %v allocations per call, want 0", r, a)
+				}
+			}
+		})
+	}
+}
