@@ -343,6 +343,11 @@ func (t *Transport) attach(ctx context.Context) error {
 		for i, seg := range t.segs {
 			if seg != nil && i != t.me {
 				if err := t.goneErr(i, -1); err != nil {
+					if ctx.Err() != nil {
+						// The deadline passed since the look above, and the
+						// peer sharing it closed on seeing it first.
+						return ctxErr()
+					}
 					return err
 				}
 			}
