@@ -47,7 +47,7 @@ type Persistent struct {
 	direct uint64
 	// pend is the uses counted for the reports since the last flush to the
 	// Comm's tally (tallyUse); nil when the Comm reports nothing.
-	pend *useTally
+	pend *pendingUses
 	// ll is the one LL round of an all-LL AllToAllV resolved over the
 	// buffers (engine.PlanLL), nil when Run runs the schedule.
 	ll *engine.LLPlan
@@ -141,7 +141,7 @@ func (c *Comm) newPersistent(name string, kind transport.OpKind, send, recv []by
 	p.op.run = p.run // made once: a method value allocates
 	p.op.tctx.op = &p.op
 	if c.rep != nil {
-		p.pend = &useTally{wait: make([]time.Duration, c.size), last: make([]uint64, c.size)}
+		p.pend = &pendingUses{t: newTally(c.size)}
 	}
 	return p
 }

@@ -92,6 +92,27 @@ func (t *tally) add(op string, a algo.Algo, lastPeer int, lastWait time.Duration
 	}
 }
 
+// merge adds o's figures to t (of as many ranks).
+func (t *tally) merge(o *tally) {
+	for i := range t.ops {
+		for a := range t.ops[i] {
+			t.ops[i][a] += o.ops[i][a]
+		}
+	}
+	t.errors += o.errors
+	for j := range o.wait {
+		t.wait[j] += o.wait[j]
+		t.last[j] += o.last[j]
+	}
+}
+
+// reset zeroes t, keeping its storage.
+func (t *tally) reset() {
+	t.ops, t.errors = [len(reportOps)][algoSlots]uint64{}, 0
+	clear(t.wait)
+	clear(t.last)
+}
+
 // copyTo copies t into dst, reusing dst's storage.
 func (t *tally) copyTo(dst *tally) {
 	dst.ops, dst.errors = t.ops, t.errors
@@ -253,12 +274,10 @@ func (c *Comm) fitMoE(m *control.MoEReport) *control.MoEReport {
 // instead of one per use, at most this many uses behind in a report.
 const tallyBatch = 64
 
-// useTally is a Persistent's uses not yet added to the Comm's tally: one
-// operation and algorithm, so a count, the errors and the wait attribution.
-type useTally struct {
-	n, errors uint64
-	wait      []time.Duration
-	last      []uint64
+// pendingUses is a Persistent's uses not yet added to the Comm's tally.
+type pendingUses struct {
+	n int
+	t tally
 }
 
 // tallyUse counts a use for the reports (as tallyOp counts a call), in
@@ -268,14 +287,9 @@ func (p *Persistent) tallyUse(err error) {
 	if u == nil {
 		return
 	}
-	u.n++
-	if err != nil {
-		u.errors++
-	} else if peer, wait := p.c.eng.LastArrival(); peer >= 0 && peer < len(u.wait) {
-		u.wait[peer] += wait
-		u.last[peer]++
-	}
-	if u.n >= tallyBatch || err != nil {
+	peer, wait := p.c.eng.LastArrival()
+	u.t.add(p.name, p.algo, peer, wait, err)
+	if u.n++; u.n >= tallyBatch || err != nil {
 		p.flushTally()
 	}
 }
@@ -287,16 +301,8 @@ func (p *Persistent) flushTally() {
 		return
 	}
 	r.mu.Lock()
-	if i := reportOp(p.name); i >= 0 && int(p.algo) < algoSlots {
-		r.t.ops[i][p.algo] += u.n
-	}
-	r.t.errors += u.errors
-	for j := range u.wait {
-		r.t.wait[j] += u.wait[j]
-		r.t.last[j] += u.last[j]
-	}
+	r.t.merge(&u.t)
 	r.mu.Unlock()
-	u.n, u.errors = 0, 0
-	clear(u.wait)
-	clear(u.last)
+	u.n = 0
+	u.t.reset()
 }
