@@ -21,14 +21,28 @@ type blockUse struct {
 
 func newBlockUse(c *Comm, per int) *blockUse {
 	n := c.Size()
-	u := &blockUse{c: c, per: per, counts: make([]int, n)}
+	u := &blockUse{c: c, counts: make([]int, n)}
 	for i := range u.send {
 		u.send[i], u.recv[i] = make([]byte, per*n, per*n+8), make([]byte, per*n)
 	}
+	u.setPer(per)
+	return u
+}
+
+// callPer runs call k as an AllToAllV of per bytes to every peer from the
+// first buffer pair (per at most the pair's), then restores the counts.
+func (u *blockUse) callPer(ctx context.Context, k, per int) error {
+	was := u.per
+	u.setPer(per)
+	defer u.setPer(was)
+	return u.call(ctx, k, 0, false)
+}
+
+func (u *blockUse) setPer(per int) {
+	u.per = per
 	for j := range u.counts {
 		u.counts[j] = per
 	}
-	return u
 }
 
 // call runs call k over buffer pair b, all-to-all (counts equal) or
@@ -96,35 +110,16 @@ func TestBlockingLLRound(t *testing.T) {
 		{"change-counts", func(ctx context.Context, u *blockUse, k int) error {
 			// Fewer bytes from the same buffers every 3rd call: another
 			// plan, and back.
-			per := u.per
 			if k%3 == 2 {
-				u.per = per / 2
-				for j := range u.counts {
-					u.counts[j] = u.per
-				}
+				return u.callPer(ctx, k, u.per/2)
 			}
-			err := u.call(ctx, k, 0, false)
-			u.per = per
-			for j := range u.counts {
-				u.counts[j] = per
-			}
-			return err
+			return u.call(ctx, k, 0, false)
 		}, calls / 3},
 		{"many-shapes", func(ctx context.Context, u *blockUse, k int) error {
 			// More shapes than the plan cache keeps, each twice in a row
 			// over the same buffers: entries are replanned for other
 			// counts, and their old rounds must go.
-			per := u.per
-			u.per = 8 + 4*(k/2%(planCacheSize+1))
-			for j := range u.counts {
-				u.counts[j] = u.per
-			}
-			err := u.call(ctx, k, 0, false)
-			u.per = per
-			for j := range u.counts {
-				u.counts[j] = per
-			}
-			return err
+			return u.callPer(ctx, k, 8+4*(k/2%(planCacheSize+1)))
 		}, calls / 2},
 		{"set-algo", func(ctx context.Context, u *blockUse, k int) error {
 			// Pairwise (no LL blocks) for calls 5-6 of every 10, on every

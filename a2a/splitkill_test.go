@@ -6,10 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -36,22 +33,8 @@ func TestSplitKill9(t *testing.T) {
 			group := fmt.Sprintf("kill-%s-%d", tr, time.Now().UnixNano())
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			outs := make([]string, 4)
-			errs := make([]error, 4)
-			var wg sync.WaitGroup
-			for r := range 4 {
-				cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSplitKill9$")
-				cmd.Env = append(os.Environ(), splitKillEnv+"="+strconv.Itoa(r), "A2A_NATS_URL="+url, "A2A_GROUP="+group,
-					"A2A_RANK="+strconv.Itoa(r), "A2A_WORLD_SIZE=4", "A2A_SECRET=s3cret", "A2A_TRANSPORT="+tr)
-				cmd.WaitDelay = 5 * time.Second
-				wg.Go(func() {
-					out, err := cmd.CombinedOutput()
-					outs[r], errs[r] = string(out), err
-				})
-			}
-			wg.Wait()
-			var ee *exec.ExitError
-			if !errors.As(errs[3], &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			outs, errs := runRankProcs(ctx, "TestSplitKill9", splitKillEnv+"=1", url, group, tr, 4)
+			if !killedBySIGKILL(errs[3]) {
 				t.Errorf("rank 3: %v, want killed by SIGKILL\n%s", errs[3], outs[3])
 			}
 			for r := range 3 {
