@@ -422,8 +422,14 @@ func (c *Comm) SetAlgo(name string) error {
 	if err != nil {
 		return err
 	}
-	// The setting belongs to the collectives: none may run meanwhile.
-	if !c.life.collBusy.CompareAndSwap(false, true) {
+	// The setting belongs to the collectives: none may run meanwhile (a
+	// persistent collective's lease between its uses gives way).
+	ends := c.queue.lease.ends.Load()
+	for !c.life.collBusy.CompareAndSwap(false, true) {
+		if c.queue.revokeAfter(ends) {
+			ends = c.queue.lease.ends.Load()
+			continue
+		}
 		return fault.New(fault.ErrInvalidArgument, c.rank, "SetAlgo called while a collective runs on this Comm")
 	}
 	defer c.life.collBusy.Store(false)

@@ -283,6 +283,9 @@ func (c *Comm) Close() error {
 		c.tr.Wake()
 	}
 	c.stopReports()
+	if c.queue != nil {
+		c.queue.revoke() // a lease holds the call lock: after closed, so none is granted again
+	}
 	c.life.calls.Lock() // wait for the running calls to give up
 	defer c.life.calls.Unlock()
 	if c.queue != nil {
@@ -326,11 +329,21 @@ func (c *Comm) teardown() error {
 // or aborted communicator, and returns the op's sequence number. Every
 // successful begin is paired with end.
 func (c *Comm) begin(ctx context.Context, title string, start time.Time, engine bool) (seq uint64, err error) {
+	if seq, ok, err := c.beginLeased(ctx, title, start); ok {
+		return seq, err
+	}
+	ends := c.queue.lease.ends.Load()
 	turn, err := c.takeTurn(ctx)
 	if err != nil {
 		return 0, err
 	}
 	if turn == nil && !c.life.collBusy.CompareAndSwap(false, true) {
+		// A persistent collective's lease (lease.go) may hold it.
+		if again, err := c.queue.endLeaseFor(ctx, ends); err != nil {
+			return 0, err
+		} else if again {
+			return c.begin(ctx, title, start, engine)
+		}
 		c.queue.mu.Lock()
 		next := c.queue.seq + 2
 		c.queue.mu.Unlock()
@@ -379,6 +392,9 @@ func (c *Comm) begin(ctx context.Context, title string, start time.Time, engine 
 func (c *Comm) end(seq uint64, engine bool, err error) {
 	if err == nil {
 		c.life.okSeq.Store(seq)
+	}
+	if c.endLeased(seq, err) {
+		return
 	}
 	if engine {
 		c.queue.release()

@@ -85,6 +85,7 @@ type collQueue struct {
 // startColl numbers op as the next collective and queues it to run.
 func (q *progressQueue) startColl(op *collOp) {
 	q.mu.Lock()
+	q.revokeLocked() // a lease's started use goes first
 	q.seq += 2
 	op.seq, op.fence, op.err = q.seq, q.tickets, nil // done() is false from here: doneAt < seq
 	q.colls.pending = append(q.colls.pending, op)
@@ -142,7 +143,11 @@ func (c *Comm) runColls(ctx context.Context, op *collOp) error {
 			return nil
 		}
 		if !q.colls.running.CompareAndSwap(false, true) {
-			if err := q.sleep(ctx, func() bool { return !q.colls.running.Load() || op != nil && op.done() }); err != nil {
+			// For nil, n == 0 too: a direct turn that ends as a lease
+			// (lease.go) keeps running.
+			if err := q.sleep(ctx, func() bool {
+				return !q.colls.running.Load() || op != nil && op.done() || op == nil && q.colls.n.Load() == 0
+			}); err != nil {
 				return err
 			}
 			continue

@@ -149,7 +149,7 @@ func (c *Comm) startEngine() {
 // readyEngine makes what runs on the engine: the progress queue, the LL
 // policy, the scratch buffers and the rooted collectives' ring check.
 func (c *Comm) readyEngine() {
-	c.queue = newProgressQueue(c.eng, c.size)
+	c.queue = newProgressQueue(c.eng, c.size, &c.life)
 	c.ll = c.newLLPolicy()
 	c.scratch = newScratch(c.size)
 	c.plan.ringCheck.Reset(algo.AlgoRing)

@@ -21,7 +21,9 @@ import (
 // costs what the blocking call costs minus its planning. A Wait that finds
 // its use the only collective started, with no point-to-point request in
 // flight, runs it with less turn-taking than a queued run (a direct turn),
-// in the same order with every other call. Every rank uses
+// in the same order with every other call; when such a use ends with
+// nothing else on the Comm, the Persistent keeps the turn for its next use
+// (a lease) until another call needs it. Every rank uses
 // the same persistent collective at the same point of its call order. A
 // Persistent is used by one goroutine at a time.
 type Persistent struct {
@@ -42,9 +44,13 @@ type Persistent struct {
 	avg                    DType // an Avg AllReduce's element type, to divide at the end
 	isAvg                  bool
 	started, closed        bool
-	// direct counts the uses that ran in a direct turn (persistent_direct.go):
-	// written by the one goroutine that uses the Persistent.
-	direct uint64
+	// direct counts the uses that ran in a direct turn (persistent_direct.go),
+	// leased those of them under a lease (lease.go): written by the one
+	// goroutine that uses the Persistent.
+	direct, leased uint64
+	// leaseFence is the last ticket posted when p's lease was granted: the
+	// fence of each use it numbers.
+	leaseFence uint64
 	// pend is the uses counted for the reports since the last flush to the
 	// Comm's tally (tallyUse); nil when the Comm reports nothing.
 	pend *pendingUses
@@ -158,6 +164,9 @@ func (p *Persistent) Start(ctx context.Context) error {
 		return fault.New(fault.ErrInvalidArgument, p.c.rank, "persistent %s: Start before the last use's Wait", p.name)
 	}
 	p.started = true
+	if p.startLeased(ctx) {
+		return nil
+	}
 	p.op.tctx.Context = ctx
 	p.c.queue.startColl(&p.op)
 	return nil
@@ -173,7 +182,7 @@ func (p *Persistent) Wait(ctx context.Context) error {
 	if !p.started {
 		return nil
 	}
-	if !p.runDirect() {
+	if !p.waitLeased() && !p.runDirect() {
 		if err := p.c.runColls(ctx, &p.op); err != nil {
 			return err
 		}
@@ -189,6 +198,13 @@ func (p *Persistent) Close() error {
 		return fault.New(fault.ErrInvalidArgument, p.c.rank, "persistent %s: Close before the last use's Wait", p.name)
 	}
 	p.closed = true
+	if q := p.c.queue; q.lease.word.Load() != leaseNone {
+		q.mu.Lock()
+		if q.lease.op.Load() == &p.op {
+			q.revokeLocked()
+		}
+		q.mu.Unlock()
+	}
 	p.flushTally()
 	p.segs, p.scheds, p.ll = nil, [2]algo.Schedule{}, nil
 	return nil

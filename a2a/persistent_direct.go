@@ -78,6 +78,9 @@ func (p *Persistent) runDirect() bool {
 	}
 	if err == nil {
 		c.life.okSeq.Store(seq)
+		if p.grantLease(seq) {
+			return true // the turn stays: p's next uses run under the lease
+		}
 	}
 	c.life.calls.RUnlock()
 	// collBusy before the queue: a blocking collective of another goroutine

@@ -55,6 +55,11 @@ type progressQueue struct {
 	// streams.
 	fence atomic.Uint64
 	colls collQueue
+	// lease is a persistent collective's hold on the turn between its uses
+	// (lease.go); life is the Comm's, whose collBusy and call lock the
+	// lease holds.
+	lease leaseQueue
+	life  *lifecycle
 
 	// Owned by the driver.
 	reqs []*Request // posted requests not yet completed, in ticket order
@@ -62,8 +67,8 @@ type progressQueue struct {
 	pass uint32
 }
 
-func newProgressQueue(e *engine.Engine, size int) *progressQueue {
-	return &progressQueue{eng: e, wake: make(chan struct{}), mark: make([]uint32, 2*size),
+func newProgressQueue(e *engine.Engine, size int, life *lifecycle) *progressQueue {
+	return &progressQueue{eng: e, life: life, wake: make(chan struct{}), mark: make([]uint32, 2*size),
 		sendSeq: make([]uint64, size), recvSeq: make([]uint64, size)}
 }
 
@@ -161,6 +166,7 @@ func (c *Comm) post(reqs ...*Request) {
 	}
 	q := c.queue
 	q.mu.Lock()
+	q.revokeLocked()
 	order := q.seq + 1
 	var stop error
 	if bad == nil {
