@@ -393,7 +393,7 @@ func (c *Comm) end(seq uint64, engine bool, err error) {
 	if err == nil {
 		c.life.okSeq.Store(seq)
 	}
-	if c.endLeased(seq, err) {
+	if c.endLeased(seq, err) || engine && err == nil && c.grantLease(seq) {
 		return
 	}
 	if engine {

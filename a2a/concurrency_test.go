@@ -231,6 +231,13 @@ func TestP2PWithCollectives(t *testing.T) {
 	}))
 }
 
+// collectiveRuns reports whether a collective runs on c: collBusy alone may
+// be an idle lease's (lease.go).
+func collectiveRuns(c *Comm) bool {
+	state := c.queue.lease.word.Load() & leaseState
+	return c.life.collBusy.Load() && state != leaseIdle && state != leaseStarted
+}
+
 // TestConcurrentCollectivesRejected: a collective called while another runs
 // on the same Comm is rejected at once with ErrInvalidArgument; the running
 // one completes on every rank and the next call fails everywhere, so nobody
@@ -242,7 +249,7 @@ func TestConcurrentCollectivesRejected(t *testing.T) {
 	defer cancel()
 	first := make(chan error, 1)
 	go func() { first <- comms[0].Barrier(ctx) }() // waits for rank 1
-	for comms[0].queue != nil && !comms[0].life.collBusy.Load() {
+	for !collectiveRuns(comms[0]) {
 		time.Sleep(time.Millisecond)
 	}
 	start := time.Now()

@@ -8,44 +8,49 @@ import (
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
 
-// The lease: a persistent collective that one goroutine uses again and
-// again with nothing else on its Comm (a decode loop's Start, Wait, Start,
-// Wait) keeps the turn from one use to the next instead of giving it back
-// and taking it again. A use in a direct turn (persistent_direct.go) takes
-// and gives back the collective queue's running flag, the driving role,
-// collBusy and the call lock, and numbers itself under the queue's lock:
-// about twenty locked instructions, a fifth of the use's CPU at 8 bytes.
-// When that use ends with the queue empty, no request posted and nobody
-// waiting, the direct turn keeps all four and grants the Persistent the
-// lease instead: one atomic word, lease, in the progress queue,
+// The lease: a goroutine that calls collectives one after the other with
+// nothing else on its Comm (a decode loop's Start, Wait, Start, Wait, or a
+// loop of blocking calls) keeps the turn from one call to the next instead
+// of giving it back and taking it again. A use in a direct turn
+// (persistent_direct.go) takes and gives back the collective queue's
+// running flag, the driving role, collBusy and the call lock, and numbers
+// itself under the queue's lock: about twenty locked instructions, a fifth
+// of the use's CPU at 8 bytes; a blocking call's begin and end do the same.
+// When such a call ends well with the queue empty, no request posted and
+// nobody waiting, it keeps all four as a lease instead: one atomic word in
+// the progress queue,
 //
 //	op sequence << leaseShift | leaseWant | state
 //
-// whose state moves idle -> started (Start numbers the next use in the
-// word, one CAS) -> busy (Wait takes it, one CAS) -> idle (the use ended
-// well, one CAS). A use under the lease costs three locked instructions of
-// the queue's protocol instead of twenty. A blocking collective that finds
-// the lease idle runs under it too (beginLeased: idle -> busy -> idle), so
-// a loop that puts a Barrier or another blocking call between the uses
-// keeps it.
+// A Persistent's direct turn grants the lease with the Persistent as its
+// holder, whose uses then move it idle -> started (Start numbers the next
+// use in the word, one CAS) -> busy (Wait takes it, one CAS) -> idle (the
+// use ended well, one CAS): three locked instructions of the queue's
+// protocol instead of twenty. A blocking collective grants it with no
+// holder; any blocking collective that finds it idle runs under it
+// (beginLeased: idle -> call -> idle) and leaves the holder as it was, so
+// a loop that puts a Barrier between a Persistent's uses keeps it.
 //
 // Every other call that touches the queue ends the lease first, under the
 // queue's lock (revokeLocked), so it finds the queue as the direct turn
 // would have left it:
 //
-//   - idle: the holder is outside Start and Wait. The revoker gives back
-//     what the lease holds, on the holder's behalf.
+//   - idle: nobody runs under the lease. The revoker gives back what the
+//     lease holds, on the holder's behalf.
 //   - started: Start numbered a use that Wait has not taken. The revoker
 //     queues it, with the fence Start would have set, and gives the rest
 //     back; the use then runs as any started collective (the holder's Wait
 //     finds its CAS refused and takes the queued path).
-//   - busy: the use runs, holding exactly what a direct turn holds, so the
-//     revoker proceeds as it would behind a direct turn; it only sets
-//     leaseWant, and the use gives everything back when it ends.
+//   - busy or call: a use or a blocking collective runs, holding exactly
+//     what a direct turn holds, so the revoker proceeds as it would behind
+//     a direct turn; it only sets leaseWant, and the turn goes back when
+//     the run ends. A blocking collective waits for a busy use as for a
+//     started collective, and is refused while another blocking call runs,
+//     as collectives issued at once are.
 //
 // While the lease lives the queue's seq lags: the word carries the last
-// number taken, and the revoker (or the holder, when it gives the lease
-// back itself) writes it back. Posts, started collectives and Close end the
+// number taken, and the revoker (or the run that gives the lease back
+// itself) writes it back. Posts, started collectives and Close end the
 // lease in their own locked sections; a blocking collective or SetAlgo,
 // whose first step is the CAS of collBusy, ends it when that CAS fails
 // (endLeaseFor). A grant happens under the queue's lock only when nobody
@@ -56,10 +61,11 @@ import (
 // The lease word's states and fields.
 const (
 	leaseNone    = 0
-	leaseIdle    = 1 // between uses: the holder is outside Start and Wait
+	leaseIdle    = 1 // between calls: nothing runs under the lease
 	leaseStarted = 2 // Start numbered a use; Wait has not taken it
 	leaseBusy    = 3 // Wait runs the use
 	leaseEnding  = 4 // a revoker gives the turn back, under the queue's lock
+	leaseCall    = 5 // a blocking collective runs under the lease (beginLeased)
 	leaseState   = 7
 	leaseWant    = 8 // busy, and another call waits: the use ends the lease
 	leaseShift   = 4
@@ -74,6 +80,7 @@ const (
 	leaseAbsent   leaseEnd = iota // no lease
 	leaseReturned                 // the holder was outside its calls: the turn is back
 	leaseRunning                  // the lease's use runs: it ends the lease when it ends
+	leaseCallRuns                 // a blocking collective runs under it: likewise
 )
 
 // leaseQueue is the progress queue's part of the lease.
@@ -95,15 +102,19 @@ func (q *progressQueue) revokeLocked() leaseEnd {
 		switch w & leaseState {
 		case leaseNone:
 			return leaseAbsent
-		case leaseBusy:
+		case leaseBusy, leaseCall:
+			running := leaseRunning
+			if w&leaseState == leaseCall {
+				running = leaseCallRuns
+			}
 			if w&leaseWant != 0 {
-				return leaseRunning
+				return running
 			}
 			if q.lease.word.CompareAndSwap(w, w|leaseWant) {
 				q.seq = w >> leaseShift // the first to set want writes it; calls after it move it on
-				return leaseRunning
+				return running
 			}
-			continue // the use ended meanwhile
+			continue // it ended meanwhile
 		}
 		// Idle or started: the holder is outside its calls, or about to
 		// find its CAS refused.
@@ -145,7 +156,7 @@ func (q *progressQueue) revokeAfter(ends uint64) bool {
 	switch q.revoke() {
 	case leaseReturned:
 		return true
-	case leaseRunning:
+	case leaseRunning, leaseCallRuns:
 		return false
 	}
 	return q.lease.ends.Load() != ends
@@ -153,11 +164,14 @@ func (q *progressQueue) revokeAfter(ends uint64) bool {
 
 // endLeaseFor is revokeAfter for a blocking collective, which waits for a
 // lease's running use to end (bounded by ctx), as it waits for a started
-// collective.
+// collective; a blocking collective running under the lease is another
+// call's, which collectives issued one at a time exclude (begin refuses it).
 func (q *progressQueue) endLeaseFor(ctx context.Context, ends uint64) (bool, error) {
 	switch q.revoke() {
 	case leaseReturned:
 		return true, nil
+	case leaseCallRuns:
+		return false, nil
 	case leaseRunning:
 		if err := q.sleep(ctx, func() bool { return q.lease.word.Load() == leaseNone }); err != nil {
 			return false, err
@@ -284,7 +298,7 @@ func (c *Comm) beginLeased(ctx context.Context, title string, start time.Time) (
 		return 0, false, nil
 	}
 	seq = w>>leaseShift + 2
-	if !q.lease.word.CompareAndSwap(w, leaseWord(seq, leaseBusy)) {
+	if !q.lease.word.CompareAndSwap(w, leaseWord(seq, leaseCall)) {
 		return 0, false, nil
 	}
 	q.cur = seq
@@ -300,15 +314,34 @@ func (c *Comm) beginLeased(ctx context.Context, title string, start time.Time) (
 	return seq, true, nil
 }
 
+// grantLease ends the blocking collective numbered seq, which holds the
+// driving role, by keeping the turn as a lease (with no holder: a blocking
+// collective or a Persistent's direct turn takes it next), when the queue
+// holds nothing and nobody waits on it; false leaves end to give it back.
+func (c *Comm) grantLease(seq uint64) bool {
+	q := c.queue
+	if q.colls.n.Load() != 0 || q.inboxLen.Load() != 0 || len(q.reqs) != 0 || q.sleepers.Load() != 0 || q.collWant.Load() != 0 {
+		return false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.colls.n.Load() != 0 || len(q.inbox) != 0 || q.sleepers.Load() != 0 || q.collWant.Load() != 0 ||
+		q.seq != seq || c.life.closed.Load() || !q.colls.running.CompareAndSwap(false, true) {
+		return false
+	}
+	q.lease.word.Store(leaseWord(seq, leaseIdle))
+	return true
+}
+
 // endLeased is end's step for a collective that ran under a lease: the turn
 // goes back to the lease, or to the queue when a call wants it or the
 // collective failed. False: seq did not run under a lease.
 func (c *Comm) endLeased(seq uint64, err error) bool {
 	w := c.queue.lease.word.Load()
-	if w>>leaseShift != seq || w&leaseState != leaseBusy {
+	if w>>leaseShift != seq || w&leaseState != leaseCall {
 		return false
 	}
-	if err == nil && c.queue.lease.word.CompareAndSwap(leaseWord(seq, leaseBusy), leaseWord(seq, leaseIdle)) {
+	if err == nil && c.queue.lease.word.CompareAndSwap(leaseWord(seq, leaseCall), leaseWord(seq, leaseIdle)) {
 		return true
 	}
 	c.endLease(seq)
