@@ -20,6 +20,9 @@ type LLPlan struct {
 	stores []llStoreRec
 	loads  []llLoad // the load records, copied into llState.loads per run
 	copies []localCopy
+	// traffic is one run's bytes by direction and host, counted at PlanLL:
+	// a run adds it whole rather than message by message.
+	traffic Traffic
 }
 
 // llStoreRec is a store of an LLPlan: the message and its peer's slots.
@@ -53,6 +56,7 @@ func (e *Engine) PlanLL(kind transport.OpKind, s *algo.Schedule, bufs *Buffers) 
 					return nil
 				}
 				p.stores = append(p.stores, llStoreRec{peer: st.Peer, slots: e.ll.slotOf[st.Peer], data: data})
+				p.traffic.Add(true, e.op.sameHost[st.Peer], len(data))
 				continue
 			}
 			dst, err := bufs.span(st.Dst)
@@ -60,6 +64,7 @@ func (e *Engine) PlanLL(kind transport.OpKind, s *algo.Schedule, bufs *Buffers) 
 				return nil
 			}
 			p.loads = append(p.loads, llLoad{peer: st.Peer, slots: e.ll.slotOf[st.Peer], dst: dst, count: st.Dst.Len})
+			p.traffic.Add(false, e.op.sameHost[st.Peer], len(dst))
 		case algo.StepCopy:
 			src, dst, err := bufs.srcDst(&st)
 			if err != nil {
@@ -89,17 +94,14 @@ func (e *Engine) RunLL(ctx context.Context, p *LLPlan) error {
 	rd := &e.round
 	rd.active, rd.nSend, rd.nRecv = rd.active[:0], 0, 0
 	rd.copies, rd.copied = append(rd.copies[:0], p.copies...), 0
+	e.op.traffic.merge(&p.traffic)
 	for i := range p.stores {
 		st := &p.stores[i]
-		e.op.traffic.Add(true, e.op.sameHost[st.peer], len(st.data))
 		if err := st.slots.Store(st.peer, e.ll.epoch, e.ll.tag, st.data); err != nil {
 			return fault.ForPeer(st.peer, err)
 		}
 	}
 	e.ll.loads = append(e.ll.loads[:0], p.loads...) // fresh load states: the records' are zero
 	e.ll.left = len(e.ll.loads)
-	for i := range p.loads {
-		e.op.traffic.Add(false, e.op.sameHost[p.loads[i].peer], len(p.loads[i].dst))
-	}
 	return e.progress(ctx)
 }

@@ -61,6 +61,12 @@ type Traffic struct {
 	SentLocal, ReceivedLocal int64
 }
 
+// merge adds o's counts to t.
+func (t *Traffic) merge(o *Traffic) {
+	t.Sent, t.Received = t.Sent+o.Sent, t.Received+o.Received
+	t.SentLocal, t.ReceivedLocal = t.SentLocal+o.SentLocal, t.ReceivedLocal+o.ReceivedLocal
+}
+
 // Add counts n bytes sent (send) or received, to or from a rank of this
 // host (local) or not.
 func (t *Traffic) Add(send, local bool, n int) {
