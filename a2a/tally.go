@@ -1,6 +1,7 @@
 package a2a
 
 import (
+	"math/bits"
 	"slices"
 	"sync"
 	"time"
@@ -66,7 +67,11 @@ const algoSlots = 32
 // adds and no allocation, atomic or clock read. The transport already counts
 // the bytes per peer.
 type tally struct {
-	ops    [len(reportOps)][algoSlots]uint64
+	ops [len(reportOps)][algoSlots]uint64
+	// rows marks the rows of ops counted in: merge and reset touch only
+	// those (ops is 3.75 KiB, and a Persistent flushes every tallyBatch uses).
+	rows   uint16
+	_      [16 - len(reportOps)]struct{} // rows has a bit for every operation
 	errors uint64
 	wait   []time.Duration // by peer: see control.Report.Wait
 	last   []uint64
@@ -81,6 +86,7 @@ func newTally(size int) tally {
 func (t *tally) add(op string, a algo.Algo, lastPeer int, lastWait time.Duration, err error) {
 	if i := reportOp(op); i >= 0 && int(a) < algoSlots {
 		t.ops[i][a]++
+		t.rows |= 1 << i
 	}
 	if err != nil {
 		t.errors++
@@ -94,11 +100,13 @@ func (t *tally) add(op string, a algo.Algo, lastPeer int, lastWait time.Duration
 
 // merge adds o's figures to t (of as many ranks).
 func (t *tally) merge(o *tally) {
-	for i := range t.ops {
+	for rows := o.rows; rows != 0; rows &= rows - 1 {
+		i := bits.TrailingZeros16(rows)
 		for a := range t.ops[i] {
 			t.ops[i][a] += o.ops[i][a]
 		}
 	}
+	t.rows |= o.rows
 	t.errors += o.errors
 	for j := range o.wait {
 		t.wait[j] += o.wait[j]
@@ -108,14 +116,17 @@ func (t *tally) merge(o *tally) {
 
 // reset zeroes t, keeping its storage.
 func (t *tally) reset() {
-	t.ops, t.errors = [len(reportOps)][algoSlots]uint64{}, 0
+	for rows := t.rows; rows != 0; rows &= rows - 1 {
+		t.ops[bits.TrailingZeros16(rows)] = [algoSlots]uint64{}
+	}
+	t.rows, t.errors = 0, 0
 	clear(t.wait)
 	clear(t.last)
 }
 
 // copyTo copies t into dst, reusing dst's storage.
 func (t *tally) copyTo(dst *tally) {
-	dst.ops, dst.errors = t.ops, t.errors
+	dst.ops, dst.rows, dst.errors = t.ops, t.rows, t.errors
 	dst.wait = append(dst.wait[:0], t.wait...)
 	dst.last = append(dst.last[:0], t.last...)
 }
