@@ -240,27 +240,11 @@ func (p *Persistent) waitLeased() bool {
 	if !q.lease.word.CompareAndSwap(leaseWord(seq, leaseStarted), leaseWord(seq, leaseBusy)) {
 		return false
 	}
-	p.direct++
 	p.leased++
-	ctx := &p.op.tctx
-	q.cur = seq
-	start := c.clock()
-	err := c.stoppedAt(seq)
-	if err == nil && ctx.Err() != nil {
-		err = c.failAt(seq, fault.FromContext(ctx.Err()))
-	}
-	if err == nil {
-		c.startOp(ctx, p.title(), seq, start)
-		err = p.exchange(ctx, seq, start)
-	} else {
-		c.observeRejected(p.name, start, err)
-	}
+	err := p.runTurn(seq)
 	p.op.err = err
-	if err == nil {
-		c.life.okSeq.Store(seq)
-		if q.lease.word.CompareAndSwap(leaseWord(seq, leaseBusy), leaseWord(seq, leaseIdle)) {
-			return true
-		}
+	if err == nil && q.lease.word.CompareAndSwap(leaseWord(seq, leaseBusy), leaseWord(seq, leaseIdle)) {
+		return true
 	}
 	c.endLease(seq)
 	return true

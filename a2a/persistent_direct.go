@@ -62,9 +62,29 @@ func (p *Persistent) runDirect() bool {
 	}
 	q.driving = true // reqs is stable: its drivers write it only while driving
 	q.mu.Unlock()
+	seq := op.seq
+	err := p.runTurn(seq)
+	if err == nil && p.grantLease(seq) {
+		return true // the turn stays: p's next uses run under the lease
+	}
+	c.life.calls.RUnlock()
+	// collBusy before the queue: a blocking collective of another goroutine
+	// sees the use queued until the section below and waits for running.
+	c.life.collBusy.Store(false)
+	q.mu.Lock()
+	q.driving = false
+	q.finishCollLocked(op, err) // nobody else drove: no driver to wake
+	q.mu.Unlock()
+	return true
+}
+
+// runTurn runs the use numbered seq in a turn this goroutine holds, direct
+// or leased: the queued path's checks, exchange and reports without its
+// turn-taking. It counts the use as direct and records the success.
+func (p *Persistent) runTurn(seq uint64) error {
+	c, ctx := p.c, &p.op.tctx
 	p.direct++
-	seq, ctx := op.seq, &op.tctx
-	q.cur = seq
+	c.queue.cur = seq
 	start := c.clock()
 	err := c.stoppedAt(seq)
 	if err == nil && ctx.Err() != nil {
@@ -78,17 +98,6 @@ func (p *Persistent) runDirect() bool {
 	}
 	if err == nil {
 		c.life.okSeq.Store(seq)
-		if p.grantLease(seq) {
-			return true // the turn stays: p's next uses run under the lease
-		}
 	}
-	c.life.calls.RUnlock()
-	// collBusy before the queue: a blocking collective of another goroutine
-	// sees the use queued until the section below and waits for running.
-	c.life.collBusy.Store(false)
-	q.mu.Lock()
-	q.driving = false
-	q.finishCollLocked(op, err) // nobody else drove: no driver to wake
-	q.mu.Unlock()
-	return true
+	return err
 }
