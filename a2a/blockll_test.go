@@ -206,10 +206,7 @@ func TestBlockingLLRound(t *testing.T) {
 	}
 	for _, dp := range dataPlanes {
 		t.Run(dp.name, func(t *testing.T) {
-			ranks := 2
-			if dp.name == "mixed" {
-				ranks = 3 // two hosts
-			}
+			ranks := planeRanks(dp.name)
 			comms := planeGroup(t, url, ranks, dp.mod)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()

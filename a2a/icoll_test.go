@@ -26,6 +26,15 @@ var dataPlanes = []struct {
 	{"mixed", func(c *Config) { c.Host = fmt.Sprintf("host%d", c.Rank/2) }},
 }
 
+// planeRanks is how many ranks a test runs on the data plane named name:
+// two, or three for mixed (two hosts, one with two ranks).
+func planeRanks(name string) int {
+	if name == "mixed" {
+		return 3
+	}
+	return 2
+}
+
 // planeGroup joins n ranks over data plane mod, with heartbeats slow
 // enough for a loaded machine.
 func planeGroup(t testing.TB, url string, n int, mod func(*Config)) []*Comm {

@@ -196,9 +196,7 @@ func TestPersistentDirectMix(t *testing.T) {
 	}
 	for _, dp := range dataPlanes {
 		t.Run(dp.name, func(t *testing.T) {
-			if ranks = 2; dp.name == "mixed" {
-				ranks = 3 // two hosts
-			}
+			ranks = planeRanks(dp.name)
 			comms := planeGroup(t, url, ranks, dp.mod)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
