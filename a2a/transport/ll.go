@@ -106,18 +106,6 @@ func PackedStored(w []uint64, epoch uint32) bool {
 	return atomic.LoadUint64(&w[0])>>32 == uint64(epoch)
 }
 
-// SpinStored reads the length word of the packed slot w up to n times and
-// reports whether it came to carry epoch: a short spin on the one word a
-// writer's message lands in, before a reader's slower checks.
-func SpinStored(w []uint64, epoch uint32, n int) bool {
-	for range n {
-		if PackedStored(w, epoch) {
-			return true
-		}
-	}
-	return false
-}
-
 // TakePacked is Take for a packed slot: once the length word carries epoch
 // it checks it as Take does and copies the whole message into dst (done);
 // before, it reads nothing else, so the reader never pulls a line the writer

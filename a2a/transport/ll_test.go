@@ -181,24 +181,3 @@ func TestPackedRoundTrip(t *testing.T) {
 		}
 	}
 }
-
-// TestSpinStored: the spin sees a message of its epoch at once, never one
-// of another epoch, and stops after n reads.
-func TestSpinStored(t *testing.T) {
-	w := make([]uint64, 1+PackedWords(8))
-	w[0] = EncodePacked(w, FirstEpoch, 1, []byte("8 bytes!"))
-	for _, tc := range []struct {
-		epoch uint32
-		n     int
-		want  bool
-	}{
-		{FirstEpoch, 1, true},
-		{FirstEpoch, 128, true},
-		{FirstEpoch + 1, 128, false},
-		{FirstEpoch, 0, false},
-	} {
-		if got := SpinStored(w, tc.epoch, tc.n); got != tc.want {
-			t.Errorf("SpinStored(epoch %d, %d reads) = %v, want %v", tc.epoch, tc.n, got, tc.want)
-		}
-	}
-}

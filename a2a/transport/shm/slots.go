@@ -190,12 +190,6 @@ func (t *Transport) Load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 	return done, err
 }
 
-// quickPolls is how many times load reads a slot's length word alone
-// before the stall checks: a message that lands meanwhile is taken a few
-// ns after its line arrives, not after a pass of the checks and of the
-// engine's other operations (~25 ns at 8 bytes, half of it on average).
-const quickPolls = 128
-
 func (t *Transport) load(peer int, epoch uint32, tag uint32, dst []byte, anyLen bool, st *transport.SlotLoad) (bool, error) {
 	p, i := t.llPeer(peer)
 	if err := t.slots.CheckLoad(peer, p != nil, epoch, len(dst), anyLen); err != nil {
@@ -203,9 +197,6 @@ func (t *Transport) load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 	}
 	w := p.rx[epoch&1]
 	done, err := t.slots.TakePacked(peer, w, epoch, tag, dst, anyLen, st)
-	if !done && err == nil && transport.SpinStored(w, epoch, quickPolls) {
-		done, err = t.slots.TakePacked(peer, w, epoch, tag, dst, anyLen, st)
-	}
 	if !done && err == nil {
 		done, err = t.loadStall(p, i, peer, w, epoch, tag, dst, anyLen, st)
 	}
