@@ -128,16 +128,39 @@ func (q *progressQueue) revokeLocked() leaseEnd {
 			q.fence.Store(op.fence + 1)
 			q.colls.n.Store(1)
 		}
-		q.lease.op.Store(nil)
-		q.driving = false
-		q.colls.running.Store(false)
-		q.life.collBusy.Store(false)
-		q.life.calls.RUnlock()
-		q.lease.ends.Add(1)
-		q.lease.word.Store(leaseNone)
-		q.broadcastLocked()
+		q.giveBackLocked()
 		return leaseReturned
 	}
+}
+
+// giveBackLocked gives back the turn a lease holds (the running flag, the
+// driving role, collBusy and the call lock) and ends the lease; the queue's
+// lock is held, and q.seq is written.
+func (q *progressQueue) giveBackLocked() {
+	q.lease.op.Store(nil)
+	q.driving = false
+	q.colls.running.Store(false)
+	q.life.collBusy.Store(false)
+	q.life.calls.RUnlock()
+	q.lease.ends.Add(1)
+	q.lease.word.Store(leaseNone)
+	q.broadcastLocked()
+}
+
+// quietLocked reports whether nothing but n started collectives waits on
+// the queue (no request posted, nobody asleep, no collective wanting the
+// role) and the last op numbered is seq: a turn ending now may be kept as a
+// lease. The queue's lock is held; quiet is its look without the lock.
+func (q *progressQueue) quietLocked(n int32, seq uint64) bool {
+	return q.colls.n.Load() == n && len(q.inbox) == 0 && q.sleepers.Load() == 0 && q.collWant.Load() == 0 &&
+		q.seq == seq && !q.life.closed.Load()
+}
+
+// quiet is quietLocked's first look, without the lock (the caller holds the
+// driving role, so reqs is its to read): most turns that may not keep the
+// turn show it here.
+func (q *progressQueue) quiet(n int32) bool {
+	return q.colls.n.Load() == n && q.inboxLen.Load() == 0 && len(q.reqs) == 0 && q.sleepers.Load() == 0 && q.collWant.Load() == 0
 }
 
 // revoke ends the lease, if any; see revokeLocked.
@@ -185,17 +208,13 @@ func (q *progressQueue) endLeaseFor(ctx context.Context, ends uint64) (bool, err
 // keeping the turn as p's lease, when the queue holds nothing else and
 // nobody waits on it; false leaves the turn to be given back as usual.
 func (p *Persistent) grantLease(seq uint64) bool {
-	c, q := p.c, p.c.queue
-	// A look without the lock first: most turns that may not keep it
-	// show it here.
-	if p.closed || q.colls.n.Load() != 1 || q.inboxLen.Load() != 0 || len(q.reqs) != 0 ||
-		q.sleepers.Load() != 0 || q.collWant.Load() != 0 {
+	q := p.c.queue
+	if p.closed || !q.quiet(1) {
 		return false
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.colls.n.Load() != 1 || len(q.inbox) != 0 || q.sleepers.Load() != 0 || q.collWant.Load() != 0 ||
-		q.seq != seq || c.life.closed.Load() {
+	if !q.quietLocked(1, seq) {
 		return false
 	}
 	// Off the queue as finishCollLocked takes it, keeping running and the
@@ -254,19 +273,11 @@ func (p *Persistent) waitLeased() bool {
 // that runs under it (busy): a call waits (leaseWant), or it failed.
 func (c *Comm) endLease(seq uint64) {
 	q := c.queue
-	// As a direct turn ends: collBusy before the queue.
-	c.life.calls.RUnlock()
-	c.life.collBusy.Store(false)
 	q.mu.Lock()
 	if q.lease.word.Load()&leaseWant == 0 {
 		q.seq = seq // else the call that set want wrote it, and may have moved it on
 	}
-	q.lease.op.Store(nil)
-	q.driving = false
-	q.colls.running.Store(false)
-	q.lease.ends.Add(1)
-	q.lease.word.Store(leaseNone)
-	q.broadcastLocked()
+	q.giveBackLocked()
 	q.mu.Unlock()
 }
 
@@ -304,13 +315,12 @@ func (c *Comm) beginLeased(ctx context.Context, title string, start time.Time) (
 // holds nothing and nobody waits on it; false leaves end to give it back.
 func (c *Comm) grantLease(seq uint64) bool {
 	q := c.queue
-	if q.colls.n.Load() != 0 || q.inboxLen.Load() != 0 || len(q.reqs) != 0 || q.sleepers.Load() != 0 || q.collWant.Load() != 0 {
+	if !q.quiet(0) {
 		return false
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.colls.n.Load() != 0 || len(q.inbox) != 0 || q.sleepers.Load() != 0 || q.collWant.Load() != 0 ||
-		q.seq != seq || c.life.closed.Load() || !q.colls.running.CompareAndSwap(false, true) {
+	if !q.quietLocked(0, seq) || !q.colls.running.CompareAndSwap(false, true) {
 		return false
 	}
 	q.lease.word.Store(leaseWord(seq, leaseIdle))
