@@ -113,17 +113,11 @@ func llKillRun(name string) error {
 	if i < 0 {
 		return fmt.Errorf("no case %q", name)
 	}
-	cfg, err := ConfigFromEnv()
+	c, ctx, cancel, err := joinRankProc()
 	if err != nil {
 		return err
 	}
-	cfg.HeartbeatInterval, cfg.PeerTimeout, cfg.Timeout, cfg.Logger = 100*time.Millisecond, time.Second, 20*time.Second, discard
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	c, err := Join(ctx, cfg)
-	if err != nil {
-		return err
-	}
 	defer c.Close()
 	call, after, err := llKillCases[i].setup(c)
 	if err != nil {
@@ -145,5 +139,5 @@ func llKillRun(name string) error {
 	if d := time.Since(start); d > 5*time.Second {
 		return fmt.Errorf("the call failed after %v", d)
 	}
-	return after(cfg.Transport == "shm" && runtime.NumCPU() >= 2)
+	return after(c.cfg.Transport == "shm" && runtime.NumCPU() >= 2)
 }

@@ -38,3 +38,22 @@ func killedBySIGKILL(err error) bool {
 	var ee *exec.ExitError
 	return errors.As(err, &ee) && ee.Sys().(syscall.WaitStatus).Signal() == syscall.SIGKILL
 }
+
+// joinRankProc joins the group of a rank process runRankProcs started, from
+// its environment, with heartbeats and timeouts short enough that a killed
+// peer is noticed within a test; ctx is bounded, and cancel and Close are
+// the caller's.
+func joinRankProc() (*Comm, context.Context, context.CancelFunc, error) {
+	cfg, err := ConfigFromEnv()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cfg.HeartbeatInterval, cfg.PeerTimeout, cfg.Timeout, cfg.Logger = 100*time.Millisecond, time.Second, 20*time.Second, discard
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	c, err := Join(ctx, cfg)
+	if err != nil {
+		cancel()
+		return nil, nil, nil, err
+	}
+	return c, ctx, cancel, nil
+}

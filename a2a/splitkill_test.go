@@ -58,17 +58,11 @@ func splitKillRank() int {
 }
 
 func splitKillRun() error {
-	cfg, err := ConfigFromEnv()
+	c, ctx, cancel, err := joinRankProc()
 	if err != nil {
 		return err
 	}
-	cfg.HeartbeatInterval, cfg.PeerTimeout, cfg.Timeout, cfg.Logger = 100*time.Millisecond, time.Second, 20*time.Second, discard
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	c, err := Join(ctx, cfg)
-	if err != nil {
-		return err
-	}
 	defer c.Close()
 	kid, err := c.Split(ctx, c.Rank()/2, c.Rank())
 	if err != nil {
