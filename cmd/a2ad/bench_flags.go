@@ -75,7 +75,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.alloc, "alloc", "huge", "send and receive buffers: huge (a2a.AllocBuffer: registered, shareable memfd, 2 MiB aligned; shm peers map it) | heap (make: unregistered)")
 	fs.StringVar(&f.cpuprof, "cpuprofile", "", "write each rank's CPU profile to FILE.rankN (go tool pprof)")
 	fs.BoolVar(&f.persistent, "persistent", false, "alltoallv (--counts known) and allreduce: the persistent form, planned once (AllToAllVInit, AllReduceInit), a Start and a Wait per call")
-	fs.DurationVar(&f.overlap, "overlap", 0, "alltoallv (--counts known): IAllToAllV, then this long off the CPU (as while a device kernel runs: a sleep), then Wait; compare with the time of each alone")
+	fs.DurationVar(&f.overlap, "overlap", 0, "alltoallv (--counts known): IAllToAllV, then this long off the CPU (blocked in a system call, as a thread waiting for a device kernel), then Wait; compare with the time of each alone")
 	fs.StringVar(&f.bind, "bind", "core", "core: one core per rank as mpirun binds (unless oversubscribed) | none")
 }
 
