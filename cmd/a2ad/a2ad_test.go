@@ -181,6 +181,35 @@ func checkKeys(t *testing.T, line string, row map[string]any) {
 // float32 AllReduce is 2 elements, and #wrong is 0 when checked, N/A when not.
 // TestBenchSettle: --settle makes untimed calls once per launch, before the
 // first size, for at least its time, and the sizes are measured as before.
+// TestBenchOverlap: with --overlap every call is an IAllToAllV, the off-CPU
+// wait and a Wait; the bytes still check out, and no call is shorter than
+// the wait it holds (the wait blocks, rather than returning at once).
+func TestBenchOverlap(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := a2ad(t, ctx, "bench", "-n", "2", "--sizes", "8,64K", "--iters", "20", "--warmup", "2",
+		"--check", "--overlap", "2ms", "--json").Output()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d rows, want 2:\n%s", len(lines), out)
+	}
+	for _, line := range lines {
+		var row map[string]any
+		if err := json.Unmarshal([]byte(line), &row); err != nil {
+			t.Fatalf("row %q: %v", line, err)
+		}
+		if row["check"] != "ok" || row["wrong"] != 0.0 {
+			t.Errorf("row %s: not verified", line)
+		}
+		if p50, _ := row["p50_us"].(float64); p50 < 2000 {
+			t.Errorf("row %s: p50 %v us, shorter than the 2 ms off the CPU", line, p50)
+		}
+	}
+}
+
 func TestBenchSettle(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
