@@ -177,10 +177,6 @@ func checkKeys(t *testing.T, line string, row map[string]any) {
 	}
 }
 
-// TestBenchColumns reads the text rows as nccl-tests' are read: an 8-byte
-// float32 AllReduce is 2 elements, and #wrong is 0 when checked, N/A when not.
-// TestBenchSettle: --settle makes untimed calls once per launch, before the
-// first size, for at least its time, and the sizes are measured as before.
 // TestBenchOverlap: with --overlap every call is an IAllToAllV, the off-CPU
 // wait and a Wait; the bytes still check out, and no call is shorter than
 // the wait it holds (the wait blocks, rather than returning at once).
@@ -210,6 +206,8 @@ func TestBenchOverlap(t *testing.T) {
 	}
 }
 
+// TestBenchSettle: --settle makes untimed calls once per launch, before the
+// first size, for at least its time, and the sizes are measured as before.
 func TestBenchSettle(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -241,6 +239,8 @@ func TestBenchSettle(t *testing.T) {
 	}
 }
 
+// TestBenchColumns reads the text rows as nccl-tests' are read: an 8-byte
+// float32 AllReduce is 2 elements, and #wrong is 0 when checked, N/A when not.
 func TestBenchColumns(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
