@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/a2a-moe/a2a/internal/nap"
 )
 
 // benchP50 runs op iters times on every rank (the others in goroutines) and
@@ -100,7 +100,7 @@ func BenchmarkIAllToAllVOverlap(b *testing.B) {
 	}{{"shm", "offcpu"}, {"tcp", "offcpu"}, {"shm", "busy"}, {"tcp", "busy"}} {
 		tr, compute := tc.tr, compute
 		if tc.compute == "offcpu" {
-			compute = blockFor
+			compute = nap.For
 		}
 		b.Run(tc.tr+"/"+tc.compute, func(b *testing.B) {
 			comms := group(b, url, 2, func(c *Config) {
@@ -154,17 +154,6 @@ func BenchmarkIAllToAllVOverlap(b *testing.B) {
 			b.ReportMetric(float64(to.Microseconds()), "overlapped-us")
 			b.ReportMetric(float64(to)/float64(max(tx, tc)), "overlap/max")
 		})
-	}
-}
-
-// blockFor keeps the calling thread off the CPU for d in one blocking
-// system call, as a thread waiting for a device does. Not time.Sleep: the
-// runtime's poller wakes an idle process in whole milliseconds
-// (runtime.netpoll), so what is left of a sleep after the exchange ends
-// would last a millisecond, and the overlapped time would read as the sum.
-func blockFor(d time.Duration) {
-	ts := unix.NsecToTimespec(d.Nanoseconds())
-	for unix.Nanosleep(&ts, &ts) == unix.EINTR {
 	}
 }
 

@@ -7,13 +7,11 @@ import (
 	"log/slog"
 	"os"
 	"runtime/pprof"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/a2a/reduce"
 	"github.com/a2a-moe/a2a/internal/launch"
+	"github.com/a2a-moe/a2a/internal/nap"
 )
 
 // cmdBench measures one collective, nccl-tests style: as the launcher it
@@ -212,7 +210,7 @@ func (b *bench) call(ctx context.Context) error {
 	}
 	if b.f.overlap > 0 {
 		q := b.c.IAllToAllV(ctx, b.send, b.sendC, b.recv, b.recvC)
-		blockFor(b.f.overlap)
+		nap.For(b.f.overlap)
 		_, err := q.Wait(ctx)
 		return err
 	}
@@ -318,17 +316,4 @@ func grow(b []byte, n int) []byte {
 		return make([]byte, n)
 	}
 	return b[:n]
-}
-
-// blockFor keeps the calling thread off the CPU for d in one blocking
-// system call, as a thread waiting for a device kernel does (a cgo call into
-// the driver is the same to the Go runtime). time.Sleep would not do: its
-// wake-up comes from the runtime's poller, which waits in whole
-// milliseconds once the process is idle (runtime.netpoll), so the 750 us
-// left of a 1 ms sleep after a 250 us exchange would last 1 ms, and the
-// overlapped call would read as the sum of the two.
-func blockFor(d time.Duration) {
-	ts := unix.NsecToTimespec(d.Nanoseconds())
-	for unix.Nanosleep(&ts, &ts) == unix.EINTR {
-	}
 }

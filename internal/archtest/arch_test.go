@@ -256,6 +256,7 @@ var layers = map[string][]string{
 	"routing":             {},
 	"dispatch":            {"a2a", "a2a/reduce", "routing"},
 	"internal/cpus":       {},
+	"internal/nap":        {},
 }
 
 // TestLayers: every package imports only what its layer may.
