@@ -14,6 +14,7 @@ import (
 
 	"github.com/a2a-moe/a2a/a2a"
 	"github.com/a2a-moe/a2a/a2a/reduce"
+	"github.com/a2a-moe/a2a/internal/nap"
 	"github.com/a2a-moe/a2a/routing"
 )
 
@@ -293,7 +294,7 @@ func (h *Handle) awaitRequests(w *decodeWaiter, what string) error {
 
 // decodeWaiter paces a wait on peers' control words and requests: it polls,
 // then yields the core (the Comm's policy: no spin on a crowded host), then
-// sleeps a little at a time, and ends the wait with the Comm's failure, the
+// blocks its thread 20 us at a time (in nanosleep, ~90 us on a VM), and ends the wait with the Comm's failure, the
 // context's, or after the Comm's timeout.
 type decodeWaiter struct {
 	n               int
@@ -340,7 +341,9 @@ func (w *decodeWaiter) idle(h *Handle, what string, peer int) error {
 	case w.since < ll.spin+time.Millisecond:
 		unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 	default:
-		time.Sleep(20 * time.Microsecond)
+		// Not time.Sleep: in a process where every goroutine waits, its
+		// wake-up comes from the runtime's poller in whole milliseconds.
+		nap.For(20 * time.Microsecond)
 	}
 	return nil
 }

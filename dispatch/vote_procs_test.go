@@ -23,12 +23,14 @@ import (
 const voteWorkerEnv = "DISPATCH_VOTE_WORKER"
 
 func TestMain(m *testing.M) {
-	if spec := os.Getenv(voteWorkerEnv); spec != "" {
-		if err := voteWorker(spec); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
+	for env, worker := range map[string]func(string) error{voteWorkerEnv: voteWorker, lateWorkerEnv: lateWorker} {
+		if spec := os.Getenv(env); spec != "" {
+			if err := worker(spec); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			os.Exit(0)
 		}
-		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }

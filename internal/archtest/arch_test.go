@@ -254,7 +254,7 @@ var layers = map[string][]string{
 	"a2a/control":         {"a2a/internal/fault"},
 	"verbs":               {},
 	"routing":             {},
-	"dispatch":            {"a2a", "a2a/reduce", "routing"},
+	"dispatch":            {"a2a", "a2a/reduce", "routing", "internal/nap"},
 	"internal/cpus":       {},
 	"internal/nap":        {},
 }
