@@ -432,6 +432,7 @@ func (c *Comm) SetAlgo(name string) error {
 		}
 		return fault.New(fault.ErrInvalidArgument, c.rank, "SetAlgo called while a collective runs on this Comm")
 	}
+	defer c.queue.wakeSleepers()
 	defer c.life.collBusy.Store(false)
 	if a == algo.AlgoAuto {
 		name, a = "", c.plan.chooser.Choose(c.choiceArgs(nil))

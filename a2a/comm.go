@@ -401,6 +401,7 @@ func (c *Comm) end(seq uint64, engine bool, err error) {
 	}
 	c.life.calls.RUnlock()
 	c.life.collBusy.Store(false)
+	c.queue.wakeSleepers() // a started collective waits for collBusy (takeTurn)
 }
 
 // clock is an operation's start time for its report: the zero Time when no

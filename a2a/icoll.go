@@ -3,7 +3,6 @@ package a2a
 import (
 	"context"
 	"sync/atomic"
-	"time"
 
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
 )
@@ -205,11 +204,15 @@ func (c *Comm) takeTurn(ctx context.Context) (*collOp, error) {
 		}
 		return nil, nil
 	}
-	for wait := time.Microsecond; !c.life.collBusy.CompareAndSwap(false, true); wait = min(2*wait, time.Millisecond) {
-		if err := ctx.Err(); err != nil {
-			return nil, c.failAt(turn.seq, fault.FromContext(err))
+	// A blocking call of another goroutine holds collBusy: sleep until it
+	// ends (end wakes the queue's sleepers). Not a time.Sleep backoff: its
+	// steps grow to where the call's end is seen up to a millisecond late,
+	// more in a process whose goroutines all wait (the runtime's poller
+	// wakes timers in whole milliseconds).
+	for !c.life.collBusy.CompareAndSwap(false, true) {
+		if err := c.queue.sleepWhile(ctx, &c.life.collBusy); err != nil {
+			return nil, c.failAt(turn.seq, err)
 		}
-		time.Sleep(wait)
 	}
 	return turn, nil
 }

@@ -157,6 +157,59 @@ func BenchmarkIAllToAllVOverlap(b *testing.B) {
 	}
 }
 
+// BenchmarkStartedAfterBlocking: how soon a collective started while a
+// blocking one runs on another goroutine follows that call's end. On each of
+// 2 shm ranks one goroutine calls Barrier, rank 1's 5 ms late (its thread
+// blocked); rank 0 starts an IBarrier 1 ms into its Barrier, which waits
+// for the turn, and rank 1 starts its own once its Barrier returns. lag is
+// rank 0's IBarrier end less its Barrier's end (p50 and p90).
+func BenchmarkStartedAfterBlocking(b *testing.B) {
+	comms := group(b, startNATS(b), 2, func(c *Config) {
+		c.Transport = "shm"
+		c.HeartbeatInterval, c.PeerTimeout, c.Report = time.Second, 30*time.Second, -1
+	})
+	ctx := context.Background()
+	lags := make([]time.Duration, 0, b.N)
+	for range b.N {
+		var blockingEnd, startedEnd time.Time
+		mustAllB(b, onAllB(comms, func(c *Comm) error {
+			r := c.Rank()
+			blocking := make(chan error, 1)
+			go func() {
+				if r == 1 {
+					nap.For(5 * time.Millisecond)
+				}
+				err := c.Barrier(ctx)
+				if r == 0 {
+					blockingEnd = time.Now()
+				}
+				blocking <- err
+			}()
+			var err error
+			if r == 1 {
+				err = <-blocking // rank 1 starts its IBarrier after, as rank 0 did
+			} else {
+				nap.For(time.Millisecond)
+			}
+			q := c.IBarrier(ctx)
+			_, qerr := q.Wait(ctx)
+			if r == 0 {
+				startedEnd = time.Now()
+				err = <-blocking
+			}
+			if err != nil {
+				return err
+			}
+			return qerr
+		}))
+		lags = append(lags, startedEnd.Sub(blockingEnd))
+	}
+	b.StopTimer()
+	slices.Sort(lags)
+	b.ReportMetric(float64(lags[len(lags)/2].Nanoseconds())/1e3, "lag_p50_us")
+	b.ReportMetric(float64(lags[len(lags)*9/10].Nanoseconds())/1e3, "lag_p90_us")
+}
+
 // compute busy-loops for d, as a kernel on the CPU would.
 func compute(d time.Duration) {
 	for t0 := time.Now(); time.Since(t0) < d; {

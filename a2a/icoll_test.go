@@ -410,3 +410,129 @@ func TestNonblockingWaitTimeout(t *testing.T) {
 		return nil
 	}))
 }
+
+// TestStartedBehindBlocking: a collective started while a blocking one of
+// another goroutine runs waits for that call's turn to end, then runs; and
+// when its own context ends first, it fails with ErrTimeout alone, the
+// blocking call still completing on every rank. The last rank comes late to
+// the blocking Barrier, so that the earlier ranks' started collective is
+// sure to wait. The Barrier runs under the lease the calls before it left
+// (the started collective waits for the running flag), or, after a
+// point-to-point message revoked the lease, on its own turn (it waits for
+// collBusy, takeTurn).
+func TestStartedBehindBlocking(t *testing.T) {
+	for _, dp := range dataPlanes {
+		for _, tc := range []struct {
+			name     string
+			late     time.Duration // the last rank's delay before its Barrier
+			timeout  time.Duration // the started collective's context on the early ranks (0: none)
+			p2pFirst bool          // a message from the last rank first: no lease
+		}{
+			{"runs after the call", 20 * time.Millisecond, 0, false},
+			{"its context ends first", 100 * time.Millisecond, 10 * time.Millisecond, false},
+			{"runs after the call, no lease", 20 * time.Millisecond, 0, true},
+			{"its context ends first, no lease", 100 * time.Millisecond, 10 * time.Millisecond, true},
+		} {
+			t.Run(dp.name+"/"+tc.name, func(t *testing.T) {
+				n := planeRanks(dp.name)
+				comms := planeGroup(t, startNATS(t), n, dp.mod)
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				started := make(chan struct{}, n)
+				mustAll(t, onAll(comms, func(c *Comm) error {
+					r, last := c.Rank(), c.Rank() == n-1
+					send, recv := make([]byte, 8*n), make([]byte, 8*n)
+					for j := range n {
+						binary.LittleEndian.PutUint64(send[8*j:], uint64(100*r+j))
+					}
+					barrier := make(chan error, 1)
+					if tc.p2pFirst {
+						if err := p2pToAll(ctx, c, n-1); err != nil {
+							return err
+						}
+					}
+					if last {
+						for range n - 1 {
+							<-started
+						}
+						time.Sleep(tc.late)
+						barrier <- c.Barrier(ctx)
+					} else {
+						before := lastNumbered(c)
+						go func() { barrier <- c.Barrier(ctx) }()
+						// The started collective must come after the Barrier
+						// in this rank's order, as on the last rank.
+						for lastNumbered(c) == before {
+							runtime.Gosched()
+						}
+					}
+					qctx := ctx
+					if tc.timeout > 0 && !last {
+						var stop context.CancelFunc
+						qctx, stop = context.WithTimeout(ctx, tc.timeout)
+						defer stop()
+					}
+					var q *Request
+					if tc.timeout == 0 || !last {
+						q = c.IAllToAll(qctx, send, recv)
+					}
+					if !last {
+						started <- struct{}{}
+					}
+					if err := <-barrier; err != nil {
+						return fmt.Errorf("rank %d: Barrier: %w", r, err)
+					}
+					if q == nil {
+						return nil
+					}
+					_, err := q.Wait(ctx)
+					if tc.timeout > 0 {
+						if !errors.Is(err, ErrTimeout) {
+							return fmt.Errorf("rank %d: started collective past its context: %v, want ErrTimeout", r, err)
+						}
+						return nil
+					}
+					if err != nil {
+						return fmt.Errorf("rank %d: IAllToAll: %w", r, err)
+					}
+					for j := range n {
+						if got, want := binary.LittleEndian.Uint64(recv[8*j:]), uint64(100*j+r); got != want {
+							return fmt.Errorf("rank %d: block from %d: %d, want %d", r, j, got, want)
+						}
+					}
+					return nil
+				}))
+			})
+		}
+	}
+}
+
+// lastNumbered is the op sequence of the last collective numbered on c:
+// the queue's, or the lease's while a lease holds the turn (lease.go).
+func lastNumbered(c *Comm) uint64 {
+	c.queue.mu.Lock()
+	defer c.queue.mu.Unlock()
+	seq := c.queue.seq
+	if w := c.queue.lease.word.Load(); w&leaseState != leaseNone {
+		seq = max(seq, w>>leaseShift)
+	}
+	return seq
+}
+
+// p2pToAll sends one message from rank from to every other rank, which
+// receives it (a posted Irecv, waited for).
+func p2pToAll(ctx context.Context, c *Comm, from int) error {
+	buf := []byte{byte(from)}
+	if c.Rank() == from {
+		for j := range c.Size() {
+			if j != from {
+				if err := c.Send(ctx, buf, j, 7); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	_, err := c.Irecv(ctx, buf, from, 7).Wait(ctx)
+	return err
+}

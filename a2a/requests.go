@@ -385,6 +385,47 @@ func (q *progressQueue) broadcastLocked() {
 	}
 }
 
+// turnRecheck bounds a sleep on collBusy (sleepWhile): every path that
+// clears it wakes the sleepers, and this only keeps a path that forgot from
+// hanging a started collective.
+const turnRecheck = 10 * time.Millisecond
+
+// sleepWhile waits for a broadcast while busy holds. busy is cleared without
+// the queue's lock (collBusy, at a call's end): the sleeper counts itself
+// before it looks, and whoever clears busy looks at the count after
+// (wakeSleepers), so one of the two sees the other.
+func (q *progressQueue) sleepWhile(ctx context.Context, busy *atomic.Bool) error {
+	q.mu.Lock()
+	q.sleepers.Add(1)
+	ch := q.wake
+	if !busy.Load() {
+		q.sleepers.Add(-1)
+		q.mu.Unlock()
+		return nil
+	}
+	q.mu.Unlock()
+	defer q.sleepers.Add(-1)
+	recheck := time.NewTimer(turnRecheck)
+	defer recheck.Stop()
+	select {
+	case <-ch:
+	case <-recheck.C:
+	case <-ctx.Done():
+		return fault.FromContext(ctx.Err())
+	}
+	return nil
+}
+
+// wakeSleepers wakes the goroutines asleep on the queue, if any, after a
+// change to what they sleep on made without the queue's lock (sleepWhile).
+func (q *progressQueue) wakeSleepers() {
+	if q.sleepers.Load() > 0 {
+		q.mu.Lock()
+		q.broadcastLocked()
+		q.mu.Unlock()
+	}
+}
+
 // sleep waits for a broadcast unless ready holds (checked under the lock).
 func (q *progressQueue) sleep(ctx context.Context, ready func() bool) error {
 	q.mu.Lock()
