@@ -1,8 +1,8 @@
 // tcp_exchange: the floor of a 2-rank exchange over loopback TCP, in C.
 //
 //   gcc -O2 -o tcp_exchange scripts/peers/tcp_exchange.c
-//   ./tcp_exchange [-n ITERS] [-b BYTES] [-m readv|read|poll|epoll|block] [-c CPU0,CPU1]
-//                  [-s SOCKBUF] [-B]
+//   ./tcp_exchange [-n ITERS] [-b BYTES] [-m readv|read|poll|epoll|block|turns]
+//                  [-c CPU0,CPU1] [-s SOCKBUF] [-B] [-M]
 //
 // Two processes, bound to a core each (default 0 and 1), joined by one TCP
 // connection over 127.0.0.1 with TCP_NODELAY. Every iteration both send BYTES
@@ -18,9 +18,14 @@
 //   epoll  epoll_wait with timeout 0 in a loop, then one read (Open MPI's
 //          progress loop over libevent)
 //   block  a blocking read: the kernel parks and wakes the process
+//   turns  the two directions in turn, as Open MPI's fast rounds run a 1 MiB
+//          exchange: rank 0 sends its whole message in non-blocking sends,
+//          then receives; rank 1 receives, then sends
 // Above 64 KiB, -m read sends and receives in turn, at most 512 KiB per
 // call, as a2a's engine does (the other modes send in one call and would
 // fill both socket buffers).
+// -M adds a copy of BYTES within the process to every exchange, before it:
+// the block a rank sends itself in an AllToAll.
 // -B precedes every timed exchange with an untimed one of a 48-byte header,
 // as a2ad bench and a2av_bench.c time a call after a barrier.
 // -s sets SO_SNDBUF and SO_RCVBUF (a2a's tcp sets 4 MiB); default: the
@@ -131,6 +136,20 @@ static void stream(int fd, char *out, char *in, int bytes) {
 }
 
 // run does the exchanges and returns the iteration times (us).
+// rank1: this process is rank 1 (the connecting one); selfcopy: -M.
+static int rank1, selfcopy;
+
+// send_all sends bytes in non-blocking sends until all are out.
+static void send_all(int fd, char *out, int bytes) {
+	for (int sent = 0; sent < bytes;) {
+		ssize_t r = send(fd, out + sent, bytes - sent, MSG_NOSIGNAL);
+		if (r > 0)
+			sent += r;
+		else if (r < 0 && errno != EAGAIN && errno != EINTR)
+			die("send");
+	}
+}
+
 static double *run(int fd, int iters, int bytes, char mode, int cpu, int sockbuf, int barrier) {
 	bind_cpu(cpu);
 	if (sockbuf > 0 && (setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof sockbuf) ||
@@ -144,6 +163,8 @@ static double *run(int fd, int iters, int bytes, char mode, int cpu, int sockbuf
 	struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
 	epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
 	char *out = calloc(1, bytes), *in = calloc(1, bytes > 48 ? bytes : 48);
+	char *self_src = calloc(1, bytes), *self_dst = calloc(1, bytes);
+	memset(self_src, 1, bytes); memset(self_dst, 2, bytes); memset(out, 3, bytes);
 	double *t = calloc(iters, sizeof *t);
 	int warm = iters / 10;
 	char hdr[48] = {0};
@@ -154,6 +175,20 @@ static double *run(int fd, int iters, int bytes, char mode, int cpu, int sockbuf
 			recv_all(fd, ep, in, sizeof hdr, mode);
 		}
 		double t0 = now_us();
+		if (selfcopy)
+			memcpy(self_dst, self_src, bytes);
+		if (mode == 't') {
+			if (!rank1) {
+				send_all(fd, out, bytes);
+				recv_all(fd, ep, in, bytes, 'r');
+			} else {
+				recv_all(fd, ep, in, bytes, 'r');
+				send_all(fd, out, bytes);
+			}
+			if (i >= 0)
+				t[i] = now_us() - t0;
+			continue;
+		}
 		if (bytes > 64 << 10 && mode == 'r') {
 			stream(fd, out, in, bytes);
 		} else if (mode == 'v' && bytes > 48) {
@@ -172,12 +207,12 @@ static double *run(int fd, int iters, int bytes, char mode, int cpu, int sockbuf
 	return t;
 }
 
-static const char *modes[] = {"readv", "read", "poll", "epoll", "block", NULL};
+static const char *modes[] = {"readv", "read", "poll", "epoll", "block", "turns", NULL};
 
 int main(int argc, char **argv) {
 	int iters = 20000, bytes = 56, cpu0 = 0, cpu1 = 1, sockbuf = 0, barrier = 0, opt;
 	char mode = 'v';
-	while ((opt = getopt(argc, argv, "n:b:m:c:s:B")) != -1) {
+	while ((opt = getopt(argc, argv, "n:b:m:c:s:BM")) != -1) {
 		switch (opt) {
 		case 'n': iters = atoi(optarg); break;
 		case 'b': bytes = atoi(optarg); break;
@@ -185,13 +220,14 @@ int main(int argc, char **argv) {
 			mode = 0;
 			for (int i = 0; modes[i]; i++)
 				if (strcmp(optarg, modes[i]) == 0)
-					mode = "vrpeb"[i];
+					mode = "vrpebt"[i];
 			break;
 		case 'c': sscanf(optarg, "%d,%d", &cpu0, &cpu1); break;
 		case 's': sockbuf = atoi(optarg); break;
 		case 'B': barrier = 1; break;
+		case 'M': selfcopy = 1; break;
 		default:
-			fprintf(stderr, "usage: %s [-n ITERS] [-b BYTES] [-m readv|read|poll|epoll|block] [-c CPU0,CPU1] [-s SOCKBUF] [-B]\n", argv[0]);
+			fprintf(stderr, "usage: %s [-n ITERS] [-b BYTES] [-m readv|read|poll|epoll|block|turns] [-c CPU0,CPU1] [-s SOCKBUF] [-B] [-M]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -217,6 +253,7 @@ int main(int argc, char **argv) {
 		if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a))
 			die("connect");
 		close(pp[0]);
+		rank1 = 1;
 		double *t = run(fd, iters, bytes, mode, cpu1, sockbuf, barrier);
 		char *p = (char *)t, *end = p + iters * sizeof *t;
 		for (ssize_t w; p < end; p += w)
@@ -238,7 +275,7 @@ int main(int argc, char **argv) {
 		t[i] = t[i] > u[i] ? t[i] : u[i];
 	qsort(t, iters, sizeof *t, cmp);
 	printf("tcp_exchange mode=%s barrier=%d bytes=%d iters=%d p10_us=%.2f p50_us=%.2f p90_us=%.2f\n",
-	       modes[strchr("vrpeb", mode) - "vrpeb"], barrier, bytes,
+	       modes[strchr("vrpebt", mode) - "vrpebt"], barrier, bytes,
 	       iters, t[iters / 10], t[iters / 2], t[iters * 9 / 10]);
 	int st;
 	waitpid(pid, &st, 0);
