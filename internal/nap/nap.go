@@ -17,7 +17,7 @@ import (
 
 // timerSlack is the timer slack For sets on its thread, in nanoseconds. The
 // kernel's default of 50 us may add that much to every sleep: a 20 us nap
-// took 90 us with it on the 2-core VM, 47 us with 1 us.
+// took 88-94 us with it on the 2-core VM, 37-47 us with 1 us.
 const timerSlack = 1000
 
 // For blocks the calling thread for d in nanosleep, as a thread waiting for
