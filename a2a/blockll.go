@@ -12,7 +12,8 @@ import (
 
 // The blocking call's LL round: a loop of blocking AllToAllV (or AllToAll)
 // calls with the same counts and the same buffers, as a decode step with
-// fixed buffers makes, runs the resolved LL round a persistent AllToAllV
+// fixed buffers makes, or of small AllReduces over the same buffers, as a
+// training loop's, runs the resolved LL round a persistent collective
 // runs (engine.PlanLL, engine.RunLL) instead of engine.Run's generic post:
 // its step switch, span checks and load records, done once per buffers
 // instead of once per call.
@@ -36,6 +37,7 @@ type blockLL struct {
 	// reused for another buffer while compared against.
 	send, recv []byte
 	kind       transport.OpKind
+	aux        uint64 // the calls' signature (an AllReduce's; 0 for AllToAllV)
 	round      *engine.LLPlan
 	// failed: PlanLL refused these buffers (a block too large for its
 	// slot, a crowded host); the schedule runs, and is not resolved again
@@ -58,19 +60,37 @@ func (c *Comm) llRound(kind transport.OpKind, a algo.Algo, sched *algo.Schedule,
 	if a != algo.AlgoLL || &e.sched != sched {
 		return nil
 	}
-	b := &e.ll
-	if b.kind == kind && sameBytes(b.send, send) && sameBytes(b.recv, recv) {
+	return c.roundOver(&e.ll, kind, 0, sched, send, recv)
+}
+
+// allReduceRound is llRound for the blocking AllReduce k, planned as a into
+// sched: the round hangs off the kept AllReduce plan (allReducePlan), which
+// drops it when it plans another key. Only a one-round LL plan resolves (2
+// ranks, not in place; PlanLL refuses the tree's rounds).
+func (c *Comm) allReduceRound(k *coll, a algo.Algo, sched *algo.Schedule) *engine.LLPlan {
+	p := &c.plan.allReduce
+	if a != algo.AlgoLL || k.name != "allreduce" || &p.sched != sched {
+		return nil
+	}
+	return c.roundOver(&p.ll, k.kind, k.signature(), sched, k.send, k.recv)
+}
+
+// roundOver returns b's round for calls of kind with signature aux running
+// sched over send and recv: resolved at the second call over the same
+// buffers, nil before (b then records this call's) or when PlanLL refused.
+func (c *Comm) roundOver(b *blockLL, kind transport.OpKind, aux uint64, sched *algo.Schedule, send, recv []byte) *engine.LLPlan {
+	if b.kind == kind && b.aux == aux && sameBytes(b.send, send) && sameBytes(b.recv, recv) {
 		if b.round != nil || b.failed {
 			return b.round
 		}
 		// The second call over these buffers: resolve the round once.
 		c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = send, recv
-		b.round = c.eng.PlanLL(kind, sched, &c.scratch.bufs)
+		b.round = c.eng.PlanLL(kind, aux, sched, &c.scratch.bufs)
 		c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = nil, nil
 		b.failed = b.round == nil
 		return b.round
 	}
-	*b = blockLL{send: send, recv: recv, kind: kind}
+	*b = blockLL{send: send, recv: recv, kind: kind, aux: aux}
 	return nil
 }
 

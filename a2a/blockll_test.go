@@ -2,8 +2,10 @@ package a2a
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"testing"
 	"time"
@@ -84,15 +86,8 @@ func (u *blockUse) call(ctx context.Context, k, b int, equal bool) error {
 func TestBlockingLLRound(t *testing.T) {
 	url := startNATS(t)
 	const calls = 40
-	type step func(ctx context.Context, u *blockUse, k int) error
 	plain := func(ctx context.Context, u *blockUse, k int) error { return u.call(ctx, k, 0, false) }
-	cases := []struct {
-		name string
-		run  step
-		// rounds: the calls a resolved round must serve, of calls (on
-		// shm, 2 ranks): -1 none, else at least this many.
-		rounds int
-	}{
+	cases := []roundCase[*blockUse]{
 		{"alone", plain, calls - 2},
 		{"alltoall", func(ctx context.Context, u *blockUse, k int) error { return u.call(ctx, k, 0, true) }, calls - 2},
 		{"alltoall-and-v", func(ctx context.Context, u *blockUse, k int) error {
@@ -204,6 +199,24 @@ func TestBlockingLLRound(t *testing.T) {
 			return check()
 		}, calls / 2},
 	}
+	runRoundCases(t, url, calls, func(c *Comm) *blockUse { return newBlockUse(c, 24) }, cases)
+}
+
+// roundCase is a loop of blocking calls over a rank's use U (its buffers):
+// run makes call k.
+type roundCase[U any] struct {
+	name string
+	run  func(ctx context.Context, u U, k int) error
+	// rounds: the calls a resolved round must serve, of calls (on shm, 2
+	// ranks): -1 none, else at least this many.
+	rounds int
+}
+
+// runRoundCases runs each case's loop of calls on every rank of every data
+// plane, over a use made by newUse, and checks how many of the calls ran a
+// cached LL round: none without LL slots to every peer (TCP, mixed, a
+// crowded host), else as the case says.
+func runRoundCases[U any](t *testing.T, url string, calls int, newUse func(*Comm) U, cases []roundCase[U]) {
 	for _, dp := range dataPlanes {
 		t.Run(dp.name, func(t *testing.T) {
 			ranks := planeRanks(dp.name)
@@ -213,7 +226,7 @@ func TestBlockingLLRound(t *testing.T) {
 			for _, tc := range cases {
 				t.Run(tc.name, func(t *testing.T) {
 					mustAll(t, onAll(comms, func(c *Comm) error {
-						u := newBlockUse(c, 24)
+						u := newUse(c)
 						before := c.plan.llRounds
 						for k := range calls {
 							if err := tc.run(ctx, u, k); err != nil {
@@ -372,6 +385,126 @@ func TestBlockingLLRound1000(t *testing.T) {
 			for r, a := range allocs {
 				if a != 0 {
 					t.Errorf("rank %d: %v allocations per call, want 0", r, a)
+				}
+			}
+		})
+	}
+}
+
+// reduceUse is one rank's buffers for a loop of blocking AllReduces of
+// float64 elements: two pairs, so a case can swap them.
+type reduceUse struct {
+	c          *Comm
+	send, recv [2][]byte
+}
+
+func newReduceUse(c *Comm, elems int) *reduceUse {
+	u := &reduceUse{c: c}
+	for i := range u.send {
+		u.send[i], u.recv[i] = make([]byte, 8*elems), make([]byte, 8*elems)
+	}
+	return u
+}
+
+// call runs AllReduce k with op over the first elems elements of buffer
+// pair b (in place when inPlace), rank r contributing r+k+i to element i,
+// and checks every element: the sum, or the mean for Avg.
+func (u *reduceUse) call(ctx context.Context, k, b, elems int, op Op, inPlace bool) error {
+	r, n := u.c.Rank(), u.c.Size()
+	send, recv := u.send[b][:8*elems], u.recv[b][:8*elems]
+	if inPlace {
+		recv = send
+	}
+	for i := range elems {
+		binary.LittleEndian.PutUint64(send[8*i:], math.Float64bits(float64(r+k+i)))
+	}
+	if !inPlace {
+		clear(recv)
+	}
+	if err := u.c.AllReduce(ctx, send, recv, Float64, op); err != nil {
+		return fmt.Errorf("call %d: %w", k, err)
+	}
+	for i := range elems {
+		want := float64(n*(k+i) + n*(n-1)/2)
+		if op == Avg {
+			want /= float64(n)
+		}
+		if got := math.Float64frombits(binary.LittleEndian.Uint64(recv[8*i:])); got != want {
+			return fmt.Errorf("call %d (%s): element %d is %v, want %v", k, op, i, got, want)
+		}
+	}
+	return nil
+}
+
+// TestBlockingAllReduceLLRound runs loops of small blocking AllReduces over
+// TCP, shm and mixed, checking every element. The cached LL round must
+// serve the loops that keep their buffers, size and operator (2 ranks on
+// shm, where the LL plan is one round) and no call that changes one of
+// them, nor an in-place one (two rounds).
+func TestBlockingAllReduceLLRound(t *testing.T) {
+	url := startNATS(t)
+	const calls = 40
+	cases := []roundCase[*reduceUse]{
+		{"sum", func(ctx context.Context, u *reduceUse, k int) error { return u.call(ctx, k, 0, 4, Sum, false) }, calls - 2},
+		{"avg", func(ctx context.Context, u *reduceUse, k int) error { return u.call(ctx, k, 0, 4, Avg, false) }, calls - 2},
+		{"sum-and-avg", func(ctx context.Context, u *reduceUse, k int) error {
+			// One plan (Avg sums, then divides), two signatures: the
+			// round must carry the right one.
+			return u.call(ctx, k, 0, 4, []Op{Sum, Avg}[k%2], false)
+		}, -1},
+		{"swap-buffers", func(ctx context.Context, u *reduceUse, k int) error { return u.call(ctx, k, k%2, 4, Sum, false) }, -1},
+		{"swap-buffers-every-4", func(ctx context.Context, u *reduceUse, k int) error {
+			return u.call(ctx, k, k/4%2, 4, Sum, false)
+		}, calls / 2},
+		{"change-size", func(ctx context.Context, u *reduceUse, k int) error {
+			// Another size every 3rd call: another plan, and back.
+			return u.call(ctx, k, 0, 4+4*(k%3/2), Sum, false)
+		}, calls / 4},
+		{"in-place", func(ctx context.Context, u *reduceUse, k int) error { return u.call(ctx, k, 0, 4, Sum, true) }, -1},
+		{"alltoallv-between", func(ctx context.Context, u *reduceUse, k int) error {
+			// The AllToAllV's own LL round between: the two rounds' epochs
+			// and slots must not mix.
+			if err := u.call(ctx, k, 0, 4, Sum, false); err != nil {
+				return err
+			}
+			return newBlockUse(u.c, 16).call(ctx, k, 0, false)
+		}, calls - 2},
+	}
+	runRoundCases(t, url, calls, func(c *Comm) *reduceUse { return newReduceUse(c, 8) }, cases)
+}
+
+// TestBlockingAllReduceLLRoundMismatch: once the LL round serves rank 0's
+// AllReduces, rank 1 calls one with another operator of the same size.
+// The signature after the round's message catches it: both ranks fail
+// with ErrMismatch instead of returning a wrong sum.
+func TestBlockingAllReduceLLRoundMismatch(t *testing.T) {
+	url := startNATS(t)
+	for _, dp := range dataPlanes[:2] {
+		t.Run(dp.name, func(t *testing.T) {
+			comms := planeGroup(t, url, 2, dp.mod)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			mustAll(t, onAll(comms, func(c *Comm) error {
+				u := newReduceUse(c, 4)
+				for k := range 5 {
+					if err := u.call(ctx, k, 0, 4, Sum, false); err != nil {
+						return err
+					}
+				}
+				op := Sum
+				if c.Rank() == 1 {
+					op = Max
+				}
+				err := c.AllReduce(ctx, u.send[0][:32], u.recv[0][:32], Float64, op)
+				if !errors.Is(err, ErrMismatch) {
+					return fmt.Errorf("rank %d: %v, want ErrMismatch", c.Rank(), err)
+				}
+				return nil
+			}))
+			if want := uint64(0); dp.name == "shm" && runtime.NumCPU() >= 2 {
+				want = 5 // 4 good calls after the first, and rank 0's mismatched one
+				if got := comms[0].plan.llRounds; got != want {
+					t.Errorf("rank 0: %d calls ran the LL round, want %d", got, want)
 				}
 			}
 		})

@@ -268,10 +268,14 @@ func (c *Comm) runCollective(ctx context.Context, k *coll, seq uint64) (algo.Alg
 			return a, err
 		}
 	}
-	c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = k.send, k.recv
-	err = c.eng.Run(ctx, k.kind, seq, k.signature(), sched, &c.scratch.bufs)
-	c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = nil, nil
-	c.ranCollective(a)
+	if round := c.allReduceRound(k, a, sched); round != nil {
+		err = c.runLLRound(ctx, round) // blockll.go
+	} else {
+		c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = k.send, k.recv
+		err = c.eng.Run(ctx, k.kind, seq, k.signature(), sched, &c.scratch.bufs)
+		c.scratch.bufs[algo.BufSend], c.scratch.bufs[algo.BufRecv] = nil, nil
+		c.ranCollective(a)
+	}
 	if err == nil && k.op == Avg && len(k.recv) > 0 {
 		if err = reduce.Finish(k.dt, reduce.Avg, k.recv, c.size); err != nil {
 			err = fault.Wrap(fault.ErrInvalidArgument, c.rank, err, "%s", k.name)

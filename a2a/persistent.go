@@ -54,8 +54,9 @@ type Persistent struct {
 	// pend is the uses counted for the reports since the last flush to the
 	// Comm's tally (tallyUse); nil when the Comm reports nothing.
 	pend *pendingUses
-	// ll is the one LL round of an all-LL AllToAllV resolved over the
-	// buffers (engine.PlanLL), nil when Run runs the schedule.
+	// ll is the one LL round of an all-LL AllToAllV or a one-round LL
+	// AllReduce resolved over the buffers (engine.PlanLL), nil when Run runs
+	// the schedule.
 	ll *engine.LLPlan
 }
 
@@ -93,7 +94,7 @@ func (c *Comm) AllToAllVInit(send []byte, sendCounts []int, recv []byte, recvCou
 	p.segs = []persistSeg{{sched: &p.scheds[0]}} // the whole buffers
 	if allLL {
 		p.bufs[algo.BufSend], p.bufs[algo.BufRecv] = send, recv
-		p.ll = c.eng.PlanLL(p.kind, &p.scheds[0], &p.bufs)
+		p.ll = c.eng.PlanLL(p.kind, 0, &p.scheds[0], &p.bufs)
 	}
 	return p, nil
 }
@@ -138,6 +139,10 @@ func (c *Comm) AllReduceInit(send, recv []byte, dt DType, op Op) (*Persistent, e
 		if hi == len(send) {
 			break
 		}
+	}
+	if p.algo == algo.AlgoLL && len(p.segs) == 1 {
+		p.bufs[algo.BufSend], p.bufs[algo.BufRecv] = send, recv
+		p.ll = c.eng.PlanLL(p.kind, p.aux, &p.scheds[0], &p.bufs)
 	}
 	return p, nil
 }

@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"testing"
 	"time"
+
+	"github.com/a2a-moe/a2a/a2a/algo"
 )
 
 // TestPersistentAllToAllV reuses one persistent AllToAllV for 1000 Starts
@@ -77,39 +80,62 @@ func TestPersistentAllToAllV(t *testing.T) {
 }
 
 // TestPersistentAllReduce reuses persistent AllReduces, small (LL) and
-// segmented, with new contents each time.
+// segmented (at 3 ranks), with new contents each time, on 2 and 3 ranks
+// over shm. A small one at 2 ranks runs the LL round resolved at Init (one
+// round); at 3 the LL tree's rounds run the schedule.
 func TestPersistentAllReduce(t *testing.T) {
 	url := startNATS(t)
-	comms := planeGroup(t, url, 3, dataPlanes[1].mod)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	for _, elems := range []int{1, 1000, (allReduceSegment*2 + 4096) / 8} {
-		mustAll(t, onAll(comms, func(c *Comm) error {
-			in, out := make([]byte, 8*elems), make([]byte, 8*elems)
-			p, err := c.AllReduceInit(in, out, Float64, Avg)
-			if err != nil {
-				return err
+	for _, tc := range []struct {
+		ranks int
+		elems []int
+	}{
+		{2, []int{1, 1000}},
+		{3, []int{1, 1000, (allReduceSegment*2 + 4096) / 8}},
+	} {
+		t.Run(fmt.Sprint(tc.ranks, "ranks"), func(t *testing.T) {
+			comms := planeGroup(t, url, tc.ranks, dataPlanes[1].mod)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			for _, elems := range tc.elems {
+				mustAll(t, onAll(comms, func(c *Comm) error {
+					return persistentAvg(ctx, c, elems)
+				}))
 			}
-			for k := range 20 {
-				for i := range elems {
-					binary.LittleEndian.PutUint64(in[8*i:], math.Float64bits(float64(3*(c.Rank()+k+i))))
-				}
-				if err := p.Start(ctx); err != nil {
-					return err
-				}
-				if err := p.Wait(ctx); err != nil {
-					return fmt.Errorf("%d elems, use %d: %w", elems, k, err)
-				}
-				for i := range elems {
-					want := float64(3 * (1 + k + i)) // the mean of ranks 0..2
-					if got := math.Float64frombits(binary.LittleEndian.Uint64(out[8*i:])); got != want {
-						return fmt.Errorf("%d elems, use %d, [%d]: %v, want %v", elems, k, i, got, want)
-					}
-				}
-			}
-			return p.Close()
-		}))
+		})
 	}
+}
+
+// persistentAvg runs 20 uses of a persistent Avg AllReduce of elems float64
+// elements with new contents, checks every element, and checks when the LL
+// round was resolved.
+func persistentAvg(ctx context.Context, c *Comm, elems int) error {
+	in, out := make([]byte, 8*elems), make([]byte, 8*elems)
+	p, err := c.AllReduceInit(in, out, Float64, Avg)
+	if err != nil {
+		return err
+	}
+	n := c.Size()
+	if p.ll != nil && (n != 2 || p.algo != algo.AlgoLL) || p.ll == nil && n == 2 && elems == 1 && runtime.NumCPU() >= 2 {
+		return fmt.Errorf("%d ranks, %d elems (%s): resolved LL round %v", n, elems, p.algo, p.ll != nil)
+	}
+	for k := range 20 {
+		for i := range elems {
+			binary.LittleEndian.PutUint64(in[8*i:], math.Float64bits(float64(2*3*(c.Rank()+k+i))))
+		}
+		if err := p.Start(ctx); err != nil {
+			return err
+		}
+		if err := p.Wait(ctx); err != nil {
+			return fmt.Errorf("%d elems, use %d: %w", elems, k, err)
+		}
+		for i := range elems {
+			want := float64(2*3*(k+i) + 3*(n-1)) // the mean of 6(r+k+i) over ranks 0..n-1
+			if got := math.Float64frombits(binary.LittleEndian.Uint64(out[8*i:])); got != want {
+				return fmt.Errorf("%d elems, use %d, [%d]: %v, want %v", elems, k, i, got, want)
+			}
+		}
+	}
+	return p.Close()
 }
 
 // TestPersistentMisuse: Start twice, Close while started, Start after Close.

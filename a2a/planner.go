@@ -20,7 +20,7 @@ func (c *Comm) planCollective(k *coll, a *algo.CollArgs) (algo.Algo, *algo.Sched
 			return p.algo, &p.sched, nil
 		}
 		choice, err := c.planInto(&p.sched, k, a)
-		p.valid, p.key, p.algo = err == nil, key, choice
+		p.valid, p.key, p.algo, p.ll = err == nil, key, choice, blockLL{} // a round of the old plan must not run
 		return choice, &p.sched, err
 	}
 	if k.name == "barrier" {
@@ -96,6 +96,8 @@ type allReducePlan struct {
 	key   allReduceKey
 	algo  algo.Algo
 	sched algo.Schedule
+	// ll is the blocking call's LL round over the last buffers (blockll.go).
+	ll blockLL
 }
 
 // allReduceKey is what an AllReduce plan depends on besides the Comm's
