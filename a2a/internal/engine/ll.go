@@ -228,13 +228,17 @@ func (e *Engine) addLoad(st *algo.Step, dst []byte) *llLoad {
 }
 
 // checkSignature verifies the collective signature after the data of a
-// one-sided message and moves the data to its destination.
+// one-sided message and moves the data to its destination, unless it landed
+// there (an LLPlan's reducing load reduces from where it landed; copy would
+// move it onto itself).
 func (e *Engine) checkSignature(l *llLoad) error {
 	n := len(l.sigDst)
 	if got := binary.LittleEndian.Uint64(l.dst[n:]); got != e.aux {
 		return fault.New(fault.ErrMismatch, l.peer, "collective mismatch: rank %d runs signature %#x, this rank %#x (root, operator, type or size differ)", l.peer, got, e.aux)
 	}
-	copy(l.sigDst, l.dst[:n])
+	if n > 0 && &l.sigDst[0] != &l.dst[0] {
+		copy(l.sigDst, l.dst[:n])
+	}
 	return nil
 }
 

@@ -126,7 +126,7 @@ func (p *LLPlan) planLoad(st *algo.Step, bufs *Buffers, sig int) (llLoad, bool) 
 		l.landedFirst = st.LandedFirst
 		l.dst = make([]byte, n+sig)
 		if sig > 0 {
-			l.sigDst = l.dst[:n] // checkSignature's copy is then in place
+			l.sigDst = l.dst[:n] // the data stays where it landed
 		}
 		return l, true
 	}
