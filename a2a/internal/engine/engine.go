@@ -86,6 +86,11 @@ type reduction struct {
 	op    reduce.Op
 }
 
+// reductionOf is the reduction schedule s was planned for.
+func reductionOf(s *algo.Schedule) reduction {
+	return reduction{reduce.DType(s.DType), reduce.Op(s.Op)}
+}
+
 // frameSeq numbers the frames of one operation by peer and stream, in each
 // direction: the receiver checks the number in every header.
 type frameSeq struct {
@@ -187,7 +192,7 @@ func (b *Buffers) srcDst(st *algo.Step) (src, dst []byte, err error) {
 func (e *Engine) Run(ctx context.Context, kind transport.OpKind, seq, aux uint64, s *algo.Schedule, bufs *Buffers) error {
 	clear(e.frames.sent)
 	clear(e.frames.received)
-	e.reducer, e.aux = reduction{reduce.DType(s.DType), reduce.Op(s.Op)}, aux
+	e.reducer, e.aux = reductionOf(s), aux
 	e.ll.tag = uint32(kind)
 	bufs[algo.BufScratch] = e.scratchFor(s.ScratchBytes)
 	if w := e.ll.window; w != nil {

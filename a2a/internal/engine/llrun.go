@@ -6,7 +6,6 @@ import (
 
 	"github.com/a2a-moe/a2a/a2a/algo"
 	"github.com/a2a-moe/a2a/a2a/internal/fault"
-	"github.com/a2a-moe/a2a/a2a/reduce"
 	"github.com/a2a-moe/a2a/a2a/transport"
 )
 
@@ -58,7 +57,7 @@ func (e *Engine) PlanLL(kind transport.OpKind, aux uint64, s *algo.Schedule, buf
 	scratch := bufs[algo.BufScratch]
 	bufs[algo.BufScratch] = nil // a step addressing scratch fails to resolve
 	defer func() { bufs[algo.BufScratch] = scratch }()
-	p := &LLPlan{tag: uint32(kind), aux: aux, reducer: reduction{reduce.DType(s.DType), reduce.Op(s.Op)}}
+	p := &LLPlan{tag: uint32(kind), aux: aux, reducer: reductionOf(s)}
 	sig := 0
 	if aux != 0 {
 		sig = 8
