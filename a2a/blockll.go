@@ -63,13 +63,13 @@ func (c *Comm) llRound(kind transport.OpKind, a algo.Algo, sched *algo.Schedule,
 	return c.roundOver(&e.ll, kind, 0, sched, send, recv)
 }
 
-// allReduceRound is llRound for the blocking AllReduce k, planned as a into
-// sched: the round hangs off the kept AllReduce plan (allReducePlan), which
-// drops it when it plans another key. Only a one-round LL plan resolves (2
-// ranks, not in place; PlanLL refuses the tree's rounds).
+// allReduceRound is llRound for the blocking collective k, planned as a
+// into sched: only the kept AllReduce plan's schedule (allReducePlan) has a
+// round, which it drops when it plans another key. Only a one-round LL plan
+// resolves (2 ranks, not in place; PlanLL refuses the tree's rounds).
 func (c *Comm) allReduceRound(k *coll, a algo.Algo, sched *algo.Schedule) *engine.LLPlan {
 	p := &c.plan.allReduce
-	if a != algo.AlgoLL || k.name != "allreduce" || &p.sched != sched {
+	if a != algo.AlgoLL || &p.sched != sched {
 		return nil
 	}
 	return c.roundOver(&p.ll, k.kind, k.signature(), sched, k.send, k.recv)
