@@ -483,13 +483,15 @@ func TestConnectSubset(t *testing.T) {
 	}
 
 	// Rank 1 of a second group believes it is linked with rank 0, which
-	// links only rank 2: its hello is refused and it does not hang.
+	// links only rank 2: its hello is refused and it does not hang. Rank 2
+	// starts once rank 1 is done: rank 0 linked with it before taking rank
+	// 1's hello would close its listener, which fails rank 1 uncounted.
 	ls, addrs = listenAll(t, cfgs)
-	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()
 	wg.Go(func() { ts[0], errs[0] = ls[0].Connect(sctx, testEpoch, []string{"", "", addrs[2]}) })
+	ts[1], errs[1] = ls[1].Connect(sctx, testEpoch, []string{addrs[0], "", ""})
 	wg.Go(func() { ts[2], errs[2] = ls[2].Connect(sctx, testEpoch, []string{addrs[0], "", ""}) })
-	wg.Go(func() { ts[1], errs[1] = ls[1].Connect(sctx, testEpoch, []string{addrs[0], "", ""}) })
 	wg.Wait()
 	if errs[1] == nil {
 		ts[1].Close()
