@@ -385,7 +385,8 @@ func (op *RecvOp) Land(peer int) ([]byte, error) {
 // current epoch (SlotWindow.Take), since an RDMA device places words in any
 // order. Shm, whose stores become visible in order, writes the packed form:
 // the payload as it is, then the length word (EncodePacked); the receiver
-// polls the length word alone (SlotWindow.TakePacked). No word is ever
+// polls the length word alone (SlotWindow.TakePacked, which asks for a small
+// message's later lines with it). No word is ever
 // cleared: a stale length or data word carries an older epoch and is never
 // taken.
 //

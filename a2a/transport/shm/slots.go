@@ -196,7 +196,6 @@ func (t *Transport) load(peer int, epoch uint32, tag uint32, dst []byte, anyLen 
 		return false, err
 	}
 	w := p.rx[epoch&1]
-	pullLines(w, len(dst)) // before the length word's load, see pullLines
 	done, err := t.slots.TakePacked(peer, w, epoch, tag, dst, anyLen, st)
 	if !done && err == nil {
 		done, err = t.loadStall(p, i, peer, w, epoch, tag, dst, anyLen, st)
@@ -272,38 +271,6 @@ func (t *Transport) loadStall(p *llPeer, i, peer int, w []uint64, epoch, tag uin
 		p.watch.Store(watch)
 	}
 	return false, nil
-}
-
-// wordsPerLine is the words of one cache line of 64 bytes (amd64's, most
-// arm64 cores'); lineSize, which aligns the slots, is a pair of them.
-const wordsPerLine = 64 / 8
-
-// pullMaxLines is the most cache lines past the length word's that a load
-// pulls (pullLines): messages of up to 568 bytes, nine lines with the
-// length word.
-const pullMaxLines = 8
-
-// pullLines loads one word of every cache line past the first that a
-// message of n bytes takes in packed slot w, so that a reader about to load
-// the length word asks for those lines together with it. Otherwise it asks
-// for them only once it has seen the length word, one cross-core transfer
-// after the other: at 2 ranks, a 64 B AllToAllV (two lines) took ~0.13 us
-// more than a 56 B one (one line) where a transfer costs ~0.3 us. The words
-// are read while the writer may still be filling them and dropped:
-// TakePacked reads the message after the length word, and a line pulled
-// too early is taken from the writer again.
-//
-// Messages of more lines are not pulled: a reader that keeps asking for ten
-// or more lines while the writer fills them holds the writer up (a C model
-// of the exchange: 576 B went from 0.55 to 1.5 us).
-func pullLines(w []uint64, n int) {
-	end := min(1+transport.PackedWords(n), len(w))
-	if end > wordsPerLine*(1+pullMaxLines) {
-		return
-	}
-	for i := wordsPerLine; i < end; i += wordsPerLine {
-		atomic.LoadUint64(&w[i])
-	}
 }
 
 // slotsReady reports whether a load Wait waits for may progress: its word

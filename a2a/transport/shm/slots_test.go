@@ -621,19 +621,6 @@ func BenchmarkLLStoreLoad(b *testing.B) {
 	}
 }
 
-// TestPullLinesBounds: pulling a message's lines reads only words of its
-// slot, whatever length the load expects (an anyLen load may expect more
-// than the slot holds).
-func TestPullLinesBounds(t *testing.T) {
-	for _, tc := range []struct{ words, n int }{
-		{1, 0}, {1, 8}, {2, 8}, {9, 56}, {9, 64}, {9, 4096},
-		{10, 64}, {64, 504}, {64, 505}, {513, 4096}, {513, 1 << 20},
-	} {
-		w := make([]uint64, tc.words)
-		pullLines(w, tc.n) // an index out of w panics
-	}
-}
-
 // testTag is the operation tag the tests' LL messages carry.
 const testTag = 0x5a
 
