@@ -37,12 +37,22 @@ func TestTrafficReports(t *testing.T) {
 	const n, slow = 3, 2
 	comms := group(t, url, n, func(c *Config) { c.Report, c.Algo = 20*time.Millisecond, "fullmesh" })
 	const size, iters = 1000, 6
+	// The others tell the slow rank when they enter each call, and it
+	// sleeps from there. A sleep alone counted from the end of the last
+	// call, which a rank the loaded machine delays may still be leaving:
+	// under make test, rank 1 once arrived last 4 times, the slow rank 3.
+	entered := make(chan struct{}, iters*(n-1))
 	mustAll(t, onAll(comms, func(c *Comm) error {
 		counts := []int{size, size, size}
 		send, recv := make([]byte, n*size), make([]byte, n*size)
 		for range iters {
 			if c.Rank() == slow {
-				time.Sleep(10 * time.Millisecond)
+				for range n - 1 {
+					<-entered
+				}
+				time.Sleep(20 * time.Millisecond)
+			} else {
+				entered <- struct{}{}
 			}
 			if err := c.AllToAllV(context.Background(), send, counts, recv, counts); err != nil {
 				return err
