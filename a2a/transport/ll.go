@@ -33,10 +33,10 @@ import (
 // and once it carries the epoch the whole payload is there: it copies it
 // out in one go. (It asks for a small message's later lines just before
 // the length word, pullLines, but reads them only after.) Only the length
-// word signals (a payload word may hold any
-// bits). Against the word form it moves half the cache lines, with Go's copy
-// on both sides instead of a word at a time; one machine's stores never
-// land out of order, which is all the word form is for.
+// word signals (a payload word may hold any bits). Against the word form it
+// moves half the cache lines, with Go's copy on both sides instead of a
+// word at a time; one machine's stores never land out of order, which is
+// all the word form is for.
 
 // SlotLenBits is the width of the message length in a length word; the tag
 // sits above it. Slots hold far less than 1<<SlotLenBits bytes.

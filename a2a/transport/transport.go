@@ -386,9 +386,8 @@ func (op *RecvOp) Land(peer int) ([]byte, error) {
 // order. Shm, whose stores become visible in order, writes the packed form:
 // the payload as it is, then the length word (EncodePacked); the receiver
 // polls the length word alone (SlotWindow.TakePacked, which asks for a small
-// message's later lines with it). No word is ever
-// cleared: a stale length or data word carries an older epoch and is never
-// taken.
+// message's later lines with it). No word is ever cleared: a stale length or
+// data word carries an older epoch and is never taken.
 //
 // Epochs start at FirstEpoch and, after 2^32-1, wrap back to FirstEpoch (see
 // NextEpoch), so consecutive epochs always differ in parity and a zeroed
