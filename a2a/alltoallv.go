@@ -414,9 +414,12 @@ func (c *Comm) observe(op string, a algo.Algo, seq uint64, sendCounts, recvCount
 }
 
 // SetAlgo forces the AllToAllV algorithm of the calls that follow, by the
-// names of Config.Algo; "" or "auto" returns to the automatic choice. Like
-// Config.Algo it must be the same on every rank: set it on all of them
-// between the same two calls (a benchmark comparing algorithms does).
+// names of Config.Algo; "" or "auto" returns to the automatic choice. The
+// Comm then plans as one that joined with that Config.Algo: an algorithm
+// other than ll also runs Barrier and small AllReduces without their LL
+// round. Like Config.Algo it must be the same on every rank: set it on all
+// of them between the same two calls (a benchmark comparing algorithms
+// does).
 func (c *Comm) SetAlgo(name string) error {
 	a, err := parseAlgo(name)
 	if err != nil {
@@ -438,9 +441,11 @@ func (c *Comm) SetAlgo(name string) error {
 		name, a = "", c.plan.chooser.Choose(c.choiceArgs(nil))
 	}
 	c.cfg.Algo, c.plan.algo = name, a
-	// Forced algorithms other than ll plan without LL blocks, as under
-	// Config.Algo; plans made under the old setting no longer hold.
-	c.ll.cut, c.ll.quiet = c.llCutoffs()
+	// Forced algorithms other than ll plan without LL blocks, and Barrier
+	// and small AllReduces without an LL round, as under Config.Algo; plans
+	// made under the old setting no longer hold.
+	c.ll = c.newLLPolicy()
 	c.plan.cache.forgetAll()
+	c.plan.allReduce.valid = false
 	return nil
 }

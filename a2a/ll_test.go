@@ -2,6 +2,7 @@ package a2a
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -192,6 +193,52 @@ func TestSetAlgo(t *testing.T) {
 	}
 	if err := comms[0].SetAlgo("bogus"); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("SetAlgo(bogus): %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestSetAlgoMatchesJoin: after SetAlgo, Barrier and a small AllReduce
+// run as on a Comm that joined with that algorithm (a forced one other
+// than ll turns their LL round off, auto and ll turn it on), whichever one
+// the Comm joined with, and over several switches back and forth.
+func TestSetAlgoMatchesJoin(t *testing.T) {
+	url := startNATS(t)
+	const lls, none = "ll/ll", "dissemination/recdoubling"
+	for _, tc := range []struct {
+		joined string
+		sets   []string // SetAlgo before each step ("-": none)
+		want   []string // Barrier's and then an 8-byte AllReduce's algorithm
+	}{
+		{joined: "pairwise", sets: []string{"-", "", "fullmesh", "ll", "pairwise", "auto"}, want: []string{none, lls, none, lls, none, lls}},
+		{joined: "", sets: []string{"-", "fullmesh", "", "staged", "ll"}, want: []string{lls, none, lls, none, lls}},
+	} {
+		t.Run("joined="+tc.joined, func(t *testing.T) {
+			comms := group(t, url, 4, func(c *Config) { c.Algo = tc.joined })
+			for step, set := range tc.sets {
+				mustAll(t, onAll(comms, func(c *Comm) error {
+					if set != "-" {
+						if err := c.SetAlgo(set); err != nil {
+							return err
+						}
+					}
+					ctx := context.Background()
+					if err := c.Barrier(ctx); err != nil {
+						return err
+					}
+					barrier := c.LastAlgo()
+					send, recv := binary.LittleEndian.AppendUint64(nil, uint64(c.Rank()+1)), make([]byte, 8)
+					if err := c.AllReduce(ctx, send, recv, Int64, Sum); err != nil {
+						return err
+					}
+					if got := binary.LittleEndian.Uint64(recv); got != 10 {
+						return fmt.Errorf("step %d, SetAlgo(%q): AllReduce gave %d, want 10", step, set, got)
+					}
+					if got := barrier + "/" + c.LastAlgo(); got != tc.want[step] {
+						return fmt.Errorf("step %d, SetAlgo(%q): Barrier/AllReduce ran %s, want %s", step, set, got, tc.want[step])
+					}
+					return nil
+				}))
+			}
+		})
 	}
 }
 

@@ -18,8 +18,15 @@ type llPolicy struct {
 	allReduce int
 }
 
-// newLLPolicy is the policy of the joined Comm, whose engine runs.
+// newLLPolicy is the policy of the joined Comm, whose engine runs, under
+// its current algorithm: made at join and again at SetAlgo, so that a Comm
+// whose setting changed plans as one that joined with the new setting. A
+// communicator made by Split or Dup has none: it sends its small messages
+// as frames (Split).
 func (c *Comm) newLLPolicy() llPolicy {
+	if c.share != nil && c.share.scope != nil {
+		return llPolicy{allReduce: -1}
+	}
 	var p llPolicy
 	p.cut, p.quiet = c.llCutoffs()
 	p.barrier = p.cut != nil && c.size <= llBarrierMaxRanks

@@ -151,6 +151,7 @@ func (c *Comm) newChild(id uint16, members []int) (*Comm, error) {
 		Waiting: c.eng.Waiting(), Hosts: child.topo.hosts, Timeout: cfg.Timeout, Stopped: child.stopped,
 	})
 	child.readyEngine()
+	child.ll = child.newLLPolicy()
 	if child.plan.algo == algo.AlgoAuto {
 		child.plan.algo = child.plan.chooser.Choose(child.choiceArgs(nil))
 	}
