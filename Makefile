@@ -136,7 +136,7 @@ bench-go:
 
 # Open MPI against a2a on this machine, one run (installs Open MPI on first use).
 # make compare: the sweep 8 B..1 MiB, 3 rounds, a2a with registered and with unregistered
-# buffers (about 40 minutes on 2 cores);
+# buffers (about 7 minutes on 2 cores);
 # make compare COMPARE=--quick: 8 B, 64 KiB, 1 MiB;
 # make compare COMPARE=--plot (or "--quick --plot"): also the SVG of the ratios against size,
 # bin/compare.svg, beside the table in bin/compare.txt (cmd/compareplot).
