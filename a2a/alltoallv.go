@@ -120,7 +120,7 @@ func (c *Comm) ExchangeCountsMatrix(ctx context.Context, sendCounts, recvCounts,
 }
 
 func (c *Comm) exchangeCounts(ctx context.Context, sendCounts, recvCounts, matrix []int) error {
-	if c.share != nil && c.share.scope != nil {
+	if c.isChild() {
 		return errChildCounts(c.rank) // every rank of the child returns it: nothing waits
 	}
 	start := c.clock()

@@ -297,7 +297,7 @@ func (c *Comm) Close() error {
 }
 
 func (c *Comm) teardown() error {
-	if c.share != nil && c.share.scope != nil {
+	if c.isChild() {
 		return c.closeChild()
 	}
 	var first error

@@ -24,7 +24,7 @@ type llPolicy struct {
 // communicator made by Split or Dup has none: it sends its small messages
 // as frames (Split).
 func (c *Comm) newLLPolicy() llPolicy {
-	if c.share != nil && c.share.scope != nil {
+	if c.isChild() {
 		return llPolicy{allReduce: -1}
 	}
 	var p llPolicy

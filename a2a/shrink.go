@@ -35,7 +35,7 @@ type ShrinkObserver interface {
 //
 // FormerRanks tells the new communicator's ranks' numbers in c.
 func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
-	if c.share != nil && c.share.scope != nil {
+	if c.isChild() {
 		return nil, fault.New(fault.ErrInvalidArgument, c.rank, "Shrink: a communicator made by Split or Dup does not shrink; shrink the one that joined, and split it again")
 	}
 	cause := c.Err()

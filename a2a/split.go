@@ -32,6 +32,11 @@ type sharing struct {
 	mu sync.Mutex
 }
 
+// isChild reports whether c was made by Split or Dup: it shares the data
+// plane of the communicator that joined, whose control plane knows the
+// joined group only.
+func (c *Comm) isChild() bool { return c.share != nil && c.share.scope != nil }
+
 // rootRank is rank's number in the root communicator.
 func (s *sharing) rootRank(rank int) int {
 	if s.root == nil {
