@@ -92,15 +92,17 @@ func (b *bench) settle(ctx context.Context, op collective) error {
 				return err
 			}
 		}
-		more := 0
-		if time.Since(t0) < b.f.settle {
-			more = 1
+		// The minimum of "my clock has passed" is 1 only when every
+		// rank's has: the ranks start their clocks at different moments.
+		passed := 0
+		if time.Since(t0) >= b.f.settle {
+			passed = 1
 		}
-		more, err := b.agreeMin(ctx, more)
+		allPassed, err := b.agreeMin(ctx, passed)
 		if err != nil {
 			return err
 		}
-		if more == 0 {
+		if allPassed == 1 {
 			if b.c.Rank() == 0 {
 				fmt.Fprintf(os.Stderr, "# settle: %d untimed calls of the first size in %v before it was measured\n",
 					calls, time.Since(t0).Round(time.Millisecond))
