@@ -57,15 +57,16 @@ func testbedCmd(t *testing.T, ctx context.Context, args ...string) *exec.Cmd {
 func TestTestbed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := testbedCmd(t, ctx, "-H", "2", "-L", "2", "--check-only", "--algos", "pairwise,fullmesh")
+	cmd := testbedCmd(t, ctx, "-H", "2", "-L", "2", "--check-only", "--algos", "pairwise,fullmesh,nosuchalgo")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("scripts/testbed.sh -H 2 -L 2 --check-only failed (%v): network namespaces, veth or the a2ad job did not work as root:\n%s", err, out.String())
 	}
 	assertTestbedClean(t, cmd.Process.Pid)
-	if !strings.Contains(out.String(), "testbed: PASS") || !strings.Contains(out.String(), "checked=[pairwise,fullmesh,alltoall,moe]") {
-		t.Errorf("no PASS summary with every check:\n%s", out.String())
+	if !strings.Contains(out.String(), "testbed: PASS") || !strings.Contains(out.String(), "checked=[pairwise,fullmesh,alltoall,moe]") ||
+		!strings.Contains(out.String(), "rejected=[nosuchalgo]") {
+		t.Errorf("no PASS summary with every check and the unknown algorithm skipped:\n%s", out.String())
 	}
 	// Rank 0's rows: sizes 0, 1, 1K and 64K for each of the three checks, all verified
 	// (#wrong, the last of 12 columns, 0), run by 4 ranks in all.

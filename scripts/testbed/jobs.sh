@@ -82,9 +82,10 @@ wait_job() {
 		sleep 0.05
 	done
 	JOB_US=$(($(now_us) - t0))
-	# a2ad validates --algo when a rank joins: every rank fails at once with this message.
+	# a2ad validates --algo, bench among its flags and the library when a rank joins: every
+	# rank fails at once with one of these messages.
 	local rej
-	if [ -n "$first_fail" ] && rej=$(grep -s -h -E 'invalid argument.*(A2A_ALGO|algorithm)' "$LOGDIR/$tag".h*.err); then
+	if [ -n "$first_fail" ] && rej=$(grep -s -h -E 'invalid argument.*(A2A_ALGO|algorithm)|a2ad bench: --algo "' "$LOGDIR/$tag".h*.err); then
 		rej=${rej%%$'\n'*}
 		REJECT_MSG=${rej#\[rank *\] }
 		return 3
@@ -171,7 +172,7 @@ soak_start() {
 # the rank prefix a2ad run adds.
 job_lines() { cat "$LOGDIR/$JOB_TAG".h*.out 2>/dev/null | grep -E "$1" | sed 's/^\[rank [0-9]*\] //'; }
 
-# finish prints the summary line of a soak or link-cut run and exits.
+# finish prints the summary line of a --run, soak or link-cut run and exits.
 finish() {
 	local what=$1
 	cleanup
