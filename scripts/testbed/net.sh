@@ -83,7 +83,7 @@ make_network() {
 	# in the bridge namespace, so teardown kills it with everything else there; it also dies
 	# with this shell (parent-death signal). Real-time priority: the wire's delay should not
 	# depend on how busy the hosts' ranks keep the cores (a SCHED_FIFO thread that sleeps
-	# between frames, and to each frame's due time; see the header for --spin).
+	# between frames, and to each frame's due time; testbed.sh's header explains --spin).
 	if [ "$USER_DELAY" = 1 ]; then
 		ports=()
 		for ((i = 0; i < HOSTS; i++)); do

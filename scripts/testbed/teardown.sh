@@ -50,7 +50,7 @@ cleanup() {
 	fi
 }
 
-# shellcheck disable=SC2317 # called by the traps below
+# shellcheck disable=SC2317 # called by the traps testbed.sh sets
 on_signal() {
 	warn "interrupted by SIG$1: tearing down"
 	cleanup
